@@ -1,0 +1,28 @@
+# make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run.
+# make test:  the same environment -> the whole test suite (CI runs this through .ci/run).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: venv train test data
+
+$(INSTALLED): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(INSTALLED)
+
+train: $(INSTALLED)
+	$(PY) -m paddle.distributed.launch --nproc_per_node 1 --log_dir output/tiny/launch_log \
+		run_grpo.py config/tiny/grpo_argument.json
+
+test: $(INSTALLED)
+	$(PY) -m pytest
+
+# Rebuild the bundled task and tiny model (deterministic; the model takes about 35 minutes on 2 cores).
+data: $(INSTALLED)
+	$(PY) data/arith_task.py
+	$(PY) data/make_tiny_model.py

@@ -1,0 +1,340 @@
+"""Every key of grpo_argument.json: one flat, frozen dataclass, filled from the JSON file and then from
+`--key value` pairs on the command line, validated once before any model is loaded.
+
+Key names are PaddleNLP's; the names TRL and ms-swift users bring are accepted as aliases (ALIASES).
+An unknown key is an error naming the closest known key; values that disagree fail with a message
+naming the keys. The parsing itself is paddleformers' PdArgumentParser (argparse over dataclass
+fields), so `--key value` works exactly as in PaddleNLP's launchers.
+"""
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from paddleformers.trainer import PdArgumentParser
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; the message names the key(s) and, where known, the file."""
+
+
+def _key(default, help: str, **kwargs):
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    # Model and data
+    actor_model_name_or_path: str = _key("data/tiny-qwen2", "Policy model: a local Hugging Face-layout folder (config.json, safetensors, tokenizer).")
+    tokenizer_name_or_path: Optional[str] = _key(None, "Tokenizer folder; default: the actor's folder.")
+    chat_template: Optional[str] = _key(None, "Jinja chat template (text or file) replacing the tokenizer's.")
+    train_datasets: str = _key("data/arith/train.jsonl", "Training jsonl file(s), comma-separated.")
+    eval_datasets: Optional[str] = _key(None, "Held-out jsonl file(s), comma-separated; none: no evaluation.")
+    prompt_key: Optional[str] = _key(None, "Column holding the prompt; default: detected (src, question, messages, prompt).")
+    response_key: Optional[str] = _key(None, "Column holding the reference answer; default: detected (tgt, answer, solution).")
+    system_prompt: Optional[str] = _key(None, "System prompt (text or a file) put before every prompt without one.")
+    max_prompt_len: int = _key(512, "Longest prompt in tokens, chat template included.")
+    prompt_truncation: str = _key("left", "Prompts over max_prompt_len: left (cut from the start) or drop.", choices=["left", "drop"])
+    max_dec_len: int = _key(256, "Most tokens generated per completion.")
+    min_dec_len: int = _key(0, "Fewest tokens generated before an eos token may end a completion.")
+    max_seq_len: Optional[int] = _key(None, "Upper bound on max_prompt_len + max_dec_len; default: the model's max_position_embeddings.")
+    # Rollout
+    rollout_n: int = _key(8, "Completions sampled per prompt (the group size G).")
+    per_device_prompt_batch_size: Optional[int] = _key(None, "Prompts per process per step; default 8, or derived from gradient_accumulation_steps.")
+    per_device_train_batch_size: int = _key(8, "Sequences per forward/backward micro-batch.")
+    gradient_accumulation_steps: Optional[int] = _key(None, "Micro-batches per optimizer step; derived when not given, checked when given.")
+    temperature: float = _key(1.0, "Sampling temperature; log-probs are those of softmax(logits / temperature).")
+    top_p: float = _key(1.0, "Nucleus sampling mass (1.0: off).")
+    top_k: int = _key(0, "Sample among the k most likely tokens (0: off).")
+    repetition_penalty: float = _key(1.0, "CTRL-style penalty on tokens already present (1.0: off).")
+    # Algorithm
+    clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c].")
+    kl_loss_coeff: float = _key(0.0, "Weight of the k3 KL penalty to the reference model; 0 loads no reference model.")
+    reward_functions: list[str] = _key(["accuracy", "format"], "Reward functions by name (alignment/rewards).")
+    reward_function_weights: Optional[list[float]] = _key(None, "One weight per reward function; default: all 1.0.")
+    accuracy_function: str = _key("accuracy", "Reward function whose positive value counts as a correct answer for the accuracy metrics.")
+    use_rm_server: bool = _key(False, "Score through the HTTP reward server at reward_server instead of in process.")
+    reward_server: Optional[str] = _key(None, "Reward server address, http://host:port.")
+    reward_server_protocol: str = _key("v1", "v1 (POST /v1/score: per-function scores and per-item errors) or paddlenlp (POST /: totals only).", choices=["v1", "paddlenlp"])
+    reward_server_timeout: float = _key(60.0, "Seconds to wait for one scoring request.")
+    reward_server_retries: int = _key(3, "Retries of a failed request (with exponential backoff) before the run stops.")
+    reward_server_api_key: Optional[str] = _key(None, "Bearer token for the reward server; default: $GRPO_REWARD_SERVER_API_KEY.")
+    # Optimisation
+    learning_rate: float = _key(1e-6, "Peak learning rate.")
+    min_learning_rate: float = _key(0.0, "Learning rate at the end of the linear or cosine schedule.")
+    lr_scheduler_type: str = _key("linear", "Schedule after warmup.", choices=["constant", "linear", "cosine"])
+    warmup_ratio: float = _key(0.0, "Warmup as a fraction of max_steps.")
+    warmup_steps: int = _key(0, "Warmup steps (give warmup_ratio or warmup_steps, not both).")
+    weight_decay: float = _key(0.0, "AdamW decoupled weight decay (not applied to biases and norms).")
+    adam_beta1: float = _key(0.9, "AdamW beta1.")
+    adam_beta2: float = _key(0.999, "AdamW beta2.")
+    adam_epsilon: float = _key(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = _key(1.0, "Clip the global gradient norm to this (0: no clipping).")
+    max_steps: int = _key(-1, "Optimizer steps to run; -1: num_train_epochs over train_datasets.")
+    num_train_epochs: float = _key(1.0, "Passes over the training prompts when max_steps is -1.")
+    seed: int = _key(42, "Seed for data order, sampling and initialisation.")
+    bf16: bool = _key(False, "bfloat16 weights and compute (GPU only).")
+    fp16: bool = _key(False, "float16 weights and compute (GPU only).")
+    # Evaluation, logging, checkpoints
+    eval_steps: int = _key(0, "Evaluate every this many steps (0: only before the first and after the last step).")
+    eval_on_start: bool = _key(True, "Evaluate before the first step.")
+    per_device_eval_batch_size: int = _key(64, "Prompts per greedy evaluation batch.")
+    output_dir: str = _key("output", "Run folder: checkpoints, metrics.jsonl, completions.jsonl, the resolved config.")
+    logging_dir: Optional[str] = _key(None, "VisualDL log folder; default: <output_dir>/vdl_log.")
+    logging_steps: int = _key(1, "Print a console line every this many steps (metrics.jsonl gets every step).")
+    log_completions_per_step: int = _key(4, "Completions written to completions.jsonl per step (0: none).")
+    save_steps: int = _key(0, "Save a checkpoint every this many steps (0: only at the end).")
+    save_total_limit: Optional[int] = _key(None, "Keep at most this many checkpoints (oldest removed first).")
+
+    @property
+    def resolved_logging_dir(self) -> str:
+        return self.logging_dir or os.path.join(self.output_dir, "vdl_log")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+
+# alias -> canonical key: the names TRL (GRPOConfig), ms-swift (swift rlhf --rlhf_type grpo) and
+# Hugging Face generate use for the same thing.
+ALIASES = {
+    "model_name_or_path": "actor_model_name_or_path",  # TRL ModelConfig
+    "model": "actor_model_name_or_path",  # ms-swift
+    "dataset": "train_datasets",  # ms-swift
+    "val_dataset": "eval_datasets",  # ms-swift
+    "system": "system_prompt",  # ms-swift
+    "max_prompt_length": "max_prompt_len",  # TRL
+    "max_completion_length": "max_dec_len",  # TRL, ms-swift
+    "max_new_tokens": "max_dec_len",  # HF generate
+    "min_new_tokens": "min_dec_len",  # HF generate
+    "num_generations": "rollout_n",  # TRL, ms-swift
+    "epsilon": "clip_range_ratio",  # TRL, ms-swift
+    "beta": "kl_loss_coeff",  # TRL, ms-swift
+    "reward_funcs": "reward_functions",  # TRL, ms-swift
+    "reward_weights": "reward_function_weights",  # TRL, ms-swift
+    "min_lr": "min_learning_rate",  # Megatron, ms-swift
+}
+
+KEYS = {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+class _Parser(PdArgumentParser):
+    def error(self, message):  # argparse would print usage and exit; we raise with its message instead
+        raise ConfigError(message.replace("argument --", "key "))
+
+
+def canonical_key(key: str, where: str) -> str:
+    if key in KEYS:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    close = difflib.get_close_matches(key, sorted(KEYS | set(ALIASES)), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see the option table in README.md"
+    raise ConfigError(f"{where}: unknown key '{key}'{hint}")
+
+
+def read_json_config(path: str) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object of key: value pairs")
+    config = {}
+    for key, value in raw.items():
+        name = canonical_key(key, path)
+        if name in config:
+            raise ConfigError(f"{path}: '{key}' and another key both set '{name}'; keep one")
+        config[name] = value
+    return config
+
+
+def _as_argv(config: dict, path: str) -> list:
+    argv = []
+    for key, value in config.items():
+        if value is None:
+            if _default(key) is not None:
+                raise ConfigError(f"{path}: key '{key}' cannot be null")
+            continue
+        if isinstance(value, dict):
+            raise ConfigError(f"{path}: key '{key}' must not be an object")
+        if isinstance(value, list) and not _is_list(key):
+            raise ConfigError(f"{path}: key '{key}' takes one value, not a list")
+        values = value if isinstance(value, list) else [value]
+        argv += [f"--{key}", *[json.dumps(v) if isinstance(v, (list, dict)) else str(v) for v in values]]
+    return argv
+
+
+def _is_list(key: str) -> bool:
+    return "list" in str(GRPOConfig.__dataclass_fields__[key].type)
+
+
+def _default(key: str):
+    f = GRPOConfig.__dataclass_fields__[key]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _canonical_cli(args: list) -> list:
+    out = []
+    for arg in args:
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            if name.startswith("no_") and name[3:] in KEYS:  # PdArgumentParser's --no_<bool key>
+                out.append(arg)
+                continue
+            arg = f"--{canonical_key(name, 'command line')}" + (eq + value)
+        out.append(arg)
+    return out
+
+
+def load_config(argv: list) -> GRPOConfig:
+    """argv = [CONFIG.json, --key, value, ...] -> validated, frozen config (no model is loaded)."""
+    if not argv or not argv[0].endswith(".json"):
+        raise ConfigError("usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file)")
+    path = argv[0]
+    file_args = _as_argv(read_json_config(path), path)
+    parser = _Parser(GRPOConfig)
+    try:
+        (config,) = parser.parse_args_into_dataclasses(args=file_args + _canonical_cli(argv[1:]), look_for_args_file=False)
+    except ValueError as e:  # PdArgumentParser: values left over, e.g. "--max_steps 3 4"
+        raise ConfigError(f"command line: {e}") from None
+    return validate(config)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def validate(c: GRPOConfig) -> GRPOConfig:
+    """Checks values against each other and fills the derived ones; raises ConfigError naming the keys."""
+    from alignment.rewards import get_reward
+
+    for key in ("actor_model_name_or_path", "tokenizer_name_or_path"):
+        folder = getattr(c, key)
+        _check(
+            folder is None or (Path(folder) / "config.json").is_file() or (key == "tokenizer_name_or_path" and Path(folder).is_dir()),
+            f"{key}: '{folder}' is not a local model folder (no config.json there); download the model first, "
+            f"e.g. huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct",
+        )
+    for key in ("train_datasets", "eval_datasets"):
+        for path in (getattr(c, key) or "").split(","):
+            _check(not path or Path(path.strip()).is_file(), f"{key}: no such file '{path.strip()}'")
+    _check(c.rollout_n >= 2, f"rollout_n = {c.rollout_n}: a group needs at least 2 completions to compare")
+    _check(c.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
+    prompt_batch, accumulation = c.per_device_prompt_batch_size, c.gradient_accumulation_steps
+    if prompt_batch is None and accumulation is not None:
+        sequences = accumulation * c.per_device_train_batch_size
+        _check(
+            sequences % c.rollout_n == 0,
+            f"per_device_train_batch_size ({c.per_device_train_batch_size}) x gradient_accumulation_steps "
+            f"({accumulation}) = {sequences} sequences is not a whole number of groups of rollout_n ({c.rollout_n})",
+        )
+        prompt_batch = sequences // c.rollout_n
+    prompt_batch = 8 if prompt_batch is None else prompt_batch
+    _check(prompt_batch >= 1, "per_device_prompt_batch_size must be at least 1")
+    sequences = prompt_batch * c.rollout_n
+    _check(
+        sequences % c.per_device_train_batch_size == 0,
+        f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step "
+        f"does not divide into micro-batches of per_device_train_batch_size ({c.per_device_train_batch_size})",
+    )
+    _check(
+        accumulation is None or accumulation * c.per_device_train_batch_size == sequences,
+        f"gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({c.per_device_train_batch_size}) "
+        f"must equal per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences}",
+    )
+    accumulation = sequences // c.per_device_train_batch_size
+
+    _check(c.max_prompt_len >= 1 and c.max_dec_len >= 1, "max_prompt_len and max_dec_len must be at least 1")
+    _check(0 <= c.min_dec_len <= c.max_dec_len, f"min_dec_len ({c.min_dec_len}) must lie in [0, max_dec_len ({c.max_dec_len})]")
+    model_limit = _model_max_positions(c.actor_model_name_or_path)
+    max_seq_len = c.max_seq_len or model_limit
+    if max_seq_len is not None:
+        source = "max_seq_len" if c.max_seq_len else f"the model's max_position_embeddings ({c.actor_model_name_or_path}/config.json)"
+        _check(
+            c.max_prompt_len + c.max_dec_len <= max_seq_len,
+            f"max_prompt_len ({c.max_prompt_len}) + max_dec_len ({c.max_dec_len}) = {c.max_prompt_len + c.max_dec_len} "
+            f"exceeds {source} = {max_seq_len}",
+        )
+    _check(c.temperature > 0, f"temperature = {c.temperature}: must be > 0")
+    _check(0 < c.top_p <= 1, f"top_p = {c.top_p}: must lie in (0, 1]")
+    _check(c.top_k >= 0, f"top_k = {c.top_k}: must be >= 0 (0 turns it off)")
+    _check(c.repetition_penalty > 0, f"repetition_penalty = {c.repetition_penalty}: must be > 0")
+
+    _check(c.clip_range_ratio > 0, f"clip_range_ratio = {c.clip_range_ratio}: must be > 0")
+    _check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")
+    _check(len(c.reward_functions) > 0, "reward_functions is empty: name at least one reward function")
+    for name in c.reward_functions + [c.accuracy_function]:
+        try:
+            get_reward(name)
+        except ValueError as e:
+            raise ConfigError(f"reward_functions / accuracy_function: {e}") from None
+    weights = c.reward_function_weights or [1.0] * len(c.reward_functions)
+    _check(
+        len(weights) == len(c.reward_functions),
+        f"reward_function_weights has {len(weights)} values but reward_functions names {len(c.reward_functions)} functions",
+    )
+    _check(all(math.isfinite(w) for w in weights), "reward_function_weights must be finite numbers")
+
+    if c.use_rm_server:
+        _check(bool(c.reward_server), "use_rm_server is true but reward_server (http://host:port) is not set")
+        _check(
+            c.reward_server.startswith(("http://", "https://")),
+            f"reward_server = '{c.reward_server}': expected an address like http://127.0.0.1:8731",
+        )
+    _check(c.reward_server_timeout > 0 and c.reward_server_retries >= 0, "reward_server_timeout must be > 0 and reward_server_retries >= 0")
+
+    _check(c.learning_rate >= 0, f"learning_rate = {c.learning_rate}: must be >= 0")
+    _check(
+        0 <= c.min_learning_rate <= c.learning_rate,
+        f"min_learning_rate ({c.min_learning_rate}) must lie in [0, learning_rate ({c.learning_rate})]",
+    )
+    _check(0 <= c.warmup_ratio < 1, f"warmup_ratio = {c.warmup_ratio}: must lie in [0, 1)")
+    _check(c.warmup_steps >= 0, f"warmup_steps = {c.warmup_steps}: must be >= 0")
+    _check(not (c.warmup_ratio > 0 and c.warmup_steps > 0), "give warmup_ratio or warmup_steps, not both")
+    _check(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1, "adam_beta1 and adam_beta2 must lie in [0, 1)")
+    _check(c.weight_decay >= 0 and c.max_grad_norm >= 0, "weight_decay and max_grad_norm must be >= 0")
+    _check(c.max_steps > 0 or (c.max_steps == -1 and c.num_train_epochs > 0), "set max_steps > 0, or max_steps = -1 with num_train_epochs > 0")
+    _check(not (c.bf16 and c.fp16), "bf16 and fp16 are both true; choose one")
+    if c.bf16 or c.fp16:
+        import paddle
+
+        _check(
+            paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0,
+            f"{'bf16' if c.bf16 else 'fp16'} needs a GPU (paddlepaddle-gpu and a visible device); this run has none",
+        )
+
+    _check(c.per_device_eval_batch_size >= 1, "per_device_eval_batch_size must be at least 1")
+    _check(c.eval_steps >= 0 and c.save_steps >= 0, "eval_steps and save_steps must be >= 0")
+    _check(c.logging_steps >= 1, "logging_steps must be at least 1")
+    _check(c.log_completions_per_step >= 0, "log_completions_per_step must be >= 0")
+    _check(c.save_total_limit is None or c.save_total_limit >= 1, "save_total_limit must be at least 1 (or null: keep all)")
+
+    system_prompt = c.system_prompt
+    if system_prompt and len(system_prompt) < 4096 and Path(system_prompt).is_file():
+        system_prompt = Path(system_prompt).read_text()
+    return dataclasses.replace(
+        c,
+        per_device_prompt_batch_size=prompt_batch,
+        gradient_accumulation_steps=accumulation,
+        reward_function_weights=[float(w) for w in weights],
+        system_prompt=system_prompt,
+    )
+
+
+def _model_max_positions(path: str) -> Optional[int]:
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    return json.loads(config.read_text()).get("max_position_embeddings")

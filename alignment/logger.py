@@ -1,0 +1,82 @@
+"""Where a run reports: a progress bar and a console line every logging_steps, VisualDL scalars under
+logging_dir, and under output_dir metrics.jsonl (one JSON object per step, one per evaluation) and
+completions.jsonl (a sample of each step's completions with their rewards and advantages).
+Only the main process writes."""
+
+import json
+import math
+import os
+
+from tqdm import tqdm
+
+CONSOLE_KEYS = ("reward_mean", "accuracy", "loss", "kl", "entropy", "response_length_mean", "lr", "time/step")
+
+
+def _jsonable(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class RunLogger:
+    def __init__(self, output_dir: str, logging_dir: str, logging_steps: int, total_steps: int, first_step: int, enabled: bool):
+        self.enabled, self.logging_steps = enabled, logging_steps
+        if not enabled:
+            return
+        from visualdl import LogWriter
+
+        os.makedirs(output_dir, exist_ok=True)
+        self.metrics = open(os.path.join(output_dir, "metrics.jsonl"), "a")
+        self.completions = open(os.path.join(output_dir, "completions.jsonl"), "a")
+        self.vdl = LogWriter(logdir=logging_dir)
+        self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True)
+
+    def _write(self, record: dict, prefix: str, step: int) -> None:
+        self.metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self.metrics.flush()
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                tag = key.removeprefix("eval_") if prefix == "eval" else key  # eval/accuracy, train/accuracy
+                self.vdl.add_scalar(tag=f"{prefix}/{tag}", value=float(value), step=step)
+        self.vdl.flush()
+
+    def log_step(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        self._write({"step": step, **metrics}, "train", step)
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.3f}")
+        if step % self.logging_steps == 0:
+            shown = " ".join(f"{k}={_short(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
+            self.bar.write(f"step {step}: {shown}")
+
+    def log_eval(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        self._write({"step": step, **metrics}, "eval", step)
+        shown = " ".join(f"{k}={_short(v)}" for k, v in metrics.items())
+        self.bar.write(f"eval at step {step}: {shown}")
+
+    def log_completions(self, step: int, rows: list) -> None:
+        if not self.enabled:
+            return
+        for row in rows:
+            self.completions.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in row.items()}}) + "\n")
+        self.completions.flush()
+
+    def print(self, message: str) -> None:
+        if self.enabled:
+            self.bar.write(message)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.close()
+            self.vdl.close()
+            self.metrics.close()
+            self.completions.close()
+
+
+def _short(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

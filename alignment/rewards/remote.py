@@ -1,0 +1,135 @@
+"""The trainer's client for the reward server: one request per step, retried, never silently zero.
+
+protocol "v1" posts to /v1/score and gets each function's values and each item's error; "paddlenlp"
+posts PaddleNLP's {"src", "tgt", "response"} to / and gets totals only (columns is then empty): that
+server applies its own reward functions, and the other dataset columns do not travel.
+"""
+
+import time
+from collections.abc import Mapping
+
+import httpx
+
+from .scoring import ScoreTable
+
+BACKOFF_S = 0.5  # first wait between attempts; doubled after each failure
+MAX_BACKOFF_S = 8.0
+
+
+class RewardServerError(RuntimeError):
+    """The reward server could not score a batch; the message names the server and the cause."""
+
+
+def score_remote(
+    completions: list[str],
+    samples: list[Mapping],
+    names: list[str],
+    weights: list[float],
+    *,
+    url: str,
+    protocol: str,
+    timeout: float,
+    retries: int,
+    api_key: str | None,
+    backoff_s: float = BACKOFF_S,
+) -> ScoreTable:
+    if len(completions) != len(samples):
+        raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
+    if protocol == "v1":
+        endpoint = url.rstrip("/") + "/v1/score"
+        items = [{**sample, "completion": completion} for completion, sample in zip(completions, samples, strict=True)]
+        body = {"items": items, "reward_funcs": list(names), "reward_weights": list(weights)}
+    elif protocol == "paddlenlp":
+        # The server applies its own --reward_funcs; names and weights cannot travel in this protocol.
+        endpoint = url.rstrip("/") + "/"
+        body = {
+            "src": [_text(sample.get("prompt")) for sample in samples],
+            "tgt": [_text(sample.get("answer")) for sample in samples],
+            "response": list(completions),
+        }
+    else:
+        raise ValueError(f"reward server protocol must be 'v1' or 'paddlenlp', got {protocol!r}")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    answer = _post(endpoint, body, headers, timeout=timeout, retries=retries, backoff_s=backoff_s)
+    try:
+        table = _read_v1(answer, names) if protocol == "v1" else _read_paddlenlp(answer)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RewardServerError(
+            f"reward server {endpoint} gave an unusable answer: {type(exc).__name__}: {exc}"
+        ) from None
+    if not all(len(column) == len(completions) for column in [table.totals, table.errors, *table.columns.values()]):
+        raise RewardServerError(
+            f"reward server {endpoint} answered a different number of items than the {len(completions)} sent"
+        )
+    return table
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
+
+
+def _post(endpoint: str, body: dict, headers: dict, *, timeout: float, retries: int, backoff_s: float) -> dict:
+    attempts = retries + 1
+    with httpx.Client(timeout=timeout, headers=headers) as client:
+        for attempt in range(1, attempts + 1):
+            try:
+                response = client.post(endpoint, json=body)
+            except httpx.TransportError as exc:  # refused, reset, timed out: the server may be restarting
+                cause = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 500:
+                    return _answer(endpoint, response)
+                cause = f"HTTP {response.status_code}: {_message(response)}"
+            if attempt < attempts:
+                time.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
+    raise RewardServerError(f"reward server {endpoint} failed {attempts} attempt(s); last: {cause}")
+
+
+def _answer(endpoint: str, response: httpx.Response) -> dict:
+    if response.status_code >= 400:  # our request is wrong: retrying would not help
+        raise RewardServerError(
+            f"reward server {endpoint} refused the batch: HTTP {response.status_code}: {_message(response)}"
+        )
+    try:
+        return response.json()
+    except ValueError:
+        raise RewardServerError(
+            f"reward server {endpoint} answered something that is not JSON: {response.text[:200]!r}"
+        ) from None
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        return str(body.get("error_msg") or body.get("detail") or body)[:500]
+    return str(body)[:500]
+
+
+def _read_v1(answer: dict, names: list[str]) -> ScoreTable:
+    return ScoreTable(
+        totals=[_score(value) for value in answer["scores"]],
+        columns={name: [_score(value) for value in answer["components"][name]] for name in names},
+        errors=[None if error is None else str(error) for error in answer["errors"]],
+    )
+
+
+def _read_paddlenlp(answer: dict) -> ScoreTable:
+    scores = [_score(value) for value in answer["score"]]
+    message = answer.get("error_msg", "")
+    if answer.get("error_code", 0) != 0 and None not in scores:
+        # PaddleNLP's own server answers a failed batch with error_code 500 and zeros: they are not scores.
+        raise ValueError(f"error_code {answer['error_code']}: {message}")
+    # Ours marks each item it could not score with a null score and says why in error_msg.
+    errors = [f"reward server: {message}" if score is None else None for score in scores]
+    return ScoreTable(totals=scores, columns={}, errors=errors)
+
+
+def _score(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a score must be a number or null, got {value!r}")
+    return float(value)

@@ -1,0 +1,38 @@
+"""What every rollout engine takes and returns."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 keeps the whole vocabulary
+    repetition_penalty: float = 1.0
+    greedy: bool = False
+
+
+@dataclass
+class Rollout:
+    """Completions for a batch of prompts, prompt-major: rows i*group_size ... (i+1)*group_size-1
+    are the group of prompt i. B = len(prompts) * group_size, T = longest completion."""
+
+    prompt_ids: list  # B lists of token ids (each prompt repeated group_size times)
+    completion_ids: np.ndarray  # (B, T) int64, pad_token_id after each completion's end
+    completion_mask: np.ndarray  # (B, T) float32, 1 on generated tokens, the eos token included
+    logprobs: np.ndarray  # (B, T) float32: log pi(token) under the temperature-scaled policy, 0 on padding
+    finish_reasons: list  # B strings: "eos" (stopped by an eos token) or "length" (hit max_new_tokens)
+    group_size: int
+
+    @property
+    def lengths(self) -> np.ndarray:  # (B,)
+        return self.completion_mask.sum(axis=1).astype(np.int64)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list, group_size: int, params: SamplingParams) -> Rollout: ...

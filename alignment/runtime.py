@@ -1,0 +1,67 @@
+"""CPU runtime defaults, applied before paddle is imported.
+
+Measured on the 2-core AMD EPYC build machine (bench/RESULTS.md, ../shared/DESIGN.md):
+- MKL_DEBUG_CPU_TYPE=5 makes paddle's bundled MKL take its AVX2 path on AMD (1024^3 matmul 37 -> 162 GFLOP/s
+  together with the thread count).
+- Contiguous kernels (FLAGS_use_stride_kernel off) make transpose/slice produce contiguous tensors; with
+  paddle 3.3.1's default (strided views) the attention of paddleformers' Qwen2 spends most of a decode
+  step copying strided views: one decode step of the tiny model at batch 64 took 135 ms with the default
+  and 29 ms without, and a training step about 1.3x less. They are switched on only around the model's
+  compute (`contiguous_kernels`), never globally: paddleformers' save_pretrained writes corrupt weights
+  and its flex-checkpoint loader fails when stride kernels are off (tests/test_runtime.py).
+- OMP_NUM_THREADS = usable cores / processes on this node. paddle.distributed.launch exports
+  OMP_NUM_THREADS=1 to its workers when the user set nothing, so under the launcher a value of 1 is
+  taken as that default; set GRPO_CPU_THREADS to force a count.
+Values the user already exported are kept.
+"""
+
+import contextlib
+import io
+import os
+import sys
+import warnings
+
+
+def _threads_per_process() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    processes = int(os.environ.get("PADDLE_LOCAL_SIZE", "1"))
+    return max(1, cores // max(1, processes))
+
+
+def configure_cpu_runtime() -> None:
+    forced = os.environ.get("GRPO_CPU_THREADS")
+    launched = "PADDLE_LOCAL_SIZE" in os.environ
+    if forced:
+        os.environ["OMP_NUM_THREADS"] = forced
+    elif "OMP_NUM_THREADS" not in os.environ or (launched and os.environ["OMP_NUM_THREADS"] == "1"):
+        os.environ["OMP_NUM_THREADS"] = str(_threads_per_process())
+    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    # Library chatter that says nothing about this run.
+    warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")
+    warnings.filterwarnings("ignore", message="No ccache found")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def import_paddle():
+    """Import paddle after configure_cpu_runtime(), dropping its warning about OMP_NUM_THREADS > 1,
+    which is the setting we chose on purpose."""
+    captured = io.StringIO()
+    with contextlib.redirect_stderr(captured):
+        import paddle
+    for line in captured.getvalue().splitlines():
+        if "OMP_NUM_THREADS" not in line:
+            print(line, file=sys.stderr)
+    return paddle
+
+
+@contextlib.contextmanager
+def contiguous_kernels():
+    """Run the enclosed model compute with stride kernels off (see the module docstring)."""
+    import paddle
+
+    previous = paddle.get_flags(["FLAGS_use_stride_kernel"])["FLAGS_use_stride_kernel"]
+    paddle.set_flags({"FLAGS_use_stride_kernel": False})
+    try:
+        yield
+    finally:
+        paddle.set_flags({"FLAGS_use_stride_kernel": previous})

@@ -1,0 +1,123 @@
+"""ASGI middleware: the access log, the API key and the body size limit.
+
+They run before FastAPI reads a body, so a request without the key, or one that is too large, is
+answered without its body being parsed (or, when Content-Length says so, even read).
+"""
+
+import hmac
+import json
+import logging
+import time
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+
+access_log = logging.getLogger("reward_server.access")
+
+PADDLENLP_PATH = "/"
+
+
+class ErrorResponse(JSONResponse):
+    # ASCII-escaped: an error message may quote request text with lone surrogates, which UTF-8 cannot encode.
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+def error_response(path: str, status: int, detail, message: str, headers: dict | None = None) -> ErrorResponse:
+    """FastAPI's {"detail": ...}; on PaddleNLP's POST / also error_code and error_msg, which its clients read."""
+    body = {"detail": detail}
+    if path == PADDLENLP_PATH:
+        body |= {"error_code": status, "error_msg": message}
+    return ErrorResponse(body, status_code=status, headers=headers)
+
+
+class AccessLog:
+    """One line per request: method, path, items, bytes, milliseconds, item errors, status."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        state = scope.setdefault("state", {})  # the endpoints record items and item_errors here
+        status = 500  # what the client sees if the app fails before answering
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            access_log.info(
+                "%s %s items=%s bytes=%s ms=%.1f item_errors=%s status=%s",
+                scope["method"],
+                scope["path"].encode("unicode_escape").decode("ascii"),  # a %0A in the path must not start a line
+                state.get("items", 0),
+                state.get("bytes", 0),
+                (time.perf_counter() - started) * 1000,
+                state.get("item_errors", 0),
+                status,
+            )
+
+
+class RequireKey:
+    """With a key, every path but the open ones answers 401 without `Authorization: Bearer KEY`."""
+
+    def __init__(self, app, api_key: str | None, open_paths: frozenset[str]):
+        self.app, self.open_paths = app, open_paths
+        self.key = None if api_key is None else api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if self.key is None or scope["type"] != "http" or scope["path"] in self.open_paths:
+            return await self.app(scope, receive, send)
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        # Header values arrive as latin-1 text; back to the bytes the client sent. Constant-time compare.
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), self.key):
+            return await self.app(scope, receive, send)
+        message = "missing or wrong API key: send the header 'Authorization: Bearer KEY'"
+        response = error_response(scope["path"], 401, message, message, {"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
+class LimitBody:
+    """Reads the whole body (FastAPI would anyway) and answers 413 once it passes max_bytes."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = Headers(scope=scope).get("content-length", "")
+        too_large = declared.isdigit() and int(declared) > self.max_bytes
+        body = bytearray()
+        more = not too_large
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            too_large = len(body) > self.max_bytes
+            if too_large:
+                break
+        state = scope.setdefault("state", {})
+        state["bytes"] = int(declared) if too_large and declared.isdigit() else len(body)
+        if too_large:
+            message = f"request body is larger than the server's limit of {self.max_bytes} bytes (--max_body_bytes)"
+            return await error_response(scope["path"], 413, message, message)(scope, receive, send)
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if delivered:
+                return await receive()  # after the body, the server's disconnect message
+            delivered = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)

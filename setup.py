@@ -1,0 +1,50 @@
+"""Install: pip install -e '.[test]'   (the Makefile does this inside .venv)."""
+
+from setuptools import find_packages, setup
+
+# Pins, each for a reason measured on paddle 3.3.1 CPU (see ../shared/DESIGN.md):
+# - paddleformers 1.0.0: 1.1 and 1.2 import paddlefleet for Qwen2, which PyPI does not have.
+# - transformers 4.57.6 and huggingface_hub < 1.0: paddleformers 1.0.0 imports
+#   huggingface_hub.repo_type_and_id_from_hf_id, gone in hub 1.x, and transformers 5.x needs hub >= 1.31.
+# - datasets 4.4.2: the newest datasets that accepts huggingface_hub < 1.0.
+INSTALL_REQUIRES = [
+    "paddlepaddle==3.3.1",
+    "paddleformers==1.0.0",
+    "transformers==4.57.6",
+    "huggingface_hub>=0.34,<1.0",
+    "datasets==4.4.2",
+    "tokenizers>=0.22,<0.24",
+    "safetensors>=0.4",
+    "numpy>=1.26,<2",
+    "visualdl==2.5.3",
+    "math-verify==0.9.0",
+    "tqdm>=4.66",
+    # The reward server and its client (reward_server/, alignment/rewards/remote.py), at the versions tested.
+    # httpx 0.28 is what paddlepaddle 3.3.1 already pulls in.
+    "fastapi==0.165.0",
+    "uvicorn==0.54.0",
+    "httpx==0.28.1",
+]
+
+setup(
+    name="paddle-grpo",
+    version="0.1.0",
+    description="GRPO trainer for PaddlePaddle, driven by one JSON file",
+    python_requires=">=3.10",
+    packages=find_packages(include=["alignment", "alignment.*", "reward_server"]),
+    py_modules=["run_grpo"],
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            # fuzzing the reward server from its OpenAPI schema, and checking that schema
+            "schemathesis==4.32.5",
+            "hypothesis==6.170.15",
+            "openapi-spec-validator==0.9.0",
+        ]
+    },
+    entry_points={
+        "console_scripts": ["run-grpo=run_grpo:main", "grpo-reward-server=reward_server.reward_server:main"]
+    },
+)

@@ -1,0 +1,74 @@
+"""Starting the real reward server for a test: `python reward_server/reward_server.py` on a free
+loopback port, waited for through /health, stopped afterwards."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+API_KEY_ENV = "GRPO_REWARD_SERVER_API_KEY"
+
+
+@dataclass
+class Server:
+    url: str
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(port: int, *flags: str) -> list[str]:
+    return [sys.executable, "reward_server/reward_server.py", "--port", str(port), *flags]
+
+
+@contextmanager
+def reward_server(folder: Path, *flags: str, env: dict | None = None, port: int | None = None):
+    port = port or free_port()
+    log = folder / f"requests-{port}.log"
+    environment = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | (env or {})
+    with open(folder / f"output-{port}.txt", "w+") as output:
+        process = subprocess.Popen(
+            server_command(port, "--log_file", str(log), *flags),
+            cwd=REPO,
+            env=environment,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_until_healthy(url, process, output)
+            yield Server(url, log)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, output, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            output.seek(0)
+            pytest.fail(f"reward server exited with code {process.returncode}:\n{output.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"reward server at {url} did not answer /health within {timeout:g} s")

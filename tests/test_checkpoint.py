@@ -1,0 +1,57 @@
+import json
+
+import paddle
+import pytest
+from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
+
+from alignment.checkpoint import complete_checkpoints, save_checkpoint
+from alignment.modeling import load_causal_lm, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def parts():
+    paddle.seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=451, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
+    return model, load_tokenizer("data/tiny-qwen2"), optimizer
+
+
+def save(out, step, parts, keep=None, tokenizer=None):
+    model, real_tokenizer, optimizer = parts
+    return save_checkpoint(str(out), step, model, tokenizer or real_tokenizer, optimizer, '{"max_steps": 9}', {"total_steps": 9}, keep)
+
+
+def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
+    path = save(tmp_path, 3, parts)
+    assert path == tmp_path / "checkpoint-3"
+    assert json.loads((path / "trainer_state.json").read_text()) == {"step": 3, "total_steps": 9}
+    assert {"config.json", "tokenizer.json", "grpo_config.json", "optimizer.pdopt", "rng.pdstate"} <= {p.name for p in path.iterdir()}
+    assert not list(path.glob("saved_signal_*"))
+    ids = paddle.to_tensor([[1, 2, 3]])
+    model = parts[0]
+    model.eval()
+    assert (load_causal_lm(str(path))(ids)[0] - model(ids)[0]).abs().max().item() == 0.0
+
+
+def test_save_total_limit_keeps_the_newest(tmp_path, parts):
+    for step in (1, 2, 3, 4):
+        save(tmp_path, step, parts, keep=2)
+    assert [p.name for p in complete_checkpoints(str(tmp_path))] == ["checkpoint-3", "checkpoint-4"]
+
+
+class DiskFullTokenizer:
+    """Fault injection: the disk fills while the tokenizer is being written."""
+
+    def save_pretrained(self, path):
+        raise OSError(28, "No space left on device")
+
+
+def test_interrupted_save_leaves_nothing_that_looks_complete(tmp_path, parts):
+    save(tmp_path, 1, parts)
+    with pytest.raises(OSError, match="No space left"):
+        save(tmp_path, 2, parts, tokenizer=DiskFullTokenizer())
+    assert not (tmp_path / "checkpoint-2").exists()
+    assert [p.name for p in complete_checkpoints(str(tmp_path))] == ["checkpoint-1"]
+    save(tmp_path, 2, parts)  # the next save of that step replaces the leftover staging folder
+    assert [p.name for p in complete_checkpoints(str(tmp_path))] == ["checkpoint-1", "checkpoint-2"]
+    assert not list(tmp_path.glob(".checkpoint-*"))

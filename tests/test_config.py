@@ -1,0 +1,163 @@
+import dataclasses
+import json
+
+import pytest
+
+from alignment.config import ALIASES, ConfigError, GRPOConfig, load_config
+
+TINY = "config/tiny/grpo_argument.json"
+
+
+def write(tmp_path, text, name="grpo_argument.json"):
+    path = tmp_path / name
+    path.write_text(text if isinstance(text, str) else json.dumps(text, indent=2))
+    return str(path)
+
+
+def test_bundled_tiny_config_loads_and_derives_accumulation():
+    config = load_config([TINY])
+    assert config.per_device_prompt_batch_size * config.rollout_n == config.gradient_accumulation_steps * config.per_device_train_batch_size
+    assert config.system_prompt.startswith("Solve the problem.")  # read from data/arith/system_prompt.txt
+    assert dataclasses.is_dataclass(config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.rollout_n = 3
+
+
+@pytest.mark.parametrize(
+    "alias, value, key",
+    [
+        ("num_generations", 4, "rollout_n"),
+        ("max_completion_length", 32, "max_dec_len"),
+        ("max_prompt_length", 100, "max_prompt_len"),
+        ("epsilon", 0.28, "clip_range_ratio"),
+        ("beta", 0.04, "kl_loss_coeff"),
+        ("reward_funcs", ["format"], "reward_functions"),
+        ("system", "Think first.", "system_prompt"),
+        ("min_lr", 1e-7, "min_learning_rate"),
+    ],
+)
+def test_aliases_from_trl_and_ms_swift(tmp_path, alias, value, key):
+    assert ALIASES[alias] == key
+    path = write(tmp_path, {alias: value, "max_steps": 1})
+    assert getattr(load_config([path]), key) == value
+
+
+def test_alias_and_canonical_key_together_is_an_error(tmp_path):
+    path = write(tmp_path, {"rollout_n": 4, "num_generations": 8})
+    with pytest.raises(ConfigError, match="rollout_n"):
+        load_config([path])
+
+
+@pytest.mark.parametrize("bad, suggestion", [("rollout_m", "rollout_n"), ("learnig_rate", "learning_rate"), ("num_generation", "num_generations")])
+def test_unknown_key_names_the_closest(tmp_path, bad, suggestion):
+    path = write(tmp_path, {bad: 1})
+    with pytest.raises(ConfigError, match=f"unknown key '{bad}'; did you mean '{suggestion}'"):
+        load_config([path])
+
+
+def test_unknown_key_on_the_command_line(tmp_path):
+    with pytest.raises(ConfigError, match="command line: unknown key 'max_step'; did you mean 'max_steps'"):
+        load_config([TINY, "--max_step", "3"])
+
+
+def test_leftover_command_line_values_are_an_error():
+    with pytest.raises(ConfigError, match=r"command line: .*\['4'\]"):
+        load_config([TINY, "--max_steps", "3", "4"])
+
+
+def test_command_line_overrides_the_file_and_accepts_aliases():
+    config = load_config([TINY, "--max_steps", "3", "--num_generations", "4", "--learning_rate=1e-5", "--eval_on_start", "false"])
+    assert (config.max_steps, config.rollout_n, config.learning_rate, config.eval_on_start) == (3, 4, 1e-5, False)
+
+
+def test_broken_json_reports_file_line_and_column(tmp_path):
+    path = write(tmp_path, '{\n  "rollout_n": 8,\n  "max_steps": 3,,\n}')
+    with pytest.raises(ConfigError, match=r"grpo_argument.json:3:\d+: not valid JSON"):
+        load_config([path])
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"rollout_n": "eight"}, "key rollout_n: invalid int value: 'eight'"),
+        ({"temperature": [1, 2]}, "key 'temperature' takes one value, not a list"),
+        ({"lr_scheduler_type": "exponential"}, "key lr_scheduler_type: invalid choice"),
+        ({"bf16": "perhaps"}, "bf16"),
+        ({"rollout_n": None}, "key 'rollout_n' cannot be null"),
+        ({"rollout_n": {"value": 8}}, "key 'rollout_n' must not be an object"),
+    ],
+)
+def test_wrong_types_name_the_key(tmp_path, values, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config([write(tmp_path, values)])
+
+
+@pytest.mark.parametrize(
+    "values, keys",
+    [
+        ({"rollout_n": 1}, ["rollout_n"]),
+        ({"rollout_n": 8, "per_device_prompt_batch_size": 3, "per_device_train_batch_size": 16}, ["per_device_prompt_batch_size", "rollout_n", "per_device_train_batch_size"]),
+        ({"rollout_n": 8, "per_device_prompt_batch_size": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}, ["gradient_accumulation_steps", "per_device_prompt_batch_size"]),
+        ({"rollout_n": 8, "per_device_train_batch_size": 6, "gradient_accumulation_steps": 3}, ["per_device_train_batch_size", "gradient_accumulation_steps", "rollout_n"]),
+        ({"max_prompt_len": 800, "max_dec_len": 300}, ["max_prompt_len", "max_dec_len", "max_position_embeddings"]),
+        ({"max_prompt_len": 100, "max_dec_len": 100, "max_seq_len": 150}, ["max_prompt_len", "max_dec_len", "max_seq_len"]),
+        ({"min_dec_len": 10, "max_dec_len": 5}, ["min_dec_len", "max_dec_len"]),
+        ({"warmup_ratio": 0.1, "warmup_steps": 3}, ["warmup_ratio", "warmup_steps"]),
+        ({"learning_rate": 1e-6, "min_learning_rate": 1e-5}, ["min_learning_rate", "learning_rate"]),
+        ({"reward_functions": ["accuracy", "format"], "reward_function_weights": [1.0]}, ["reward_function_weights", "reward_functions"]),
+        ({"reward_functions": ["acuracy"]}, ["reward_functions", "accuracy"]),
+        ({"bf16": True, "fp16": True}, ["bf16", "fp16"]),
+        ({"bf16": True}, ["bf16", "GPU"]),
+        ({"train_datasets": "data/nope.jsonl"}, ["train_datasets", "data/nope.jsonl"]),
+        ({"actor_model_name_or_path": "models/nope"}, ["actor_model_name_or_path", "models/nope", "not a local model folder"]),
+        ({"top_p": 0}, ["top_p"]),
+        ({"max_steps": -1, "num_train_epochs": 0}, ["max_steps", "num_train_epochs"]),
+    ],
+)
+def test_inconsistent_values_fail_naming_the_keys(tmp_path, values, keys):
+    with pytest.raises(ConfigError) as error:
+        load_config([write(tmp_path, {"actor_model_name_or_path": "data/tiny-qwen2", **values})])
+    for key in keys:
+        assert key in str(error.value)
+
+
+def test_trl_style_batch_derives_prompts_per_step(tmp_path):
+    # TRL: per_device_train_batch_size x gradient_accumulation_steps completions per step, in groups of num_generations
+    path = write(tmp_path, {"num_generations": 8, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4})
+    config = load_config([path])
+    assert (config.per_device_prompt_batch_size, config.gradient_accumulation_steps) == (4, 4)
+
+
+def test_system_prompt_is_text_or_a_file(tmp_path):
+    prompt_file = tmp_path / "system.txt"
+    prompt_file.write_text("From a file.")
+    assert load_config([write(tmp_path, {"system_prompt": str(prompt_file)})]).system_prompt == "From a file."
+    assert load_config([write(tmp_path, {"system": "Inline text."})]).system_prompt == "Inline text."
+
+
+def test_first_argument_must_be_a_json_file():
+    with pytest.raises(ConfigError, match="first argument must be a .json file"):
+        load_config(["--max_steps", "3"])
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(["missing.json"])
+
+
+def test_every_key_has_help_and_every_alias_targets_a_key():
+    for f in dataclasses.fields(GRPOConfig):
+        assert f.metadata.get("help"), f.name
+    assert set(ALIASES.values()) <= {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def test_readme_option_table_lists_every_key_and_alias():
+    readme = open("README.md").read()
+    for f in dataclasses.fields(GRPOConfig):
+        assert f"| `{f.name}` |" in readme, f"README option table lacks {f.name}"
+    for alias in ALIASES:
+        assert f"`{alias}`" in readme, f"README lacks alias {alias}"
+
+
+@pytest.mark.parametrize("path", ["config/qwen/grpo_argument.json", "config/llama/grpo_argument.json"])
+def test_real_model_configs_use_only_known_keys(path):
+    # Their models and GSM8K files are not in the repository: validation gets as far as looking for them.
+    with pytest.raises(ConfigError, match="actor_model_name_or_path: 'models/.*' is not a local model folder"):
+        load_config([path])

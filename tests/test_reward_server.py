@@ -1,0 +1,530 @@
+"""The reward server as users run it (`python reward_server/reward_server.py` in a subprocess on a free
+loopback port), driven over HTTP, and the trainer's client (score_remote) against it."""
+
+import http.server
+import json
+import re
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from openapi_spec_validator import validate as validate_openapi
+from schemathesis import GenerationMode
+
+from alignment.rewards import score_completions
+from alignment.rewards.plugins import load_plugins
+from alignment.rewards.remote import RewardServerError, score_remote
+from reward_servers import API_KEY_ENV, REPO, free_port, reward_server, server_command
+
+PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"
+KEY = "s3cret-key-for-tests"
+ITEM_TIMEOUT_S = 1
+MAX_ITEMS = 100
+MAX_BODY_BYTES = 200_000
+SCORING_PATHS = ("/", "/v1/score")
+
+pytestmark = pytest.mark.timeout(120)  # a hung server or client fails its test instead of the suite
+
+# Constructed items with known values: right and wrong answers, the R1 format or not, a LaTeX answer
+# that only math-verify can match, and a row without a reference (an accuracy error, never a 0).
+ITEMS = [
+    {
+        "prompt": "Mia has 12 apples. She buys 7 more, then gives away 5. How many now?",
+        "answer": "14",
+        "completion": "<think>12 + 7 = 19, 19 - 5 = 14</think><answer>14</answer>",
+    },
+    {
+        "prompt": "Mia has 12 apples. She buys 7 more, then gives away 5. How many now?",
+        "answer": "14",
+        "completion": "<think>12 + 7 = 19</think><answer>19</answer>",
+    },
+    {
+        "prompt": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+        "answer": "#### 72",
+        "completion": "In May she sold 48 / 2 = 24, so 48 + 24 = 72 in all.\n#### 72",
+    },
+    {
+        "prompt": "What is two quarters?",
+        "answer": "\\frac{1}{2}",
+        "completion": "<think>2/4</think><answer>\\frac{2}{4}</answer>",
+    },
+    {"prompt": "A question without a reference", "answer": None, "completion": "<think>?</think><answer>3</answer>"},
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    flags = ["--workers", "2", "--plugins", str(PLUGIN), "--item_timeout", str(ITEM_TIMEOUT_S)]
+    flags += ["--max_items", str(MAX_ITEMS), "--max_body_bytes", str(MAX_BODY_BYTES)]
+    with reward_server(tmp_path_factory.mktemp("server"), *flags) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory):
+    with reward_server(tmp_path_factory.mktemp("keyed"), "--workers", "1", env={API_KEY_ENV: KEY}) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        yield http
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin_in_process():
+    load_plugins([str(PLUGIN)])  # the same functions in this process, to compare with the server
+
+
+def in_process(items, names, weights=None):
+    samples = [{k: v for k, v in item.items() if k != "completion"} for item in items]
+    table = score_completions([item["completion"] for item in items], samples, names, weights or [1.0] * len(names))
+    return {"scores": table.totals, "components": table.columns, "errors": table.errors}
+
+
+def post_v1(client, items, names, weights=None):
+    body = {"items": items, "reward_funcs": names}
+    if weights is not None:
+        body["reward_weights"] = weights
+    return client.post("/v1/score", json=body)
+
+
+# --- the endpoints --------------------------------------------------------------------------------
+
+
+def test_health_and_reward_funcs_list_the_built_ins_and_the_plugins(client):
+    assert client.get("/health").json() == {"status": "ok", "workers": 2}
+    listed = client.get("/v1/reward_funcs").json()
+    names = {f["name"]: f["description"] for f in listed["reward_funcs"]}
+    assert {"accuracy", "format", "within_max_chars", "hang_on_marker"} <= set(names)
+    assert names["within_max_chars"] == "1.0 if the completion fits the item's max_chars column, else 0.0"
+    assert listed["default"] == ["accuracy", "format"]
+
+
+def test_openapi_schema_is_valid_and_describes_every_endpoint(client):
+    schema = client.get("/openapi.json").json()
+    validate_openapi(schema)
+    assert {"/", "/v1/score", "/v1/reward_funcs", "/health"} <= set(schema["paths"])
+
+
+def test_v1_scores_equal_in_process_scoring(client):
+    names, weights = ["accuracy", "format"], [1.0, 0.5]
+    answer = post_v1(client, ITEMS, names, weights)
+    assert answer.status_code == 200
+    assert answer.json() == in_process(ITEMS, names, weights)
+    assert answer.json()["scores"] == [1.5, 0.5, 1.0, 1.5, None]
+    assert answer.json()["errors"][4] == "accuracy: ValueError: sample has no 'answer'"
+
+
+def test_v1_defaults_to_the_servers_reward_functions_and_takes_an_empty_batch(client):
+    assert client.post("/v1/score", json={"items": ITEMS[:2]}).json() == in_process(ITEMS[:2], ["accuracy", "format"])
+    assert client.post("/v1/score", json={"items": []}).json() == {
+        "scores": [],
+        "components": {"accuracy": [], "format": []},
+        "errors": [],
+    }
+
+
+def test_paddlenlp_protocol_answers_as_paddlenlp_does(client):
+    rows = ITEMS[:4]
+    body = {
+        "src": [r["prompt"] for r in rows],
+        "tgt": [r["answer"] for r in rows],
+        "response": [r["completion"] for r in rows],
+    }
+    expected = in_process([{**r, "src": r["prompt"], "tgt": r["answer"]} for r in rows], ["accuracy", "format"])
+    assert client.post("/", json=body).json() == {"error_code": 0, "error_msg": "Success", "score": expected["scores"]}
+
+
+def test_paddlenlp_protocol_marks_items_it_could_not_score_null_with_a_nonzero_error_code(client):
+    body = {"src": ["q", "q"], "tgt": ["5", ""], "response": ["<answer>5</answer>", "<answer>5</answer>"]}
+    answer = client.post("/", json=body).json()
+    assert answer["score"] == [1.0, None]
+    assert answer["error_code"] != 0
+    assert "1 of 2 items could not be scored" in answer["error_msg"] and "item 1: accuracy" in answer["error_msg"]
+
+
+def test_unequal_lengths_are_422_naming_the_fields(client):
+    answer = client.post("/", json={"src": ["a", "b"], "tgt": ["1"], "response": ["x", "y"]})
+    assert answer.status_code == 422
+    assert "src=2, tgt=1, response=2" in answer.json()["error_msg"]
+    assert answer.json()["error_code"] != 0  # PaddleNLP clients read error_code, not the HTTP status
+
+
+def test_unknown_reward_function_is_422_with_the_closest_names(client):
+    answer = post_v1(client, ITEMS[:1], ["acuracy"])
+    assert answer.status_code == 422
+    assert "unknown reward function 'acuracy'. Did you mean 'accuracy'?" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            {"items": ITEMS[:1], "reward_funcs": ["accuracy"], "reward_weights": [1.0, 2.0]},
+            "1 reward functions but 2 weights",
+        ),
+        ({"items": ITEMS[:1], "reward_funcs": ["format", "format"]}, "reward functions named twice"),
+        ({"items": ITEMS[:1], "reward_funcs": []}, "no reward functions"),
+    ],
+)
+def test_inconsistent_reward_functions_are_422(client, body, expected):
+    answer = client.post("/v1/score", json=body)
+    assert answer.status_code == 422 and expected in answer.json()["detail"]
+
+
+def test_too_many_items_is_422(client):
+    answer = post_v1(client, [{"completion": "x"}] * (MAX_ITEMS + 1), ["format"])
+    assert answer.status_code == 422
+    assert f"{MAX_ITEMS + 1} items; this server takes at most {MAX_ITEMS}" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize("path", SCORING_PATHS)
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_the_limit_is_413(client, path, chunked):
+    body = json.dumps({"src": ["q"], "tgt": ["1"], "response": ["x" * MAX_BODY_BYTES]}).encode()
+    content = iter([body[:1000], body[1000:]]) if chunked else body  # no Content-Length when streamed
+    answer = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert answer.status_code == 413
+    assert f"limit of {MAX_BODY_BYTES} bytes" in answer.json()["detail"]
+    assert ("error_code" in answer.json()) == (path == "/")
+
+
+MALFORMED = [
+    b"",
+    b"{",
+    b'{"src": ["a"], "tgt": ["b"], "response": ["c"]',
+    b"[" * 100_000,  # deeper than json.loads can recurse
+    b'{"src": [NaN], "tgt": [Infinity], "response": [-Infinity]}',
+    b'{"items": [{"completion": "x"}], "reward_weights": [1e999]}',
+    b'{"items": [{"completion": 5}], "reward_funcs": "accuracy"}',
+    b'{"items": {"completion": "x"}}',
+    b'{"src": "abc", "tgt": "abc", "response": "abc"}',
+    b"null",
+    b"\xff\xfe\x00garbage",
+    b'{"items": [{"completion": "\\ud800"}], "reward_funcs": ["\\udfff"]}',
+]
+
+
+@pytest.mark.parametrize("path", SCORING_PATHS)
+@pytest.mark.parametrize("body", MALFORMED, ids=range(len(MALFORMED)))
+def test_malformed_bodies_are_4xx(client, path, body):
+    answer = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert 400 <= answer.status_code < 500, answer.text
+
+
+def test_a_form_post_is_not_taken_for_json(client):
+    # A browser page can send a form to localhost without asking; only application/json is read.
+    answer = client.post("/", content=b'{"src": [], "tgt": [], "response": []}', headers={"content-type": "text/plain"})
+    assert answer.status_code == 422
+
+
+# --- failures of single items ---------------------------------------------------------------------
+
+
+def test_a_hanging_item_times_out_alone_and_the_server_goes_on(client):
+    items = [{"completion": c} for c in ("fine", "HANG", "fine", "fine", "fine", "HANG")]
+    started = time.monotonic()
+    answer = post_v1(client, items, ["hang_on_marker"]).json()
+    assert time.monotonic() - started < 10 * ITEM_TIMEOUT_S
+    assert answer["scores"] == [1.0, None, 1.0, 1.0, 1.0, None]
+    assert answer["errors"][1] == answer["errors"][5] == f"timed out after {ITEM_TIMEOUT_S} s"
+    assert answer["components"]["hang_on_marker"] == answer["scores"]
+    # the hung workers were replaced: both score again
+    assert post_v1(client, [{"completion": "fine"}] * 4, ["hang_on_marker"]).json()["scores"] == [1.0] * 4
+
+
+def test_a_raising_item_is_an_error_for_itself_alone(client):
+    items = [{"completion": "RAISE"}, {"completion": "<think>a</think><answer>1</answer>"}]
+    answer = post_v1(client, items, ["raise_on_marker", "format"]).json()
+    assert answer == in_process(items, ["raise_on_marker", "format"])
+    assert answer["errors"] == ["raise_on_marker: ValueError: asked to raise", None]
+    assert answer["scores"] == [None, 2.0] and answer["components"]["format"] == [0.0, 1.0]
+
+
+def test_a_worker_that_dies_is_replaced(client):
+    answer = post_v1(client, [{"completion": "EXIT"}, {"completion": "fine"}], ["exit_on_marker"]).json()
+    assert answer["errors"][0] == "reward worker died (exit code 3)"
+    assert answer["scores"] == [None, 1.0]
+    assert post_v1(client, [{"completion": "fine"}] * 4, ["exit_on_marker"]).json()["scores"] == [1.0] * 4
+
+
+# --- plugins --------------------------------------------------------------------------------------
+
+
+def test_a_plugin_reward_scores_the_same_in_the_server_and_in_process(client):
+    # max_chars is a dataset column: it reaches the function as it does in process.
+    items = [
+        {"completion": "short", "max_chars": 10},
+        {"completion": "much too long", "max_chars": 10},
+        {"completion": "x"},
+    ]
+    answer = post_v1(client, items, ["within_max_chars"]).json()
+    assert answer == in_process(items, ["within_max_chars"])
+    assert answer["scores"] == [1.0, 0.0, None] and answer["errors"][2] == "within_max_chars: KeyError: 'max_chars'"
+
+
+def test_a_plugin_that_cannot_be_loaded_stops_the_server_naming_the_file(tmp_path):
+    broken = tmp_path / "broken_rewards.py"
+    broken.write_text("import no_such_module_here\n")
+    run = subprocess.run(
+        server_command(free_port(), "--plugins", str(broken)), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode != 0
+    assert f"reward plugin {broken} failed to import: ModuleNotFoundError" in run.stderr
+    with pytest.raises(FileNotFoundError, match="reward plugin missing.py: no such file"):
+        load_plugins(["missing.py"])
+
+
+def test_an_unknown_reward_function_flag_stops_the_server():
+    run = subprocess.run(
+        server_command(free_port(), "--reward_funcs", "acuracy"), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode != 0 and "Did you mean 'accuracy'?" in run.stderr
+
+
+# --- concurrency, real data, the log -------------------------------------------------------------
+
+
+def test_sixteen_concurrent_clients_each_get_their_own_scores(server):
+    # 16 distinct batches: a reply that went to the wrong client, or items shuffled between
+    # requests, would not match its batch's in-process scores.
+    batches = [
+        [{**item, "completion": item["completion"].replace("14", str(14 + k % 3))} for item in ITEMS * 8]
+        for k in range(16)
+    ]
+
+    def post(batch):
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            return post_v1(http, batch, ["accuracy", "format"]).json()
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(post, batches))
+    assert answers == [in_process(batch, ["accuracy", "format"]) for batch in batches]
+
+
+def test_gsm8k_model_solutions_score_as_in_process_through_both_protocols(server, gsm8k_dir):
+    with open(gsm8k_dir / "example_model_solutions.jsonl") as f:
+        rows = [json.loads(line) for line, _ in zip(f, range(MAX_ITEMS // 2), strict=False)]
+    items = [
+        {"prompt": r["question"], "answer": r["ground_truth"], "completion": r[solver]["solution"]}
+        for r in rows
+        for solver in ("6b_finetuning", "175b_verification")
+    ]
+    samples = [{"prompt": i["prompt"], "answer": i["answer"]} for i in items]
+    completions = [i["completion"] for i in items]
+    names, weights = ["accuracy", "format"], [1.0, 1.0]
+    local = score_completions(completions, samples, names, weights)
+    for protocol in ("v1", "paddlenlp"):
+        remote = score_remote(
+            completions, samples, names, weights, url=server.url, protocol=protocol, timeout=60, retries=0, api_key=None
+        )
+        assert remote.totals == local.totals
+        assert remote.columns == (local.columns if protocol == "v1" else {})
+    assert sum(local.columns["accuracy"]) > 10  # real solutions, some of them right
+
+
+def test_the_log_has_one_line_per_request(client, server):
+    client.post(
+        "/v1/score", json={"items": ITEMS * 3 + [{"completion": "x"} for _ in range(2)], "reward_funcs": ["accuracy"]}
+    )
+    pattern = re.compile(r"POST /v1/score items=17 bytes=\d+ ms=[\d.]+ item_errors=5 status=200$")
+    deadline = time.monotonic() + 5  # the line is written just after the answer is sent
+    while not any(pattern.search(line) for line in server.log.read_text().splitlines()):
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.05)
+
+
+# --- the API key ----------------------------------------------------------------------------------
+
+KEYED_REQUESTS = [
+    ("POST", "/", {"src": ["q"], "tgt": ["1"], "response": ["<answer>1</answer>"]}),
+    ("POST", "/v1/score", {"items": [{"completion": "<answer>1</answer>", "answer": "1"}]}),
+    ("GET", "/v1/reward_funcs", None),
+]
+
+
+@pytest.mark.parametrize("method, path, body", KEYED_REQUESTS, ids=[p for _, p, _ in KEYED_REQUESTS])
+def test_scoring_endpoints_need_the_key(keyed_server, method, path, body):
+    def call(headers):
+        return httpx.request(method, keyed_server.url + path, json=body, headers=headers, timeout=30)
+
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}):
+        answer = call(headers)
+        assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
+        assert ("error_code" in answer.json()) == (path == "/")
+    assert call({"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_the_server_binds_loopback_and_reads_the_key_from_the_environment(monkeypatch):
+    from reward_server.reward_server import parse_args
+
+    monkeypatch.setenv(API_KEY_ENV, KEY)
+    args = parse_args([])
+    assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8731, KEY)
+    assert parse_args(["--api-key", "flag-key"]).api_key == "flag-key"
+
+
+def test_without_the_key_a_malformed_body_is_401_not_parsed(keyed_server):
+    answer = httpx.post(keyed_server.url + "/v1/score", content=b"{", headers={"content-type": "application/json"})
+    assert answer.status_code == 401
+
+
+def test_health_and_the_schema_stay_open_with_a_key(keyed_server):
+    assert httpx.get(keyed_server.url + "/health").status_code == 200
+    schema = httpx.get(keyed_server.url + "/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+# --- the trainer's client -------------------------------------------------------------------------
+
+
+def remote(items, names, url, **options):
+    options = {"protocol": "v1", "timeout": 30, "retries": 0, "api_key": None} | options
+    samples = [{k: v for k, v in item.items() if k != "completion"} for item in items]
+    return score_remote([i["completion"] for i in items], samples, names, [1.0] * len(names), url=url, **options)
+
+
+def test_score_remote_equals_in_process_through_v1(server):
+    table = remote(ITEMS, ["accuracy", "format"], server.url)
+    as_served = {"scores": table.totals, "components": table.columns, "errors": table.errors}
+    assert as_served == in_process(ITEMS, ["accuracy", "format"])
+
+
+def test_score_remote_through_paddlenlp_has_totals_only_and_null_marked_errors(server):
+    table = remote(ITEMS, ["accuracy", "format"], server.url, protocol="paddlenlp")
+    assert table.totals == in_process(ITEMS, ["accuracy", "format"])["scores"]
+    assert table.columns == {}
+    assert table.errors[:4] == [None] * 4 and "item 4: accuracy: ValueError" in table.errors[4]
+
+
+def test_score_remote_sends_the_key(keyed_server):
+    assert remote(ITEMS[:1], ["format"], keyed_server.url, api_key=KEY).totals == [1.0]
+    started = time.monotonic()
+    with pytest.raises(RewardServerError, match="HTTP 401: missing or wrong API key"):
+        remote(ITEMS[:1], ["format"], keyed_server.url, retries=5, backoff_s=10)
+    assert time.monotonic() - started < 5  # a 4xx is not retried
+
+
+def test_score_remote_raises_a_4xx_at_once_with_the_servers_message(server):
+    started = time.monotonic()
+    with pytest.raises(
+        RewardServerError,
+        match=r"/v1/score refused the batch: HTTP 422: unknown reward function 'acuracy'\. Did you mean",
+    ):
+        remote(ITEMS[:1], ["acuracy"], server.url, retries=5, backoff_s=10)
+    assert time.monotonic() - started < 5
+
+
+def test_score_remote_names_the_server_when_retries_are_exhausted():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(
+        RewardServerError, match=rf"reward server {url}/v1/score failed 3 attempt\(s\); last: ConnectError"
+    ):
+        remote(ITEMS[:1], ["format"], url, retries=2, backoff_s=0.01)
+
+
+def test_score_remote_retries_a_request_that_timed_out(server):
+    with pytest.raises(RewardServerError, match=r"failed 2 attempt\(s\); last: ReadTimeout"):
+        remote([{"completion": "HANG"}], ["hang_on_marker"], server.url, timeout=0.3, retries=1, backoff_s=0.01)
+
+
+def test_score_remote_waits_for_a_server_that_is_starting(tmp_path):
+    port = free_port()
+    scored = {}
+
+    def score():
+        scored["table"] = remote(ITEMS[:2], ["format"], f"http://127.0.0.1:{port}", retries=8, backoff_s=0.25)
+
+    caller = threading.Thread(target=score)
+    caller.start()
+    time.sleep(1.0)  # its first attempts are refused: nothing listens on the port yet
+    with reward_server(tmp_path, "--workers", "1", port=port):
+        caller.join(timeout=60)
+    assert scored["table"].totals == [1.0, 1.0]
+
+
+@contextmanager
+def canned_server(answer: dict):
+    """A foreign server (PaddleNLP's own, or a broken one) that answers every POST with `answer`."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        finally:
+            httpd.shutdown()
+
+
+def test_score_remote_refuses_paddlenlps_zeros_for_a_failed_batch():
+    # PaddleNLP's reward_server.py answers an exception with error_code 500 and a score of 0 per item.
+    with canned_server({"error_code": 500, "error_msg": "boom", "score": [0, 0]}) as url:
+        with pytest.raises(RewardServerError, match="error_code 500: boom"):
+            remote(ITEMS[:2], ["accuracy"], url, protocol="paddlenlp")
+
+
+def test_score_remote_refuses_an_answer_of_the_wrong_length():
+    with canned_server({"scores": [1.0], "components": {"format": [1.0]}, "errors": [None]}) as url:
+        with pytest.raises(RewardServerError, match="different number of items than the 2 sent"):
+            remote(ITEMS[:2], ["format"], url)
+
+
+# --- fuzzing --------------------------------------------------------------------------------------
+
+
+def test_fuzz_every_endpoint_from_its_openapi_schema(server):
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == 4
+    # Per endpoint, bodies that break the schema (wrong types, missing fields) and bodies that fit it;
+    # the GET endpoints take no input, so nothing they are sent can break their schema.
+    cases = [(op, GenerationMode.POSITIVE) for op in operations]
+    cases += [(op, GenerationMode.NEGATIVE) for op in operations if op.method.upper() == "POST"]
+    for operation, mode in cases:
+
+        @settings(
+            max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        )
+        @given(case=operation.as_strategy(generation_mode=mode))
+        def fuzz(case):
+            answer = case.call(timeout=30)
+            assert answer.status_code < 500, (
+                f"{case.method} {case.path} {case.body!r} -> {answer.status_code} {answer.text}"
+            )
+
+        fuzz()
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=60, deadline=None, database=None, derandomize=True)
+@given(path=st.sampled_from(SCORING_PATHS), body=st.binary(max_size=200) | JSON.map(lambda v: json.dumps(v).encode()))
+def test_fuzz_arbitrary_bytes_and_json_never_5xx(client, path, body):
+    answer = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code < 500, f"{path} {body!r} -> {answer.status_code} {answer.text}"
