@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: venv train test data
+.PHONY: venv train test data ops
 
 $(INSTALLED): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -13,13 +13,20 @@ $(INSTALLED): setup.py
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-venv: $(INSTALLED)
+# The fused rollout operators, rebuilt whenever csrc/ changes (about 25 s on 2 cores).
+OPS := csrc/build/grpo_ops/grpo_ops.so
+$(OPS): $(INSTALLED) $(wildcard csrc/*.cc csrc/*.h csrc/*.cu csrc/build.py)
+	$(PY) csrc/build.py
 
-train: $(INSTALLED)
+venv: $(INSTALLED) $(OPS)
+
+ops: $(OPS)
+
+train: $(INSTALLED) $(OPS)
 	$(PY) -m paddle.distributed.launch --nproc_per_node 1 --log_dir output/tiny/launch_log \
 		run_grpo.py config/tiny/grpo_argument.json
 
-test: $(INSTALLED)
+test: $(INSTALLED) $(OPS)
 	$(PY) -m pytest
 
 # Rebuild the bundled task and tiny model (deterministic; the model takes about 35 minutes on 2 cores).

@@ -13,6 +13,7 @@ import_paddle()
 from alignment.config import ConfigError, load_config  # noqa: E402
 from alignment.data import DataError  # noqa: E402
 from alignment.rewards.remote import RewardServerError  # noqa: E402
+from alignment.rollout import WeightSyncError  # noqa: E402
 
 
 def main(argv: list | None = None) -> int:
@@ -21,7 +22,7 @@ def main(argv: list | None = None) -> int:
         from alignment.trainer import train
 
         checkpoint = train(config)
-    except (ConfigError, DataError, RewardServerError) as e:
+    except (ConfigError, DataError, RewardServerError, WeightSyncError) as e:
         print(f"run_grpo: error: {e}", file=sys.stderr)
         return 2
     if checkpoint is not None:

@@ -54,6 +54,9 @@ class GRPOConfig:
     top_p: float = _key(1.0, "Nucleus sampling mass (1.0: off).")
     top_k: int = _key(0, "Sample among the k most likely tokens (0: off).")
     repetition_penalty: float = _key(1.0, "CTRL-style penalty on tokens already present (1.0: off).")
+    min_p: float = _key(0.0, "Drop tokens less likely than min_p x the most likely one (0: off).")
+    use_fusemt: bool = _key(False, "Generate with the fused engine built from csrc/ (make ops); eager when the operators are not built.")
+    weight_sync_tolerance: float = _key(1e-4, "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh.")
     # Algorithm
     clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c].")
     kl_loss_coeff: float = _key(0.0, "Weight of the k3 KL penalty to the reference model; 0 loads no reference model.")
@@ -271,6 +274,8 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(0 < c.top_p <= 1, f"top_p = {c.top_p}: must lie in (0, 1]")
     _check(c.top_k >= 0, f"top_k = {c.top_k}: must be >= 0 (0 turns it off)")
     _check(c.repetition_penalty > 0, f"repetition_penalty = {c.repetition_penalty}: must be > 0")
+    _check(0 <= c.min_p < 1, f"min_p = {c.min_p}: must lie in [0, 1) (0 turns it off)")
+    _check(c.weight_sync_tolerance > 0, f"weight_sync_tolerance = {c.weight_sync_tolerance}: must be > 0")
 
     _check(c.clip_range_ratio > 0, f"clip_range_ratio = {c.clip_range_ratio}: must be > 0")
     _check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")

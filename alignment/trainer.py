@@ -70,6 +70,7 @@ def train(config: GRPOConfig) -> Path:
         top_p=config.top_p,
         top_k=config.top_k,
         repetition_penalty=config.repetition_penalty,
+        min_p=config.min_p,
     )
 
     logger = RunLogger(config.output_dir, config.resolved_logging_dir, config.logging_steps, total_steps, 0, world.is_main)
@@ -77,7 +78,8 @@ def train(config: GRPOConfig) -> Path:
         Path(config.output_dir, "grpo_config.json").write_text(config.to_json())
     logger.print(
         f"{len(train_prompts)} training prompts ({truncated} truncated, {dropped} dropped over max_prompt_len), "
-        f"{len(eval_prompts)} evaluation prompts; {total_steps} steps of {schedule.global_batch} prompts x {config.rollout_n}"
+        f"{len(eval_prompts)} evaluation prompts; {total_steps} steps of {schedule.global_batch} prompts x {config.rollout_n}; "
+        f"rollout with the {type(engine).__name__}"
     )
     if eval_prompts and config.eval_on_start:
         logger.log_eval(0, evaluate(engine, scorer, eval_prompts, tokenizer, config, world))
@@ -94,9 +96,16 @@ def train(config: GRPOConfig) -> Path:
         with contiguous_kernels():
             update = update_policy(model, ref_model, optimizer, scored, config, world, tokenizer.pad_token_id)
         scheduler.step()
+        updated = time.perf_counter()
+        engine.sync()  # the fused engine refreshes its weight layout and checks itself against the actor
         finished = time.perf_counter()
 
-        timings = {"rollout": rolled_out - started, "reward": rewarded - rolled_out, "train": finished - rewarded}
+        timings = {
+            "rollout": rolled_out - started,
+            "reward": rewarded - rolled_out,
+            "train": updated - rewarded,
+            "sync": finished - updated,
+        }
         logger.log_step(step, step_metrics(scored, update, learning_rate, timings, world))
         logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
         last = step == total_steps

@@ -1,28 +1,12 @@
 import numpy as np
 import paddle
 import pytest
-from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 from alignment.algo import token_logprobs
 from alignment.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.eager import choose_tokens, top_p_filter
-
-PAD, VOCAB = 0, 97
-SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-
-
-def qwen2_tied():
-    paddle.seed(11)
-    return Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **SHAPE))
-
-
-def llama_untied():
-    paddle.seed(12)
-    return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **SHAPE))
-
-
-PROMPTS = [[5, 17, 33, 8, 9, 41, 2], [12, 3], [60, 61, 62, 63, 64]]  # different lengths: left padding in one batch
 
 
 @pytest.fixture(params=[qwen2_tied, llama_untied], ids=["qwen2-tied-gqa", "llama-untied-gqa"])
@@ -105,3 +89,13 @@ def test_repetition_penalty_and_reported_logprob():
     # the reported log-prob is the unpenalised policy's: log softmax([2.0, 1.9, -1.0])[1]
     expected = 1.9 - np.log(np.exp([2.0, 1.9, -1.0]).sum())
     assert float(logprob) == pytest.approx(expected, abs=1e-6)
+
+
+def test_min_p_never_draws_a_token_below_min_p_times_the_top():
+    # probabilities 0.5, 0.3, 0.15, 0.05; min_p 0.2 keeps tokens with p >= 0.1: the first three
+    logits = paddle.log(paddle.to_tensor([[0.5, 0.3, 0.15, 0.05]] * 4000))
+    paddle.seed(5)
+    tokens, _ = choose_tokens(logits, SamplingParams(max_new_tokens=1, min_p=0.2), None, step=0, eos_token_ids=[])
+    counts = np.bincount(tokens.numpy(), minlength=4) / 4000
+    assert counts[3] == 0
+    np.testing.assert_allclose(counts[:3], np.array([0.5, 0.3, 0.15]) / 0.95, atol=0.03)

@@ -11,12 +11,13 @@ import pytest
 from reward_servers import free_port, reward_server
 
 from alignment.rewards import score_completions
+from alignment.rollout.ops import load_ops
 
 TINY = "config/tiny/grpo_argument.json"
 STEP_KEYS = [
     "step", "reward_mean", "reward_std", "reward/accuracy", "reward/format", "accuracy", "advantage_abs_mean", "kl",
     "clip_fraction", "entropy", "response_length_mean", "response_length_max", "truncated_fraction", "loss", "lr",
-    "grad_norm", "tokens_per_second", "time/rollout", "time/reward", "time/train",
+    "grad_norm", "tokens_per_second", "time/rollout", "time/reward", "time/train", "time/sync",
 ]
 
 
@@ -130,6 +131,34 @@ def test_bundled_run_gains_25_points_of_held_out_accuracy(tmp_path):
     before, after = evals[0]["eval_accuracy"], evals[-1]["eval_accuracy"]
     print(f"held-out greedy accuracy: {before:.3f} before the first step, {after:.3f} after the last")
     assert evals[0]["step"] == 0 and after - before >= 0.25, f"{before:.3f} -> {after:.3f}"
+
+
+def test_fused_and_eager_runs_evaluate_alike(tmp_path, three_steps):
+    """config/tiny uses the fused engine; the same run with the eager engine must evaluate identically
+    before the first step, since greedy decoding of the bundled model is token-identical."""
+    if load_ops()[0] is None:
+        pytest.skip(f"fused operators not available: {load_ops()[1]}")
+    fused_out, fused_done = three_steps
+    assert "rollout with the FusedEngine" in fused_done.stdout + fused_done.stderr
+    assert all(s["time/sync"] > 0 for s in read_jsonl(fused_out / "metrics.jsonl") if "reward_mean" in s)  # refresh + probe check ran
+    done = launch(tmp_path, "--max_steps", "1", "--use_fusemt", "false", "--eval_datasets", str(fused_out.parent / "eval.jsonl"))
+    assert "rollout with the EagerEngine" in done.stdout + done.stderr
+    eager_start = next(s for s in read_jsonl(tmp_path / "out" / "metrics.jsonl") if "eval_accuracy" in s)
+    fused_start = next(s for s in read_jsonl(fused_out / "metrics.jsonl") if "eval_accuracy" in s)
+    assert fused_start["step"] == eager_start["step"] == 0
+    for key in ("eval_accuracy", "eval_reward_mean", "eval_response_length_mean"):
+        assert fused_start[key] == eager_start[key], key
+
+
+def test_a_failed_weight_sync_check_stops_the_run_with_a_clear_error(tmp_path):
+    if load_ops()[0] is None:
+        pytest.skip(f"fused operators not available: {load_ops()[1]}")
+    # No float32 engine matches the actor to 1e-12: the check after the first weight refresh must fail.
+    done = launch(tmp_path, "--use_fusemt", "true", "--weight_sync_tolerance", "1e-12", check=False)
+    assert done.returncode != 0
+    assert "run_grpo: error: the fused rollout engine disagrees with the actor" in done.stderr + done.stdout
+    assert "weight_sync_tolerance" in done.stderr + done.stdout
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
 @pytest.mark.parametrize("protocol", ["v1", "paddlenlp"])

@@ -1,12 +1,25 @@
 """Rollout engines behind one interface (base.RolloutEngine): given prompts, sample G completions each
 and return a Rollout with token ids, the sampling log-probs, and finish reasons."""
 
-from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams
+import warnings
+
+from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, WeightSyncError
 from alignment.rollout.eager import EagerEngine
 
 
 def build_engine(config, model, eos_token_ids: list, pad_token_id: int) -> RolloutEngine:
+    """use_fusemt picks the fused engine; where its operators are not built or the model is not one it
+    runs, a warning says why and the eager engine runs instead."""
+    if config.use_fusemt:
+        from alignment.rollout.fused import FusedEngine, unsupported_reason
+        from alignment.rollout.ops import load_ops
+
+        ops, why_not = load_ops()
+        why_not = why_not or unsupported_reason(model)
+        if why_not is None:
+            return FusedEngine(model, eos_token_ids, pad_token_id, ops, config.weight_sync_tolerance)
+        warnings.warn(f"use_fusemt: the fused engine cannot run here ({why_not}); generating with the eager engine")
     return EagerEngine(model, eos_token_ids, pad_token_id)
 
 
-__all__ = ["EagerEngine", "Rollout", "RolloutEngine", "SamplingParams", "build_engine"]
+__all__ = ["EagerEngine", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine"]

@@ -13,6 +13,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 keeps the whole vocabulary
+    min_p: float = 0.0  # 0 keeps every token; else drops tokens less likely than min_p x the most likely
     repetition_penalty: float = 1.0
     greedy: bool = False
 
@@ -34,5 +35,12 @@ class Rollout:
         return self.completion_mask.sum(axis=1).astype(np.int64)
 
 
+class WeightSyncError(RuntimeError):
+    """A rollout engine no longer computes the actor's policy (stale weights or wrong operators)."""
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: list, group_size: int, params: SamplingParams) -> Rollout: ...
+
+    def sync(self) -> None:
+        """Called after every optimizer step: from then on, generate with the actor's new weights."""

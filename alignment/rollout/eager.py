@@ -10,6 +10,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from alignment.algo import log_softmax
 from alignment.rollout.base import Rollout, SamplingParams
 from alignment.runtime import contiguous_kernels
 
@@ -30,15 +31,15 @@ def choose_tokens(logits, params: SamplingParams, seen, step: int, eos_token_ids
     """logits (B, V) fp32 -> (tokens (B,) int64, logprobs (B,) fp32).
 
     The returned log-prob is that of the temperature-scaled policy, log_softmax(logits / T), which is
-    what the trainer recomputes; top-k, top-p, the repetition penalty and min_new_tokens shape only
+    what the trainer recomputes; top-k, top-p, min-p, the repetition penalty and min_new_tokens shape only
     which token is drawn (TRL and verl make the same choice)."""
     temperature = 1.0 if params.greedy else params.temperature
-    policy_logprobs = F.log_softmax(logits / temperature, axis=-1)
+    policy_logprobs = log_softmax(logits, temperature)
     shaped = logits
     if params.repetition_penalty != 1.0:  # CTRL's penalty, as in HF: divide positive logits, multiply negative
         penalised = paddle.where(shaped > 0, shaped / params.repetition_penalty, shaped * params.repetition_penalty)
         shaped = paddle.where(seen > 0, penalised, shaped)
-    if step < params.min_new_tokens:
+    if step < params.min_new_tokens and eos_token_ids:
         blocked = paddle.zeros([shaped.shape[-1]], dtype="bool")
         blocked[eos_token_ids] = True
         shaped = paddle.where(blocked.unsqueeze(0), paddle.full_like(shaped, float("-inf")), shaped)
@@ -51,6 +52,9 @@ def choose_tokens(logits, params: SamplingParams, seen, step: int, eos_token_ids
             shaped = paddle.where(shaped < kth, paddle.full_like(shaped, float("-inf")), shaped)
         if params.top_p < 1.0:
             shaped = top_p_filter(shaped, params.top_p)
+        if params.min_p > 0.0:  # p < min_p * p_max  <=>  logit < max logit + log(min_p)
+            floor = shaped.max(axis=-1, keepdim=True) + float(np.log(params.min_p))
+            shaped = paddle.where(shaped < floor, paddle.full_like(shaped, float("-inf")), shaped)
         tokens = paddle.multinomial(F.softmax(shaped, axis=-1), num_samples=1).squeeze(-1)
     chosen = paddle.take_along_axis(policy_logprobs, tokens.unsqueeze(-1), axis=-1).squeeze(-1)
     return tokens, chosen
@@ -70,6 +74,9 @@ class EagerEngine:
         self.model = model
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
+
+    def sync(self) -> None:
+        pass  # the forward reads the actor's parameters themselves
 
     @paddle.no_grad()
     @contiguous_kernels()

@@ -1,0 +1,93 @@
+"""Loader of the compiled rollout operators (csrc/, built by `make ops` = `python csrc/build.py`).
+
+load_ops() -> (ops, reason): `ops` has the seven functions below, or is None with a one-line reason
+(not built, stale, failed to load); the engine then warns once and falls back. Nothing is compiled
+here. Inputs come first and attributes after them, positionally or by keyword:
+
+    out, residual_out = ops.grpo_add_rms_norm(x, residual, weight, eps)        # residual may be None
+    q, cache = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer, start, num_heads, num_kv_heads)
+    out = ops.grpo_cache_attention(q, cache, first_slot, layer, start)
+    out = ops.grpo_silu_mul(x)
+    tokens, logprobs = ops.grpo_sample(logits, presence, eos_ids, seed, step, min_new_tokens, temperature,
+                                       top_k, top_p, min_p, repetition_penalty, greedy)
+    done, presence = ops.grpo_stop_update(tokens, presence, eos_ids)
+    x = ops.grpo_compact_rows(x, keep, batch_axis, prefix)
+
+grpo_rope_kv_write, grpo_stop_update and grpo_compact_rows write their cache / presence / x argument
+in place and also return it. Shapes and semantics: csrc/grpo_ops.cc.
+"""
+
+import functools
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[2]
+CSRC = REPO / "csrc"
+LIBRARY = CSRC / "build" / "grpo_ops" / "grpo_ops.so"
+SOURCE_PATTERNS = ("*.cc", "*.cu", "*.h")
+
+
+def _run(name: str, *args):
+    from paddle import _C_ops
+
+    outs = _C_ops._run_custom_op(name, *args)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def grpo_add_rms_norm(x, residual, weight, eps: float):
+    return _run("grpo_add_rms_norm", x, residual, weight, float(eps))
+
+
+def grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer: int, start: int, num_heads: int, num_kv_heads: int):
+    return _run("grpo_rope_kv_write", qkv, positions, cos, sin, cache, int(layer), int(start), int(num_heads),
+                int(num_kv_heads))
+
+
+def grpo_cache_attention(q, cache, first_slot, layer: int, start: int):
+    return _run("grpo_cache_attention", q, cache, first_slot, int(layer), int(start))
+
+
+def grpo_silu_mul(x):
+    return _run("grpo_silu_mul", x)
+
+
+def grpo_sample(logits, presence, eos_ids, seed: int, step: int, min_new_tokens: int, temperature: float, top_k: int,
+                top_p: float, min_p: float, repetition_penalty: float, greedy: bool):
+    return _run("grpo_sample", logits, presence, eos_ids, int(seed), int(step), int(min_new_tokens),
+                float(temperature), int(top_k), float(top_p), float(min_p), float(repetition_penalty), bool(greedy))
+
+
+def grpo_stop_update(tokens, presence, eos_ids):
+    return _run("grpo_stop_update", tokens, presence, eos_ids)
+
+
+def grpo_compact_rows(x, keep, batch_axis: int, prefix: int):
+    return _run("grpo_compact_rows", x, keep, int(batch_axis), int(prefix))
+
+
+OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
+       grpo_compact_rows)
+
+
+def _stale() -> bool:
+    built = LIBRARY.stat().st_mtime
+    return any(p.stat().st_mtime > built for pattern in SOURCE_PATTERNS for p in CSRC.glob(pattern))
+
+
+@functools.cache
+def load_ops():
+    """(namespace of the seven ops, "") or (None, reason). Cached: the library registers once per process."""
+    if not LIBRARY.is_file():
+        return None, f"the fused ops are not built ({LIBRARY} missing): run make ops (python csrc/build.py)"
+    if _stale():
+        return None, "the fused ops are stale (csrc/ changed after the build), rerun make ops"
+    try:
+        from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+        registered = set(load_op_meta_info_and_register_op(str(LIBRARY)))
+    except Exception as exc:  # a library built against another paddle, a missing symbol, ...
+        return None, f"the fused ops failed to load from {LIBRARY}: {type(exc).__name__}: {exc}".splitlines()[0]
+    missing = [op.__name__ for op in OPS if op.__name__ not in registered]
+    if missing:
+        return None, f"the fused ops library lacks {', '.join(missing)}: rerun make ops"
+    return SimpleNamespace(**{op.__name__: op for op in OPS}), ""

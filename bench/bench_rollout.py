@@ -1,0 +1,187 @@
+"""Generation throughput of the rollout engines: tokens per second for the eager engine, the fused engine
+(built as the trainer builds it with use_fusemt; skipped with the reason on stderr where it cannot run:
+not written yet, operators not built, failed weight check) and, with
+--torch-python, transformers' generate in PyTorch (bench/torch_generate.py under that interpreter).
+
+    .venv/bin/python bench/bench_rollout.py [--shapes tiny,qwen2.5-0.5b] [--batches 8,32,128]
+        [--engines eager,fused] [--new-tokens 128] [--prompt 64] [--repeats N]
+        [--torch-python /work/torch-venv/bin/python]
+
+Models are Qwen2 with random (seeded) float32 weights, built from a config, never downloaded:
+tiny = hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate 768, vocabulary 4096;
+qwen2.5-0.5b = Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864,
+vocabulary 151936, rope_theta 1e6); both tie the embeddings. Each batch is `batch` distinct prompts of
+random token ids (group size 1), each exactly --new-tokens long (min_new_tokens = max_new_tokens keeps
+eos out), sampled at temperature 1 over the whole vocabulary. Each engine runs one untimed warm-up
+generate of 8 tokens, then --repeats timed ones (default 3 for tiny, 1 for qwen2.5-0.5b: one eager generate of
+128 x 128 tokens at that shape takes minutes here); tokens_per_second = batch * new_tokens / median
+seconds. Prints one JSON object per (shape, batch, engine) and a last one with the ratios between
+engines per shape and batch.
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+
+configure_cpu_runtime()
+paddle = import_paddle()
+
+import numpy as np  # noqa: E402
+
+from alignment.rollout.base import SamplingParams  # noqa: E402
+from alignment.rollout.eager import EagerEngine  # noqa: E402
+
+# Keyword arguments that paddleformers' and transformers' Qwen2Config both take with the same meaning.
+SHAPES = {
+    "tiny": dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768,
+        vocab_size=4096, tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=1024,
+    ),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+        vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768,
+    ),
+}
+COMMON = dict(rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=2, pad_token_id=0, hidden_act="silu")
+DEFAULT_REPEATS = {"tiny": 3, "qwen2.5-0.5b": 1}
+
+
+def make_prompts(vocab: int, batch: int, length: int, seed: int) -> list:
+    """The same ids in bench/torch_generate.py (numpy's default_rng with the same seed)."""
+    return np.random.default_rng(seed).integers(3, vocab, size=(batch, length)).tolist()
+
+
+def build_model(shape: str, seed: int):
+    from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
+    from paddleformers.utils.log import logger
+
+    logger.set_level("WARNING")
+    paddle.seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON))
+    model.eval()
+    return model
+
+
+def fused_engine(model, eos_token_ids: list, pad_token_id: int):
+    """The fused engine as the trainer builds it (build_engine with use_fusemt), or None with the reason on
+    stderr: not written yet, operators not built, a model it does not run, or a failed weight check."""
+    try:
+        from alignment.rollout import build_engine
+        from alignment.rollout.fused import FusedEngine
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine = build_engine(SimpleNamespace(use_fusemt=True, weight_sync_tolerance=1e-4), model, eos_token_ids, pad_token_id)
+    except Exception as error:  # ImportError while it is being written, WeightSyncError, ...
+        print(f"bench_rollout: the fused engine is not available ({type(error).__name__}: {error}); skipping it", file=sys.stderr)
+        return None
+    if not isinstance(engine, FusedEngine):
+        why = "; ".join(str(w.message) for w in caught) or "build_engine returned the eager engine"
+        print(f"bench_rollout: the fused engine is not available ({why}); skipping it", file=sys.stderr)
+        return None
+    return engine
+
+
+def time_engine(engine, prompts: list, params: SamplingParams, repeats: int) -> list:
+    warm_up = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=params.temperature)
+    engine.generate(prompts, 1, warm_up)  # untimed: first calls allocate and load kernels
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        rollout = engine.generate(prompts, 1, params)
+        seconds.append(time.perf_counter() - started)
+        generated, expected = int(rollout.lengths.sum()), len(prompts) * params.max_new_tokens
+        if generated != expected:
+            raise RuntimeError(f"{type(engine).__name__} generated {generated} tokens, expected {expected}")
+    return seconds
+
+
+def run_torch(python: str, shape: str, batches: list, args, repeats: int):
+    """bench/torch_generate.py under `python`; yields its JSON objects as they come."""
+    command = [
+        python, str(Path(__file__).with_name("torch_generate.py")), "--shape", shape,
+        "--config", json.dumps({**SHAPES[shape], **COMMON}), "--batches", ",".join(map(str, batches)),
+        "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--repeats", str(repeats), "--seed", str(args.seed),
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
+        for line in child.stdout:
+            if line.startswith("{"):
+                yield json.loads(line)
+    if child.returncode:
+        print(f"bench_rollout: {' '.join(command[:2])} exited with {child.returncode}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="tiny,qwen2.5-0.5b")
+    parser.add_argument("--batches", default="8,32,128")
+    parser.add_argument("--engines", default="eager,fused", help="paddle engines: eager, fused")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=None, help="timed generates per point (default: 3 tiny, 1 qwen2.5-0.5b)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--torch-python", default=None, help="a Python with torch + transformers: also run bench/torch_generate.py")
+    args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shape(s) {unknown}; known: {sorted(SHAPES)}")
+
+    engines = [e for e in args.engines.split(",") if e]
+    for name in engines:
+        if name not in ("eager", "fused"):
+            parser.error(f"unknown engine '{name}' (eager, fused; torch comes with --torch-python)")
+
+    params = SamplingParams(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, temperature=1.0)
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    speeds = {}  # (shape, batch) -> {engine: tokens_per_second}
+    for shape in shapes:
+        repeats = args.repeats or DEFAULT_REPEATS[shape]
+        if engines:
+            model = build_model(shape, args.seed)
+            eos, pad = [COMMON["eos_token_id"]], COMMON["pad_token_id"]
+            built = {"eager": EagerEngine(model, eos, pad)} if "eager" in engines else {}
+            if "fused" in engines and (fused := fused_engine(model, eos, pad)) is not None:
+                built["fused"] = fused
+            for batch in batches:
+                prompts = make_prompts(SHAPES[shape]["vocab_size"], batch, args.prompt, args.seed + batch)
+                for name, engine in built.items():
+                    seconds = statistics.median(time_engine(engine, prompts, params, repeats))
+                    record = {
+                        "shape": shape, "batch": batch, "engine": name,
+                        "tokens_per_second": round(batch * args.new_tokens / seconds, 1), "seconds": round(seconds, 3),
+                        "new_tokens": args.new_tokens, "prompt_len": args.prompt, "threads": threads, "repeats": repeats,
+                    }
+                    speeds.setdefault((shape, batch), {})[name] = record["tokens_per_second"]
+                    print(json.dumps(record), flush=True)
+            del built, model
+            gc.collect()
+        if args.torch_python:
+            for record in run_torch(args.torch_python, shape, batches, args, repeats):
+                speeds.setdefault((record["shape"], record["batch"]), {})["torch"] = record["tokens_per_second"]
+                print(json.dumps(record), flush=True)
+
+    ratios = {}
+    for (shape, batch), by_engine in speeds.items():
+        pairs = {f"{a}_over_{b}": round(by_engine[a] / by_engine[b], 2)
+                 for a, b in (("fused", "eager"), ("fused", "torch"), ("eager", "torch")) if a in by_engine and b in by_engine}
+        if pairs:
+            ratios[f"{shape}/{batch}"] = pairs
+    print(json.dumps({"ratios": ratios}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Build the fused rollout operators into csrc/build/grpo_ops/grpo_ops.so.
+
+    .venv/bin/python csrc/build.py      (what `make ops` runs)
+
+alignment/rollout/ops.py loads the result and never compiles at run time. The CUDA sources are
+compiled only when paddle itself is built with CUDA; the CPU build needs no nvcc.
+"""
+
+import glob
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent
+BUILD_DIR = CSRC / "build"
+NAME = "grpo_ops"
+CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
+# The .cu files register no ops, so they skip paddle's Python bindings (PADDLE_NO_PYTHON), whose
+# headers would also pull in cuBLAS.
+CUDA_FLAGS = ["-O3", "-DGRPO_WITH_CUDA", "-DPADDLE_NO_PYTHON", "--expt-relaxed-constexpr"]
+
+
+def main() -> None:
+    sys.path.insert(0, str(CSRC.parent))
+    from alignment.runtime import configure_cpu_runtime, import_paddle
+
+    configure_cpu_runtime()
+    paddle = import_paddle()
+    from paddle.utils.cpp_extension import load
+
+    sources = sorted(glob.glob(str(CSRC / "*.cc")))
+    cxx_flags = list(CXX_FLAGS)
+    if paddle.is_compiled_with_cuda():
+        sources += sorted(glob.glob(str(CSRC / "*.cu")))
+        cxx_flags.append("-DGRPO_WITH_CUDA")
+    else:
+        print("paddle is a CPU build: skipping the CUDA sources (csrc/*.cu)")
+    # Always a clean build: paddle's incremental check hashes the .cc/.cu files but not grpo_ops.h.
+    shutil.rmtree(BUILD_DIR / NAME, ignore_errors=True)
+    BUILD_DIR.mkdir(exist_ok=True)
+    began = time.perf_counter()
+    # Link the OpenMP runtime paddle already runs (its MKL's libiomp5, which also serves GCC's GOMP_*
+    # calls) instead of GCC's libgomp: two runtimes would each keep threads spinning on the same cores,
+    # and on 2 cores every parallel region of ours then waited about 10 ms for a time slice.
+    paddle_libs = Path(paddle.__file__).parent / "libs"
+    openmp = ["-fopenmp"]
+    if (paddle_libs / "libiomp5.so").is_file():
+        openmp = [f"-L{paddle_libs}", "-liomp5", f"-Wl,-rpath,{paddle_libs}"]
+    load(
+        name=NAME,
+        sources=sources,
+        extra_cxx_cflags=cxx_flags,
+        extra_cuda_cflags=CUDA_FLAGS,
+        extra_ldflags=openmp,
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(BUILD_DIR),
+        verbose=os.environ.get("GRPO_BUILD_VERBOSE") == "1",
+    )
+    library = BUILD_DIR / NAME / f"{NAME}.so"
+    if not library.is_file():
+        raise SystemExit(f"build finished but {library} is missing")
+    names = ", ".join(Path(s).name for s in sources)
+    print(f"built {library.relative_to(CSRC.parent)} from {names} in {time.perf_counter() - began:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

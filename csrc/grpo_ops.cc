@@ -1,0 +1,812 @@
+// Fused operators of the rollout engine (alignment/rollout): RMSNorm with the residual add, rotary
+// embedding fused with the KV-cache write, attention over the static cache, SwiGLU, sampling with
+// logit shaping, stop bookkeeping and in-place row compaction of the cache.
+//
+// CPU kernels are float32, OpenMP-parallel over rows/heads, with vectorisable inner loops. Every op
+// validates its inputs here; tensors on a GPU then go to the launchers of grpo_ops.cu.
+//
+// Cache layout used by all attention ops: [L, 2, Bcap, S, KVH, D], one buffer for every layer;
+// cache[layer, 0] holds rotated keys and cache[layer, 1] values; slot s of row b holds token s.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "grpo_ops.h"
+
+namespace {
+
+using grpo::shape_str;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void check_place(const paddle::Tensor& t, const paddle::Tensor& ref, const char* op, const char* name) {
+  PD_CHECK(t.place() == ref.place(), op, ": input ", name, " is on ", t.place().DebugString(),
+           " but the other inputs are on ", ref.place().DebugString());
+}
+
+void check_dtype(const paddle::Tensor& t, paddle::DataType dtype, const char* op, const char* name) {
+  PD_CHECK(t.dtype() == dtype, op, ": input ", name, " must be ", phi::DataTypeToString(dtype), ", got ",
+           phi::DataTypeToString(t.dtype()), " with shape ", shape_str(t.shape()));
+}
+
+bool on_gpu(const paddle::Tensor& t, const char* op) {
+  if (t.is_cpu()) return false;
+  PD_CHECK(t.is_gpu(), op, ": only CPU and GPU tensors are supported, got ", t.place().DebugString());
+#ifndef GRPO_WITH_CUDA
+  PD_THROW(op, ": got GPU tensors but the ops were built without CUDA (rerun `make ops` with paddlepaddle-gpu)");
+#endif
+  return true;
+}
+
+// Inputs may be strided views when paddle's stride kernels are on; kernels index densely.
+paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// exp for x <= 0 (arguments are max-subtracted logits), vectorisable under `omp simd`: Cephes
+// range reduction to 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, relative error ~2e-7,
+// about 0.5 ns an element on the build machine.
+// Returns exactly 0 for x < -87 (and -inf), where expf underflows anyway.
+#pragma omp declare simd
+inline float exp_nonpos(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;
+  // n = round(x / ln2) by the 1.5 * 2^23 trick, which vectorises where std::floor does not (8x here).
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. grpo_add_rms_norm
+
+std::vector<paddle::Tensor> AddRmsNorm(const paddle::Tensor& x_in, const paddle::optional<paddle::Tensor>& residual_in,
+                                       const paddle::Tensor& weight_in, float eps) {
+  const char* op = "grpo_add_rms_norm";
+  check_dtype(x_in, paddle::DataType::FLOAT32, op, "x");
+  check_dtype(weight_in, paddle::DataType::FLOAT32, op, "weight");
+  check_place(weight_in, x_in, op, "weight");
+  const auto shape = x_in.shape();
+  PD_CHECK(shape.size() >= 2, op, ": x must have rank >= 2 ([..., Hd]), got ", shape_str(shape));
+  const int64_t hd = shape.back();
+  PD_CHECK(weight_in.shape() == std::vector<int64_t>{hd}, op, ": weight must be [Hd] = [", hd, "], got ",
+           shape_str(weight_in.shape()), " for x ", shape_str(shape));
+  if (residual_in) {
+    check_dtype(*residual_in, paddle::DataType::FLOAT32, op, "residual");
+    check_place(*residual_in, x_in, op, "residual");
+    PD_CHECK(residual_in->shape() == shape, op, ": residual ", shape_str(residual_in->shape()),
+             " must have the shape of x ", shape_str(shape));
+  }
+  const int64_t rows = hd ? x_in.numel() / hd : 0;
+  auto out = paddle::empty(shape, paddle::DataType::FLOAT32, x_in.place());
+  auto residual_out = paddle::empty(shape, paddle::DataType::FLOAT32, x_in.place());
+  if (on_gpu(x_in, op)) {
+#ifdef GRPO_WITH_CUDA
+    paddle::optional<paddle::Tensor> res;
+    if (residual_in) res = dense(*residual_in);
+    grpo::add_rms_norm_cuda(dense(x_in), res, dense(weight_in), eps, rows, hd, out, residual_out);
+#endif
+    return {out, residual_out};
+  }
+  const auto x_t = dense(x_in);
+  const auto w_t = dense(weight_in);
+  paddle::Tensor r_t;
+  if (residual_in) r_t = dense(*residual_in);
+  const float* x = x_t.data<float>();
+  const float* r = residual_in ? r_t.data<float>() : nullptr;
+  const float* w = w_t.data<float>();
+  float* o = out.data<float>();
+  float* ro = residual_out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xi = x + i * hd;
+    float* roi = ro + i * hd;
+    float* oi = o + i * hd;
+    float sumsq = 0.0f;
+    if (r) {
+      const float* ri = r + i * hd;
+#pragma omp simd reduction(+ : sumsq)
+      for (int64_t j = 0; j < hd; ++j) {
+        const float h = xi[j] + ri[j];
+        roi[j] = h;
+        sumsq += h * h;
+      }
+    } else {
+#pragma omp simd reduction(+ : sumsq)
+      for (int64_t j = 0; j < hd; ++j) {
+        roi[j] = xi[j];
+        sumsq += xi[j] * xi[j];
+      }
+    }
+    // Same order as Qwen2RMSNorm: rsqrt(mean(h^2) + eps) * h, then weight * that.
+    const float inv = 1.0f / std::sqrt(sumsq / static_cast<float>(hd) + eps);
+#pragma omp simd
+    for (int64_t j = 0; j < hd; ++j) oi[j] = w[j] * (roi[j] * inv);
+  }
+  return {out, residual_out};
+}
+
+std::vector<std::vector<int64_t>> AddRmsNormShape(const std::vector<int64_t>& x,
+                                                  const paddle::optional<std::vector<int64_t>>&,
+                                                  const std::vector<int64_t>&) {
+  return {x, x};
+}
+
+std::vector<paddle::DataType> AddRmsNormDtype(const paddle::DataType& x, const paddle::optional<paddle::DataType>&,
+                                              const paddle::DataType&) {
+  return {x, x};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. grpo_rope_kv_write
+
+struct CacheDims {
+  int64_t L, Bcap, S, KVH, D;
+};
+
+CacheDims cache_dims(const paddle::Tensor& cache, const char* op) {
+  const auto c = cache.shape();
+  PD_CHECK(c.size() == 6 && c[1] == 2, op, ": cache must be [L, 2, Bcap, S, KVH, D], got ", shape_str(c));
+  return {c[0], c[2], c[3], c[4], c[5]};
+}
+
+// y = x * cos + rotate_half(x) * sin with rotate_half(x) = concat(-x[D/2:], x[:D/2]).
+inline void rotate(const float* x, const float* c, const float* s, float* y, int64_t D) {
+  const int64_t half = D / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    y[i] = x[i] * c[i] - x[i + half] * s[i];
+    y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+  }
+}
+
+std::vector<paddle::Tensor> RopeKvWrite(const paddle::Tensor& qkv_in, const paddle::Tensor& positions_in,
+                                        const paddle::Tensor& cos_in, const paddle::Tensor& sin_in,
+                                        paddle::Tensor& cache, int layer, int start, int num_heads,
+                                        int num_kv_heads) {
+  const char* op = "grpo_rope_kv_write";
+  check_dtype(qkv_in, paddle::DataType::FLOAT32, op, "qkv");
+  check_dtype(positions_in, paddle::DataType::INT64, op, "positions");
+  check_dtype(cos_in, paddle::DataType::FLOAT32, op, "cos");
+  check_dtype(sin_in, paddle::DataType::FLOAT32, op, "sin");
+  check_dtype(cache, paddle::DataType::FLOAT32, op, "cache");
+  for (const paddle::Tensor* t : {&positions_in, &cos_in, &sin_in, static_cast<const paddle::Tensor*>(&cache)})
+    check_place(*t, qkv_in, op, "positions/cos/sin/cache");
+  PD_CHECK(cache.is_contiguous(), op, ": cache is written in place and must be contiguous");
+  const auto cd = cache_dims(cache, op);
+  const int64_t H = num_heads, KVH = num_kv_heads, D = cd.D;
+  PD_CHECK(H > 0 && KVH > 0 && H % KVH == 0, op, ": num_heads (", H, ") must be a positive multiple of num_kv_heads (",
+           KVH, ")");
+  PD_CHECK(KVH == cd.KVH, op, ": num_kv_heads = ", KVH, " but cache ", shape_str(cache.shape()), " has KVH = ", cd.KVH);
+  PD_CHECK(D % 2 == 0, op, ": head dim D = ", D, " must be even for rotate_half");
+  const auto qs = qkv_in.shape();
+  PD_CHECK(qs.size() == 3 && qs[2] == (H + 2 * KVH) * D, op, ": qkv must be [B, T, (H + 2*KVH) * D] = [B, T, ",
+           (H + 2 * KVH) * D, "] with H=", H, " KVH=", KVH, " D=", D, ", got ", shape_str(qs));
+  const int64_t B = qs[0], T = qs[1];
+  PD_CHECK(positions_in.shape() == (std::vector<int64_t>{B, T}), op, ": positions must be [B, T] = [", B, ", ", T,
+           "], got ", shape_str(positions_in.shape()));
+  const auto cs = cos_in.shape();
+  PD_CHECK(cs.size() == 2 && cs[1] == D && sin_in.shape() == cs, op, ": cos and sin must both be [P, D=", D,
+           "], got cos ", shape_str(cs), " sin ", shape_str(sin_in.shape()));
+  PD_CHECK(layer >= 0 && layer < cd.L, op, ": layer ", layer, " out of range for cache ", shape_str(cache.shape()));
+  PD_CHECK(B <= cd.Bcap, op, ": batch B = ", B, " exceeds cache capacity Bcap = ", cd.Bcap);
+  PD_CHECK(start >= 0 && start + T <= cd.S, op, ": slots [", start, ", ", start + T, ") do not fit the cache's S = ",
+           cd.S, " (cache ", shape_str(cache.shape()), ")");
+  auto q = paddle::empty({B, T, H, D}, paddle::DataType::FLOAT32, qkv_in.place());
+  if (on_gpu(qkv_in, op)) {
+#ifdef GRPO_WITH_CUDA
+    grpo::rope_kv_write_cuda(dense(qkv_in), dense(positions_in), dense(cos_in), dense(sin_in), cache, layer, start,
+                             num_heads, num_kv_heads, q);
+#endif
+    return {q};
+  }
+  const auto qkv_t = dense(qkv_in), pos_t = dense(positions_in), cos_t = dense(cos_in), sin_t = dense(sin_in);
+  const float* qkv = qkv_t.data<float>();
+  const int64_t* pos = pos_t.data<int64_t>();
+  const float* cosp = cos_t.data<float>();
+  const float* sinp = sin_t.data<float>();
+  const int64_t P = cs[0];
+  for (int64_t i = 0; i < B * T; ++i)
+    PD_CHECK(pos[i] >= 0 && pos[i] < P, op, ": positions[", i / T, ", ", i % T, "] = ", pos[i],
+             " is outside the rotary table of ", P, " rows");
+  float* qo = q.data<float>();
+  float* kc = cache.data<float>() + static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;  // [Bcap, S, KVH, D]
+  float* vc = kc + cd.Bcap * cd.S * KVH * D;
+  const int64_t width = (H + 2 * KVH) * D;
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t b = bt / T, t = bt % T;
+    const float* row = qkv + bt * width;
+    const float* c = cosp + pos[bt] * D;
+    const float* s = sinp + pos[bt] * D;
+    for (int64_t h = 0; h < H; ++h) rotate(row + h * D, c, s, qo + (bt * H + h) * D, D);
+    const int64_t slot = ((b * cd.S) + start + t) * KVH * D;
+    for (int64_t g = 0; g < KVH; ++g) {
+      rotate(row + (H + g) * D, c, s, kc + slot + g * D, D);
+      std::memcpy(vc + slot + g * D, row + (H + KVH + g) * D, D * sizeof(float));
+    }
+  }
+  return {q};
+}
+
+std::vector<std::vector<int64_t>> RopeKvWriteShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>&,
+                                                   const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                   const std::vector<int64_t>& cache, int, int, int num_heads, int) {
+  return {{qkv[0], qkv[1], num_heads, cache.back()}, cache};
+}
+
+std::vector<paddle::DataType> RopeKvWriteDtype(const paddle::DataType& qkv, const paddle::DataType&,
+                                               const paddle::DataType&, const paddle::DataType&,
+                                               const paddle::DataType& cache) {
+  return {qkv, cache};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. grpo_cache_attention
+
+std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const paddle::Tensor& cache_in,
+                                           const paddle::Tensor& first_slot_in, int layer, int start) {
+  const char* op = "grpo_cache_attention";
+  check_dtype(q_in, paddle::DataType::FLOAT32, op, "q");
+  check_dtype(cache_in, paddle::DataType::FLOAT32, op, "cache");
+  check_dtype(first_slot_in, paddle::DataType::INT64, op, "first_slot");
+  check_place(cache_in, q_in, op, "cache");
+  check_place(first_slot_in, q_in, op, "first_slot");
+  const auto cd = cache_dims(cache_in, op);
+  const auto qs = q_in.shape();
+  PD_CHECK(qs.size() == 4 && qs[3] == cd.D, op, ": q must be [B, T, H, D] with D = ", cd.D, " from cache ",
+           shape_str(cache_in.shape()), ", got ", shape_str(qs));
+  const int64_t B = qs[0], T = qs[1], H = qs[2], D = qs[3], KVH = cd.KVH;
+  PD_CHECK(H % KVH == 0, op, ": q has H = ", H, " heads, not a multiple of the cache's KVH = ", KVH);
+  PD_CHECK(first_slot_in.shape() == std::vector<int64_t>{B}, op, ": first_slot must be [B] = [", B, "], got ",
+           shape_str(first_slot_in.shape()));
+  PD_CHECK(layer >= 0 && layer < cd.L, op, ": layer ", layer, " out of range for cache ", shape_str(cache_in.shape()));
+  PD_CHECK(B <= cd.Bcap, op, ": batch B = ", B, " exceeds cache capacity Bcap = ", cd.Bcap);
+  PD_CHECK(start >= 0 && start + T <= cd.S, op, ": query slots [", start, ", ", start + T,
+           ") do not fit the cache's S = ", cd.S);
+  auto out = paddle::empty({B, T, H * D}, paddle::DataType::FLOAT32, q_in.place());
+  if (on_gpu(q_in, op)) {
+#ifdef GRPO_WITH_CUDA
+    grpo::cache_attention_cuda(dense(q_in), cache_in, dense(first_slot_in), layer, start, static_cast<int>(KVH), out);
+#endif
+    return {out};
+  }
+  const auto q_t = dense(q_in), c_t = dense(cache_in), f_t = dense(first_slot_in);
+  const float* q = q_t.data<float>();
+  const int64_t* first = f_t.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    PD_CHECK(first[b] >= 0, op, ": first_slot[", b, "] = ", first[b], " is negative");
+  const int64_t row_stride = cd.S * KVH * D;  // one batch row of keys or values: [S, KVH, D]
+  const float* kc = c_t.data<float>() + static_cast<int64_t>(layer) * 2 * cd.Bcap * row_stride;
+  const float* vc = kc + cd.Bcap * row_stride;
+  float* o = out.data<float>();
+  const int64_t group = H / KVH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t S = cd.S;
+#pragma omp parallel
+  {
+    std::vector<float> scores(S);  // (S,) softmax weights of one query
+    std::vector<float> acc(D);
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const float* qv = q + ((b * T + t) * H + h) * D;
+          float* ov = o + (b * T + t) * H * D + h * D;
+          const int64_t lo = first[b], hi = start + t;  // inclusive slot range
+          if (lo > hi) {
+            std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
+            continue;
+          }
+          const int64_t g = h / group;
+          const float* kb = kc + b * row_stride + g * D;
+          const float* vb = vc + b * row_stride + g * D;
+          float mx = kNegInf;
+          for (int64_t s = lo; s <= hi; ++s) {
+            const float* kv = kb + s * KVH * D;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < D; ++i) dot += qv[i] * kv[i];
+            dot *= scale;
+            scores[s] = dot;
+            mx = std::max(mx, dot);
+          }
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t s = lo; s <= hi; ++s) {
+            scores[s] = exp_nonpos(scores[s] - mx);
+            sum += scores[s];
+          }
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          float* a = acc.data();
+          for (int64_t s = lo; s <= hi; ++s) {
+            const float p = scores[s];
+            const float* vv = vb + s * KVH * D;
+#pragma omp simd
+            for (int64_t i = 0; i < D; ++i) a[i] += p * vv[i];
+          }
+          const float inv = 1.0f / sum;
+#pragma omp simd
+          for (int64_t i = 0; i < D; ++i) ov[i] = a[i] * inv;
+        }
+  }
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> CacheAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>&,
+                                                      const std::vector<int64_t>&, int, int) {
+  return {{q[0], q[1], q[2] * q[3]}};
+}
+
+std::vector<paddle::DataType> CacheAttentionDtype(const paddle::DataType& q, const paddle::DataType&,
+                                                  const paddle::DataType&) {
+  return {q};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. grpo_silu_mul
+
+std::vector<paddle::Tensor> SiluMul(const paddle::Tensor& x_in) {
+  const char* op = "grpo_silu_mul";
+  check_dtype(x_in, paddle::DataType::FLOAT32, op, "x");
+  auto shape = x_in.shape();
+  PD_CHECK(!shape.empty() && shape.back() % 2 == 0, op, ": x must be [..., 2I], got ", shape_str(shape));
+  const int64_t inter = shape.back() / 2;
+  shape.back() = inter;
+  auto out = paddle::empty(shape, paddle::DataType::FLOAT32, x_in.place());
+  const int64_t rows = inter ? x_in.numel() / (2 * inter) : 0;
+  if (on_gpu(x_in, op)) {
+#ifdef GRPO_WITH_CUDA
+    grpo::silu_mul_cuda(dense(x_in), rows, inter, out);
+#endif
+    return {out};
+  }
+  const auto x_t = dense(x_in);
+  const float* x = x_t.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = x + r * 2 * inter;
+    const float* u = a + inter;
+    float* orow = o + r * inter;
+#pragma omp simd
+    for (int64_t i = 0; i < inter; ++i) orow[i] = a[i] / (1.0f + std::exp(-a[i])) * u[i];
+  }
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> SiluMulShape(const std::vector<int64_t>& x) {
+  auto s = x;
+  s.back() /= 2;
+  return {s};
+}
+
+std::vector<paddle::DataType> SiluMulDtype(const paddle::DataType& x) { return {x}; }
+
+// ---------------------------------------------------------------------------------------------
+// 5. grpo_sample
+
+// Index order for top_p: larger logit first, lower index first among equal logits.
+struct ByLogitDesc {
+  const float* w;
+  bool operator()(int32_t a, int32_t b) const { return w[a] > w[b] || (w[a] == w[b] && a < b); }
+};
+
+constexpr int64_t kBlock = 1024;  // inverse-CDF draws walk per-block sums first, then one block
+
+// p[v] = exp(w[v] - mx) for the whole row, block[k] = sum of block k; returns the total. Float sums
+// inside a block (vectorised), double across blocks.
+double exp_with_block_sums(const float* w, float mx, int64_t V, float* p, double* block) {
+  double total = 0.0;
+  for (int64_t k = 0, lo = 0; lo < V; ++k, lo += kBlock) {
+    const int64_t hi = std::min(V, lo + kBlock);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t v = lo; v < hi; ++v) {
+      p[v] = exp_nonpos(w[v] - mx);
+      sum += p[v];
+    }
+    block[k] = sum;
+    total += sum;
+  }
+  return total;
+}
+
+// The token where the running sum of p first exceeds target (target in [0, total)).
+int64_t inverse_cdf(const float* p, const double* block, int64_t V, double target) {
+  double cum = 0.0;
+  int64_t lo = 0, k = 0;
+  for (; lo + kBlock < V && cum + block[k] <= target; ++k, lo += kBlock) cum += block[k];
+  int64_t last = -1;
+  for (int64_t v = lo; v < V; ++v) {
+    if (p[v] <= 0.0f) continue;
+    cum += p[v];
+    last = v;
+    if (cum > target) return v;
+  }
+  if (last >= 0) return last;  // rounding left target at the very end of the mass
+  for (int64_t v = lo - 1; v >= 0; --v)
+    if (p[v] > 0.0f) return v;
+  return 0;
+}
+
+struct RowDraw {
+  int64_t token;
+  bool unshaped;  // the drawn-from distribution is softmax(raw / t) itself: mx and z give the log-prob
+  float mx;       // max of raw / t
+  double z;       // sum of exp(raw / t - mx)
+};
+
+RowDraw sample_row(const float* raw, const uint8_t* pres, const int64_t* eos, int64_t E, int64_t V, int64_t seed,
+                   int step, int min_new_tokens, float temperature, int top_k, float top_p, float min_p, float rp,
+                   bool greedy, int64_t row, float* w, float* tmp, int32_t* idx, double* block) {
+  // One pass: (a) repetition penalty on tokens already present, then the temperature (not for greedy,
+  // where it cannot change the argmax); (b) eos blocked before min_new_tokens.
+  const float inv_t = greedy ? 1.0f : 1.0f / temperature;
+  if (rp != 1.0f) {
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) {
+      const float x = raw[v];
+      w[v] = (pres[v] ? (x > 0.0f ? x / rp : x * rp) : x) * inv_t;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) w[v] = raw[v] * inv_t;
+  }
+  const bool eos_blocked = step < min_new_tokens && E > 0;
+  if (eos_blocked)
+    for (int64_t e = 0; e < E; ++e) w[eos[e]] = kNegInf;
+
+  auto argmax = [&]() {
+    int64_t best = 0;
+    float bv = w[0];
+    for (int64_t v = 1; v < V; ++v)
+      if (w[v] > bv) bv = w[v], best = v;  // strict: the first index among equal maxima
+    return best;
+  };
+  if (greedy) return {argmax(), false, 0.0f, 0.0};
+
+  // top_k: the k-th largest value by selection (O(V)); values below it are removed, ties kept.
+  const bool use_top_k = top_k > 0 && top_k < V;
+  if (use_top_k) {
+    std::memcpy(tmp, w, V * sizeof(float));
+    std::nth_element(tmp, tmp + (top_k - 1), tmp + V, std::greater<float>());
+    const float kth = tmp[top_k - 1];
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v)
+      if (w[v] < kth) w[v] = kNegInf;
+  }
+
+  float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, w[v]);
+  if (mx == kNegInf) return {argmax(), false, 0.0f, 0.0};  // every token blocked: nothing to sample from
+
+  if (top_p < 1.0f) {
+    double z = 0.0;
+#pragma omp simd reduction(+ : z)
+    for (int64_t v = 0; v < V; ++v) z += exp_nonpos(w[v] - mx);
+    int64_t n = 0;  // finite candidates
+    for (int64_t v = 0; v < V; ++v)
+      if (w[v] != kNegInf) idx[n++] = static_cast<int32_t>(v);
+    // Sort only a growing prefix of the candidates by probability until the kept set closes:
+    // the nucleus is usually a few hundred tokens out of V.
+    const ByLogitDesc cmp{w};
+    int64_t m = use_top_k ? n : std::min<int64_t>(n, 512);
+    int64_t cut = n;
+    for (;;) {
+      std::partial_sort(idx, idx + m, idx + n, cmp);
+      double above = 0.0;  // probability mass of the tokens ranked strictly above rank r
+      int64_t r = 0;
+      for (; r < m; ++r) {
+        if (r > 0 && above >= top_p) break;
+        above += exp_nonpos(w[idx[r]] - mx) / z;
+      }
+      if (r < m || m == n) {
+        cut = r;
+        break;
+      }
+      m = std::min<int64_t>(n, m * 8);
+    }
+    for (int64_t r = cut; r < n; ++r) w[idx[r]] = kNegInf;
+  }
+
+  if (min_p > 0.0f) {
+    // p_v < min_p * p_top  <=>  exp(w_v - max) < min_p (the normaliser cancels).
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v)
+      if (exp_nonpos(w[v] - mx) < min_p) w[v] = kNegInf;
+  }
+
+  // Inverse-CDF draw over the renormalised softmax of what is left, in index order.
+  const double z = exp_with_block_sums(w, mx, V, tmp, block);
+  const int64_t token = inverse_cdf(tmp, block, V, grpo::uniform_draw(seed, step, row) * z);
+  const bool unshaped = rp == 1.0f && !eos_blocked && !use_top_k && top_p >= 1.0f && min_p <= 0.0f;
+  return {token, unshaped, mx, z};
+}
+
+std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle::Tensor& presence_in,
+                                   const paddle::Tensor& eos_in, int64_t seed, int step, int min_new_tokens,
+                                   float temperature, int top_k, float top_p, float min_p, float repetition_penalty,
+                                   bool greedy) {
+  const char* op = "grpo_sample";
+  check_dtype(logits_in, paddle::DataType::FLOAT32, op, "logits");
+  check_dtype(presence_in, paddle::DataType::UINT8, op, "presence");
+  check_dtype(eos_in, paddle::DataType::INT64, op, "eos_ids");
+  check_place(presence_in, logits_in, op, "presence");
+  check_place(eos_in, logits_in, op, "eos_ids");
+  const auto ls = logits_in.shape();
+  PD_CHECK(ls.size() == 2 && ls[1] > 0, op, ": logits must be [B, V], got ", shape_str(ls));
+  const int64_t B = ls[0], V = ls[1];
+  PD_CHECK(V < (int64_t{1} << 31), op, ": vocabulary of ", V, " tokens is too large");
+  const auto ps = presence_in.shape();
+  PD_CHECK(ps.size() == 2 && ps[0] >= B && ps[1] == V, op, ": presence must be [Bcap >= B, V] with B = ", B,
+           ", V = ", V, ", got ", shape_str(ps));
+  PD_CHECK(eos_in.shape().size() == 1, op, ": eos_ids must be [E], got ", shape_str(eos_in.shape()));
+  const int64_t E = eos_in.shape()[0];
+  PD_CHECK(greedy || temperature > 0.0f, op, ": temperature must be > 0 when sampling, got ", temperature);
+  PD_CHECK(repetition_penalty > 0.0f, op, ": repetition_penalty must be > 0, got ", repetition_penalty);
+  PD_CHECK(top_p > 0.0f, op, ": top_p must be > 0, got ", top_p);
+  auto tokens = paddle::empty({B}, paddle::DataType::INT64, logits_in.place());
+  auto logprobs = paddle::empty({B}, paddle::DataType::FLOAT32, logits_in.place());
+  if (on_gpu(logits_in, op)) {
+#ifdef GRPO_WITH_CUDA
+    grpo::sample_cuda(dense(logits_in), dense(presence_in), dense(eos_in), seed, step, min_new_tokens, temperature,
+                      top_k, top_p, min_p, repetition_penalty, greedy, tokens, logprobs);
+#endif
+    return {tokens, logprobs};
+  }
+  const auto l_t = dense(logits_in), p_t = dense(presence_in), e_t = dense(eos_in);
+  const float* logits = l_t.data<float>();
+  const uint8_t* pres = p_t.data<uint8_t>();
+  const int64_t* eos = e_t.data<int64_t>();
+  for (int64_t e = 0; e < E; ++e)
+    PD_CHECK(eos[e] >= 0 && eos[e] < V, op, ": eos_ids[", e, "] = ", eos[e], " is outside the vocabulary of ", V);
+  int64_t* tok = tokens.data<int64_t>();
+  float* lp = logprobs.data<float>();
+  const float t_lp = greedy ? 1.0f : temperature;
+#pragma omp parallel
+  {
+    // Per-thread scratch kept across calls: (V,) shaped logits, (V,) probabilities, (V,) candidate
+    // indices, and the block sums.
+    thread_local std::vector<float> w, tmp;
+    thread_local std::vector<int32_t> idx;
+    thread_local std::vector<double> block;
+    if (static_cast<int64_t>(w.size()) < V) {
+      w.resize(V), tmp.resize(V), idx.resize(V);
+      block.resize((V + kBlock - 1) / kBlock);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* raw = logits + b * V;
+      const RowDraw draw = sample_row(raw, pres + b * V, eos, E, V, seed, step, min_new_tokens, temperature, top_k,
+                                      top_p, min_p, repetition_penalty, greedy, b, w.data(), tmp.data(), idx.data(),
+                                      block.data());
+      tok[b] = draw.token;
+      // log_softmax(raw / t)[token]: the policy's log-prob, without any shaping.
+      const float inv_t = 1.0f / t_lp;
+      float mx = draw.mx;
+      double z = draw.z;
+      if (!draw.unshaped) {
+        mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, raw[v] * inv_t);
+        float zf = 0.0f;  // float within blocks, double across, as exp_with_block_sums
+        z = 0.0;
+        for (int64_t lo = 0; lo < V; lo += kBlock) {
+          const int64_t hi = std::min(V, lo + kBlock);
+          zf = 0.0f;
+#pragma omp simd reduction(+ : zf)
+          for (int64_t v = lo; v < hi; ++v) zf += exp_nonpos(raw[v] * inv_t - mx);
+          z += zf;
+        }
+      }
+      lp[b] = static_cast<float>(static_cast<double>(raw[draw.token] * inv_t - mx) - std::log(z));
+    }
+  }
+  return {tokens, logprobs};
+}
+
+std::vector<std::vector<int64_t>> SampleShape(const std::vector<int64_t>& logits, const std::vector<int64_t>&,
+                                              const std::vector<int64_t>&) {
+  return {{logits[0]}, {logits[0]}};
+}
+
+std::vector<paddle::DataType> SampleDtype(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::INT64, paddle::DataType::FLOAT32};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. grpo_stop_update
+
+std::vector<paddle::Tensor> StopUpdate(const paddle::Tensor& tokens_in, paddle::Tensor& presence,
+                                       const paddle::Tensor& eos_in) {
+  const char* op = "grpo_stop_update";
+  check_dtype(tokens_in, paddle::DataType::INT64, op, "tokens");
+  check_dtype(presence, paddle::DataType::UINT8, op, "presence");
+  check_dtype(eos_in, paddle::DataType::INT64, op, "eos_ids");
+  check_place(presence, tokens_in, op, "presence");
+  check_place(eos_in, tokens_in, op, "eos_ids");
+  PD_CHECK(presence.is_contiguous(), op, ": presence is updated in place and must be contiguous");
+  PD_CHECK(tokens_in.shape().size() == 1, op, ": tokens must be [B], got ", shape_str(tokens_in.shape()));
+  PD_CHECK(eos_in.shape().size() == 1, op, ": eos_ids must be [E], got ", shape_str(eos_in.shape()));
+  const int64_t B = tokens_in.shape()[0], E = eos_in.shape()[0];
+  const auto ps = presence.shape();
+  PD_CHECK(ps.size() == 2 && ps[0] >= B, op, ": presence must be [Bcap >= B = ", B, ", V], got ", shape_str(ps));
+  const int64_t V = ps[1];
+  auto done = paddle::empty({B}, paddle::DataType::BOOL, tokens_in.place());
+  if (on_gpu(tokens_in, op)) {
+#ifdef GRPO_WITH_CUDA
+    grpo::stop_update_cuda(dense(tokens_in), presence, dense(eos_in), done);
+#endif
+    return {done};
+  }
+  const auto t_t = dense(tokens_in), e_t = dense(eos_in);
+  const int64_t* tok = t_t.data<int64_t>();
+  const int64_t* eos = e_t.data<int64_t>();
+  uint8_t* pres = presence.data<uint8_t>();
+  bool* d = done.data<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    PD_CHECK(tok[b] >= 0 && tok[b] < V, op, ": tokens[", b, "] = ", tok[b], " is outside the vocabulary of ", V);
+    bool hit = false;
+    for (int64_t e = 0; e < E; ++e) hit |= tok[b] == eos[e];
+    d[b] = hit;
+    pres[b * V + tok[b]] = 1;
+  }
+  return {done};
+}
+
+std::vector<std::vector<int64_t>> StopUpdateShape(const std::vector<int64_t>& tokens,
+                                                  const std::vector<int64_t>& presence, const std::vector<int64_t>&) {
+  return {tokens, presence};
+}
+
+std::vector<paddle::DataType> StopUpdateDtype(const paddle::DataType&, const paddle::DataType& presence,
+                                              const paddle::DataType&) {
+  return {paddle::DataType::BOOL, presence};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. grpo_compact_rows
+
+int64_t element_size(paddle::DataType dtype, const char* op) {
+  switch (dtype) {
+    case paddle::DataType::BOOL:
+    case paddle::DataType::UINT8:
+    case paddle::DataType::INT8:
+      return 1;
+    case paddle::DataType::FLOAT16:
+    case paddle::DataType::BFLOAT16:
+    case paddle::DataType::INT16:
+      return 2;
+    case paddle::DataType::FLOAT32:
+    case paddle::DataType::INT32:
+      return 4;
+    case paddle::DataType::FLOAT64:
+    case paddle::DataType::INT64:
+      return 8;
+    default:
+      PD_THROW(op, ": unsupported dtype ", phi::DataTypeToString(dtype));
+  }
+}
+
+void CompactRows(paddle::Tensor& x, const paddle::Tensor& keep_in, int batch_axis, int prefix) {
+  const char* op = "grpo_compact_rows";
+  check_dtype(keep_in, paddle::DataType::INT64, op, "keep");
+  PD_CHECK(x.is_contiguous(), op, ": x is compacted in place and must be contiguous");
+  const auto s = x.shape();
+  const int64_t nd = static_cast<int64_t>(s.size());
+  PD_CHECK(batch_axis >= 0 && batch_axis < nd, op, ": batch_axis ", batch_axis, " out of range for x ", shape_str(s));
+  PD_CHECK(prefix == -1 || (prefix >= 0 && batch_axis + 1 < nd && prefix <= s[batch_axis + 1]), op, ": prefix ",
+           prefix, " must be -1 or in [0, x.shape[batch_axis + 1]] for x ", shape_str(s), " and batch_axis ",
+           batch_axis);
+  PD_CHECK(keep_in.shape().size() == 1 && keep_in.shape()[0] <= s[batch_axis], op, ": keep must be [n] with n <= ",
+           s[batch_axis], ", got ", shape_str(keep_in.shape()));
+  const int64_t n = keep_in.shape()[0];
+  const int64_t esize = element_size(x.dtype(), op);
+  int64_t outer = 1, inner = esize;  // inner: bytes of one row along batch_axis
+  for (int64_t i = 0; i < batch_axis; ++i) outer *= s[i];
+  for (int64_t i = batch_axis + 1; i < nd; ++i) inner *= s[i];
+  const int64_t move = prefix < 0 ? inner : inner / s[batch_axis + 1] * prefix;  // bytes moved per row
+  // keep is small and read on the host for validation (a device copy when x lives on a GPU).
+  const auto keep_host = keep_in.is_cpu() ? dense(keep_in) : keep_in.copy_to(phi::CPUPlace(), true);
+  const int64_t* keep = keep_host.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    PD_CHECK(keep[i] < s[batch_axis] && (i == 0 ? keep[i] >= 0 : keep[i] > keep[i - 1]), op,
+             ": keep must be strictly ascending row indices below ", s[batch_axis], "; keep[", i, "] = ", keep[i]);
+  if (n == 0 || move == 0) return;
+  if (on_gpu(x, op)) {
+#ifdef GRPO_WITH_CUDA
+    const auto keep_dev = keep_in.place() == x.place() ? dense(keep_in) : keep_in.copy_to(x.place(), true);
+    grpo::compact_rows_cuda(x, keep_dev, outer, s[batch_axis], inner, move);
+#endif
+    return;
+  }
+  uint8_t* base = reinterpret_cast<uint8_t*>(x.data());
+  // Rows of one outer index move in order i = 0..n-1: keep[i] >= i, so a row is always read before
+  // any later move could overwrite it. Outer indices are independent.
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < outer; ++o) {
+    uint8_t* blk = base + o * s[batch_axis] * inner;
+    for (int64_t i = 0; i < n; ++i)
+      if (keep[i] != i) std::memcpy(blk + i * inner, blk + keep[i] * inner, move);
+  }
+}
+
+std::vector<std::vector<int64_t>> CompactRowsShape(const std::vector<int64_t>& x, const std::vector<int64_t>&, int,
+                                                   int) {
+  return {x};
+}
+
+std::vector<paddle::DataType> CompactRowsDtype(const paddle::DataType& x, const paddle::DataType&) { return {x}; }
+
+}  // namespace
+
+PD_BUILD_OP(grpo_add_rms_norm)
+    .Inputs({"X", paddle::Optional("Residual"), "Weight"})
+    .Outputs({"Out", "ResidualOut"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(AddRmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(AddRmsNormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(AddRmsNormDtype));
+
+PD_BUILD_OP(grpo_rope_kv_write)
+    .Inputs({"Qkv", "Positions", "Cos", "Sin", "Cache"})
+    .Outputs({"Q", "CacheOut"})
+    .Attrs({"layer: int", "start: int", "num_heads: int", "num_kv_heads: int"})
+    .SetInplaceMap({{"Cache", "CacheOut"}})
+    .SetKernelFn(PD_KERNEL(RopeKvWrite))
+    .SetInferShapeFn(PD_INFER_SHAPE(RopeKvWriteShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RopeKvWriteDtype));
+
+PD_BUILD_OP(grpo_cache_attention)
+    .Inputs({"Q", "Cache", "FirstSlot"})
+    .Outputs({"Out"})
+    .Attrs({"layer: int", "start: int"})
+    .SetKernelFn(PD_KERNEL(CacheAttention))
+    .SetInferShapeFn(PD_INFER_SHAPE(CacheAttentionShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(CacheAttentionDtype));
+
+PD_BUILD_OP(grpo_silu_mul)
+    .Inputs({"X"})
+    .Outputs({"Out"})
+    .SetKernelFn(PD_KERNEL(SiluMul))
+    .SetInferShapeFn(PD_INFER_SHAPE(SiluMulShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(SiluMulDtype));
+
+PD_BUILD_OP(grpo_sample)
+    .Inputs({"Logits", "Presence", "EosIds"})
+    .Outputs({"Tokens", "Logprobs"})
+    .Attrs({"seed: int64_t", "step: int", "min_new_tokens: int", "temperature: float", "top_k: int", "top_p: float",
+            "min_p: float", "repetition_penalty: float", "greedy: bool"})
+    .SetKernelFn(PD_KERNEL(Sample))
+    .SetInferShapeFn(PD_INFER_SHAPE(SampleShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(SampleDtype));
+
+PD_BUILD_OP(grpo_stop_update)
+    .Inputs({"Tokens", "Presence", "EosIds"})
+    .Outputs({"Done", "PresenceOut"})
+    .SetInplaceMap({{"Presence", "PresenceOut"}})
+    .SetKernelFn(PD_KERNEL(StopUpdate))
+    .SetInferShapeFn(PD_INFER_SHAPE(StopUpdateShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(StopUpdateDtype));
+
+PD_BUILD_OP(grpo_compact_rows)
+    .Inputs({"X", "Keep"})
+    .Outputs({"XOut"})
+    .Attrs({"batch_axis: int", "prefix: int"})
+    .SetInplaceMap({{"X", "XOut"}})
+    .SetKernelFn(PD_KERNEL(CompactRows))
+    .SetInferShapeFn(PD_INFER_SHAPE(CompactRowsShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(CompactRowsDtype));

@@ -1,0 +1,103 @@
+"""The fused engine (alignment/rollout/fused.py) against the eager engine and the actor's forward."""
+
+import warnings
+
+import numpy as np
+import paddle
+import pytest
+from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
+
+from alignment.algo import token_logprobs
+from alignment.config import GRPOConfig
+from alignment.modeling import completion_logits, make_token_batch
+from alignment.rollout import EagerEngine, SamplingParams, build_engine
+from alignment.rollout.ops import load_ops
+
+OPS, WHY_NOT = load_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
+
+if OPS is not None:
+    from alignment.rollout import WeightSyncError
+    from alignment.rollout.fused import FusedEngine
+
+
+@pytest.fixture(params=[qwen2_tied, llama_untied], ids=["qwen2-tied-gqa-bias", "llama-untied-gqa"])
+def model(request):
+    model = request.param()
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("min_new_tokens", [0, 3])
+def test_greedy_output_is_token_identical_to_the_eager_engine(model, min_new_tokens):
+    greedy = SamplingParams(max_new_tokens=12, min_new_tokens=min_new_tokens, greedy=True)
+    free = EagerEngine(model, [VOCAB - 1], PAD).generate(PROMPTS, 1, greedy)
+    stop = int(free.completion_ids[0, 4])  # an eos in the middle of row 0 (and wherever else it comes)
+    eager = EagerEngine(model, [stop], PAD).generate(PROMPTS, 1, greedy)
+    fused = FusedEngine(model, [stop], PAD, OPS).generate(PROMPTS, 1, greedy)
+    if min_new_tokens == 0:
+        assert "eos" in eager.finish_reasons and "length" in eager.finish_reasons  # rows end at different steps
+    assert (eager.lengths >= min_new_tokens).all()
+    assert fused.completion_ids.tolist() == eager.completion_ids.tolist()
+    assert fused.completion_mask.tolist() == eager.completion_mask.tolist()
+    assert fused.finish_reasons == eager.finish_reasons
+    np.testing.assert_allclose(fused.logprobs, eager.logprobs, atol=1e-4)
+
+
+def test_sampling_logprobs_equal_the_actor_forward(model):
+    """Many rows ending at different steps, so finished rows are compacted out of the batch on the way."""
+    paddle.seed(3)
+    engine = FusedEngine(model, [7, 11, 13], PAD, OPS)  # frequent enough eos ids
+    params = SamplingParams(max_new_tokens=16, min_new_tokens=2, temperature=0.7, top_p=0.9, top_k=40, min_p=0.02, repetition_penalty=1.1)
+    rollout = engine.generate(PROMPTS, 8, params)
+    lengths = rollout.lengths
+    assert rollout.completion_ids.shape[0] == 24 and rollout.prompt_ids[8] == PROMPTS[1]  # prompt-major groups
+    assert len(set(lengths.tolist())) > 2 and "eos" in rollout.finish_reasons, lengths
+    assert (lengths >= 2).all()  # min_new_tokens held eos back
+    batch = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, PAD)
+    with paddle.no_grad():
+        actor = token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature=0.7).numpy()
+    np.testing.assert_allclose(rollout.logprobs, actor * rollout.completion_mask, atol=1e-4)
+    for row, length in enumerate(lengths):  # eos ends a row and nothing follows it
+        ended_by_eos = rollout.completion_ids[row, length - 1] in (7, 11, 13)
+        assert rollout.finish_reasons[row] == ("eos" if ended_by_eos else "length")
+        assert (rollout.completion_ids[row, length:] == PAD).all()
+
+
+def test_same_seed_same_completions():
+    model = qwen2_tied()
+    engine = FusedEngine(model, [VOCAB - 1], PAD, OPS)
+    params = SamplingParams(max_new_tokens=8)
+    paddle.seed(9)
+    first = engine.generate(PROMPTS, 2, params).completion_ids
+    paddle.seed(9)
+    assert engine.generate(PROMPTS, 2, params).completion_ids.tolist() == first.tolist()
+    assert engine.generate(PROMPTS, 2, params).completion_ids.tolist() != first.tolist()
+
+
+def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it():
+    model = qwen2_tied()
+    engine = FusedEngine(model, [VOCAB - 1], PAD, OPS)
+    assert engine.check_weight_sync() < 1e-5
+    q_proj = model.model.layers[1].self_attn.q_proj.weight  # lives in the engine's concatenated copy
+    q_proj.set_value(q_proj + 0.01 * paddle.randn(q_proj.shape))
+    with pytest.raises(WeightSyncError, match="max \\|log-prob difference\\| on the probe"):
+        engine.check_weight_sync()
+    engine.sync()  # what the trainer calls after every optimizer step
+    assert engine.check_weight_sync() < 1e-5
+    down = model.model.layers[0].mlp.down_proj.weight  # read in place: no copy to go stale
+    down.set_value(down * 1.5)
+    assert engine.check_weight_sync() < 1e-5
+
+
+def test_build_engine_warns_and_falls_back_for_a_model_it_does_not_run():
+    paddle.seed(1)
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(**SHAPE))  # q/k norms: not a layout the fused engine runs
+    config = GRPOConfig(use_fusemt=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = build_engine(config, qwen3, [VOCAB - 1], PAD)
+    assert isinstance(engine, EagerEngine)
+    assert any("model_type 'qwen3'" in str(w.message) and "eager engine" in str(w.message) for w in caught)
+    assert isinstance(build_engine(config, qwen2_tied(), [VOCAB - 1], PAD), FusedEngine)

@@ -1,0 +1,448 @@
+"""The compiled rollout operators (csrc/) against float64 numpy references on fresh random inputs.
+
+Every test draws a new seed and names it in its failure message, so a failure can be replayed with
+GRPO_OPS_TEST_SEED=<seed>.
+"""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from alignment.rollout import ops as ops_module
+from alignment.runtime import import_paddle
+
+paddle = import_paddle()
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    loaded, reason = ops_module.load_ops()
+    if loaded is None:
+        pytest.skip(reason)
+    return loaded
+
+
+class SeededRng(np.random.Generator):
+    """A numpy Generator that remembers its seed, for failure messages."""
+
+    def __init__(self, seed: int):
+        super().__init__(np.random.PCG64(seed))
+        self.seed = seed
+
+
+@pytest.fixture
+def rng():
+    return SeededRng(int(os.environ.get("GRPO_OPS_TEST_SEED", np.random.SeedSequence().entropy % 2**32)))
+
+
+def t(a, dtype=None):
+    return paddle.to_tensor(np.ascontiguousarray(a), dtype=dtype)
+
+
+def close(actual, expected, rng, what, rtol=1e-5, atol=1e-5):
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=f"{what} (seed {rng.seed})")
+
+
+def rope_tables(P, D):
+    inv_freq = 1.0 / (10000.0 ** (np.arange(0, D, 2, dtype=np.float64) / D))
+    freqs = np.outer(np.arange(P, dtype=np.float64), inv_freq)
+    emb = np.concatenate([freqs, freqs], axis=-1)  # (P, D), the halves equal as in HF
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def rotate_ref(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_load_reports_a_missing_build(monkeypatch, tmp_path):
+    monkeypatch.setattr(ops_module, "LIBRARY", tmp_path / "grpo_ops.so")
+    loaded, reason = ops_module.load_ops.__wrapped__()
+    assert loaded is None and "make ops" in reason
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (3, 5, 96), (2, 2, 3, 32)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm(ops, rng, shape, with_residual):
+    x = rng.standard_normal(shape).astype(np.float32)
+    res = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    eps = 1e-6
+    out, res_out = ops.grpo_add_rms_norm(t(x), t(res) if with_residual else None, t(w), eps)
+    h = x.astype(np.float64) + (res if with_residual else 0.0)
+    ref = h / np.sqrt((h**2).mean(-1, keepdims=True) + eps) * w
+    close(res_out.numpy(), h, rng, "residual_out")
+    close(out.numpy(), ref, rng, "out")
+
+
+def test_add_rms_norm_rejects_a_mismatched_weight(ops):
+    with pytest.raises(Exception, match="weight must be"):
+        ops.grpo_add_rms_norm(paddle.ones([2, 8]), None, paddle.ones([4]), 1e-6)
+
+
+ATTN_CASES = [  # B, Bcap, T, start, H, KVH, D, S
+    (1, 1, 1, 0, 4, 2, 64, 8),  # first decode step of a single row
+    (1, 2, 1, 5, 4, 2, 64, 8),  # decode, spare cache rows
+    (3, 4, 6, 0, 14, 2, 32, 10),  # prefill, Qwen2-0.5B head layout
+    (2, 2, 1, 9, 14, 2, 32, 10),  # decode into the last slot
+    (4, 5, 3, 2, 4, 4, 64, 7),  # multi-token append after a prefix, no grouping
+]
+
+
+@pytest.mark.parametrize("B,Bcap,T,start,H,KVH,D,S", ATTN_CASES)
+def test_rope_kv_write(ops, rng, B, Bcap, T, start, H, KVH, D, S):
+    L, layer, P = 3, 1, 64
+    cos, sin = rope_tables(P, D)
+    qkv = rng.standard_normal((B, T, (H + 2 * KVH) * D)).astype(np.float32)
+    positions = rng.integers(0, P, size=(B, T))
+    cache0 = rng.standard_normal((L, 2, Bcap, S, KVH, D)).astype(np.float32)
+    cache = t(cache0)
+    q, cache_out = ops.grpo_rope_kv_write(t(qkv), t(positions, "int64"), t(cos), t(sin), cache, layer, start, H, KVH)
+
+    c, s = cos[positions][:, :, None, :], sin[positions][:, :, None, :]  # (B, T, 1, D)
+    x = qkv.astype(np.float64)
+    q_ref = rotate_ref(x[..., : H * D].reshape(B, T, H, D), c, s)
+    k_ref = rotate_ref(x[..., H * D : (H + KVH) * D].reshape(B, T, KVH, D), c, s)
+    v_ref = x[..., (H + KVH) * D :].reshape(B, T, KVH, D)
+    expected = cache0.astype(np.float64).copy()
+    expected[layer, 0, :B, start : start + T] = k_ref
+    expected[layer, 1, :B, start : start + T] = v_ref
+    close(q.numpy(), q_ref, rng, "rotated q")
+    close(cache.numpy(), expected, rng, "cache written in place (untouched elsewhere)")
+    close(cache_out.numpy(), expected, rng, "returned cache")
+
+
+def test_rope_kv_write_checks_the_cache_bounds(ops):
+    cache = paddle.zeros([1, 2, 2, 4, 2, 8])
+    qkv, pos = paddle.zeros([2, 3, 8 * 8]), paddle.zeros([2, 3], dtype="int64")
+    table = paddle.ones([16, 8])
+    with pytest.raises(Exception, match=r"slots \[2, 5\) do not fit"):
+        ops.grpo_rope_kv_write(qkv, pos, table, table, cache, 0, 2, 4, 2)
+    with pytest.raises(Exception, match="exceeds cache capacity"):
+        ops.grpo_rope_kv_write(paddle.zeros([3, 1, 64]), paddle.zeros([3, 1], "int64"), table, table, cache, 0, 0, 4, 2)
+
+
+@pytest.mark.parametrize("B,Bcap,T,start,H,KVH,D,S", ATTN_CASES)
+def test_cache_attention(ops, rng, B, Bcap, T, start, H, KVH, D, S):
+    L, layer = 2, 1
+    cache = (rng.standard_normal((L, 2, Bcap, S, KVH, D)) * 2).astype(np.float32)
+    q = (rng.standard_normal((B, T, H, D)) * 2).astype(np.float32)
+    # Left padding: row 0 has none; the others start anywhere up to past the last query (all padding).
+    first = rng.integers(0, start + T + 1, size=B)
+    first[0] = 0
+    out = ops.grpo_cache_attention(t(q), t(cache), t(first, "int64"), layer, start).numpy()
+
+    ref = np.zeros((B, T, H, D))
+    group = H // KVH
+    for b in range(B):
+        for tt in range(T):
+            lo, hi = first[b], start + tt
+            if lo > hi:
+                continue
+            for h in range(H):
+                k = cache[layer, 0, b, lo : hi + 1, h // group].astype(np.float64)
+                v = cache[layer, 1, b, lo : hi + 1, h // group].astype(np.float64)
+                scores = k @ q[b, tt, h] / np.sqrt(D)
+                p = np.exp(scores - scores.max())
+                ref[b, tt, h] = p @ v / p.sum()
+    assert out.shape == (B, T, H * D)
+    assert np.isfinite(out).all(), f"NaN/inf in attention output (seed {rng.seed})"
+    close(out, ref.reshape(B, T, H * D), rng, f"attention with first_slot {first.tolist()}")
+
+
+@pytest.mark.parametrize("shape", [(4, 96), (2, 3, 80), (1, 1, 2)])
+def test_silu_mul(ops, rng, shape):
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    half = shape[-1] // 2
+    a, u = x[..., :half].astype(np.float64), x[..., half:].astype(np.float64)
+    close(ops.grpo_silu_mul(t(x)).numpy(), a / (1 + np.exp(-a)) * u, rng, "silu_mul")
+
+
+# --------------------------------------------------------------------------------------------- sampling
+
+
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def shape_logits(raw, presence, eos, step, min_new, rp):
+    w = raw.astype(np.float64).copy()
+    if rp != 1.0:
+        hit = presence != 0
+        w[hit] = np.where(w[hit] > 0, w[hit] / rp, w[hit] * rp)
+    if step < min_new and len(eos):
+        w[:, eos] = -np.inf
+    return w
+
+
+def kept_mask(w, temperature, top_k, top_p, min_p):
+    """(B, V) bool: tokens the filters keep, in the order of the spec."""
+    w = w / temperature
+    B, V = w.shape
+    keep = np.isfinite(w)
+    if 0 < top_k < V:
+        kth = -np.sort(-w, axis=-1)[:, top_k - 1 : top_k]
+        keep &= w >= kth
+    w = np.where(keep, w, -np.inf)
+    if top_p < 1.0:
+        p = np.exp(w - w.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        order = np.argsort(-w, axis=-1, kind="stable")
+        ranked = np.take_along_axis(p, order, -1)
+        above = np.cumsum(ranked, -1) - ranked
+        drop_ranked = above >= top_p
+        drop_ranked[:, 0] = False
+        drop = np.zeros_like(keep)
+        np.put_along_axis(drop, order, drop_ranked, -1)
+        keep &= ~drop
+    w = np.where(keep, w, -np.inf)
+    if min_p > 0:
+        p = np.exp(w - w.max(-1, keepdims=True))
+        keep &= p >= min_p
+    return keep
+
+
+def sample(ops, logits, presence=None, eos=(), seed=0, step=0, min_new=0, temperature=1.0, top_k=0, top_p=1.0,
+           min_p=0.0, rp=1.0, greedy=False):
+    B, V = logits.shape
+    if presence is None:
+        presence = np.zeros((B, V), np.uint8)
+    tokens, logprobs = ops.grpo_sample(t(logits), t(presence), t(np.asarray(eos, np.int64), "int64"), seed, step,
+                                       min_new, temperature, top_k, top_p, min_p, rp, greedy)
+    return tokens.numpy(), logprobs.numpy()
+
+
+@pytest.mark.parametrize("rp,step,min_new", [(1.0, 0, 0), (1.3, 0, 4), (0.8, 5, 4)])
+def test_greedy_is_the_argmax_of_the_shaped_logits(ops, rng, rp, step, min_new):
+    B, V = 16, 1000
+    raw = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    presence = (rng.random((B + 3, V)) < 0.05).astype(np.uint8)  # Bcap > B: extra rows unread
+    eos = rng.choice(V, size=2, replace=False)
+    raw[:, eos[0]] += 12  # the eos would win unless blocked
+    # make the presence penalty decide: a present token holds the maximum in half the rows
+    for b in range(0, B, 2):
+        v = int(np.argmax(raw[b]))
+        presence[b, v] = 1
+    tokens, logprobs = sample(ops, raw, presence, eos, step=step, min_new=min_new, rp=rp, greedy=True)
+    shaped = shape_logits(raw, presence[:B], eos, step, min_new, rp)
+    np.testing.assert_array_equal(tokens, shaped.argmax(-1), err_msg=f"seed {rng.seed}")
+    close(logprobs, log_softmax(raw.astype(np.float64))[np.arange(B), tokens], rng, "greedy logprobs (t = 1)")
+    if step < min_new:
+        assert not np.isin(tokens, eos).any()
+
+
+def test_greedy_takes_the_first_of_equal_maxima(ops):
+    logits = np.zeros((3, 10), np.float32)
+    logits[:, [7, 3, 5]] = 2.0
+    tokens, _ = sample(ops, logits, greedy=True)
+    assert tokens.tolist() == [3, 3, 3]
+
+
+def test_sampled_logprobs_are_the_raw_tempered_log_softmax(ops, rng):
+    B, V, temperature = 32, 2000, 0.7
+    raw = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    presence = (rng.random((B, V)) < 0.1).astype(np.uint8)
+    tokens, logprobs = sample(ops, raw, presence, seed=int(rng.integers(1 << 62)), temperature=temperature, top_k=50,
+                              top_p=0.9, min_p=0.02, rp=1.2)
+    ref = log_softmax(raw.astype(np.float64) / temperature)[np.arange(B), tokens]
+    close(logprobs, ref, rng, "logprobs of the unshaped distribution")
+
+
+@pytest.mark.parametrize(
+    "top_k,top_p,min_p,rp",
+    [(20, 1.0, 0.0, 1.0), (0, 0.7, 0.0, 1.0), (0, 1.0, 0.1, 1.0), (40, 0.8, 0.05, 1.3), (0, 0.95, 0.0, 0.7)],
+)
+def test_filters_never_pick_a_removed_token(ops, rng, top_k, top_p, min_p, rp):
+    B, V, temperature = 512, 600, 0.8
+    raw = (rng.standard_normal((B, V)) * 2.5).astype(np.float32)
+    presence = (rng.random((B, V)) < 0.1).astype(np.uint8)
+    eos = [3, 17]
+    tokens, _ = sample(ops, raw, presence, eos, seed=int(rng.integers(1 << 62)), step=1, min_new=2,
+                       temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, rp=rp)
+    keep = kept_mask(shape_logits(raw, presence, eos, 1, 2, rp), temperature, top_k, top_p, min_p)
+    picked = keep[np.arange(B), tokens]
+    assert picked.all(), f"rows {np.flatnonzero(~picked)[:10].tolist()} picked removed tokens (seed {rng.seed})"
+    assert not np.isin(tokens, eos).any()
+    # The filters leave a real choice: not every row collapsed onto its top token.
+    assert (tokens != raw.argmax(-1)).any()
+
+
+def test_eos_is_blocked_until_min_new_tokens(ops, rng):
+    B, V = 64, 300
+    raw = rng.standard_normal((B, V)).astype(np.float32)
+    eos = [0, 299]
+    raw[:, eos] = 15.0  # overwhelming unless blocked
+    seed = int(rng.integers(1 << 62))
+    early, _ = sample(ops, raw, eos=eos, seed=seed, step=2, min_new=3)
+    late, _ = sample(ops, raw, eos=eos, seed=seed, step=3, min_new=3)
+    assert not np.isin(early, eos).any()
+    assert np.isin(late, eos).all()
+
+
+def test_repetition_penalty_matches_the_reference(ops, rng):
+    B, V, rp = 8, 50, 1.5
+    raw = (rng.standard_normal((B, V)) * 0.4).astype(np.float32)  # below 2.5 but for 6-sigma draws
+    raw[:, 10], raw[:, 11] = 3.0, 2.5  # 10 wins unless penalised: 3/1.5 = 2 < 2.5
+    raw[:, 20] = -0.4  # a present negative logit is pushed further down
+    presence = np.zeros((B, V), np.uint8)
+    presence[::2, 10] = 1
+    presence[:, 20] = 1
+    tokens, _ = sample(ops, raw, presence, rp=rp, greedy=True)
+    assert tokens.tolist() == [11, 10] * (B // 2)
+    shaped = shape_logits(raw, presence, [], 0, 0, rp)
+    np.testing.assert_allclose(shaped[0, 20], -0.6)
+    np.testing.assert_array_equal(tokens, shaped.argmax(-1))
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(ops, rng):
+    B, V = 64, 1000
+    raw = (rng.standard_normal((B, V)) * 0.5).astype(np.float32)
+    seed = int(rng.integers(1 << 62))
+    first, _ = sample(ops, raw, seed=seed, step=4, top_p=0.95)
+    again, _ = sample(ops, raw, seed=seed, step=4, top_p=0.95)
+    other, _ = sample(ops, raw, seed=seed + 1, step=4, top_p=0.95)
+    next_step, _ = sample(ops, raw, seed=seed, step=5, top_p=0.95)
+    np.testing.assert_array_equal(first, again)
+    assert (first != other).sum() > B // 2
+    assert (first != next_step).sum() > B // 2
+    # Rows are keyed by their index, so one row's draw does not depend on the batch around it.
+    alone, _ = sample(ops, raw[:5], seed=seed, step=4, top_p=0.95)
+    np.testing.assert_array_equal(alone, first[:5])
+
+
+def test_sampling_frequencies_match_the_filtered_distribution(ops, rng):
+    N, V, temperature, top_k, top_p = 20000, 40, 0.7, 12, 0.9
+    row = (rng.standard_normal(V) * 1.5).astype(np.float32)
+    tokens, _ = sample(ops, np.tile(row, (N, 1)), seed=int(rng.integers(1 << 62)), temperature=temperature,
+                       top_k=top_k, top_p=top_p)
+    keep = kept_mask(row[None].astype(np.float64), temperature, top_k, top_p, 0.0)[0]
+    p = np.where(keep, np.exp(row / temperature - (row / temperature).max()), 0.0)
+    p /= p.sum()
+    freq = np.bincount(tokens, minlength=V) / N
+    assert freq[~keep].sum() == 0
+    se = np.sqrt(p * (1 - p) / N)
+    worst = np.max(np.abs(freq - p) / np.maximum(se, 1e-12))
+    assert worst < 5, f"frequency off by {worst:.1f} standard errors (seed {rng.seed})"
+
+
+def test_sample_checks_its_inputs(ops):
+    with pytest.raises(Exception, match="presence must be"):
+        ops.grpo_sample(paddle.zeros([4, 10]), paddle.zeros([2, 10], "uint8"), paddle.zeros([0], "int64"), 0, 0, 0,
+                        1.0, 0, 1.0, 0.0, 1.0, False)
+
+
+# --------------------------------------------------------------------------------------------- bookkeeping
+
+
+def test_stop_update(ops, rng):
+    Bcap, B, V = 9, 6, 40
+    presence0 = (rng.random((Bcap, V)) < 0.2).astype(np.uint8)
+    tokens = rng.integers(0, V, size=B)
+    eos = np.array([tokens[1], tokens[4], V - 1])
+    presence = t(presence0)
+    done, presence_out = ops.grpo_stop_update(t(tokens, "int64"), presence, t(eos, "int64"))
+    expected = presence0.copy()
+    expected[np.arange(B), tokens] = 1
+    np.testing.assert_array_equal(done.numpy(), np.isin(tokens, eos), err_msg=f"seed {rng.seed}")
+    np.testing.assert_array_equal(presence.numpy(), expected)
+    np.testing.assert_array_equal(presence_out.numpy(), expected)
+    no_eos, _ = ops.grpo_stop_update(t(tokens, "int64"), presence, paddle.zeros([0], "int64"))
+    assert not no_eos.numpy().any()
+
+
+def random_keep(rng, rows):
+    n = int(rng.integers(0, rows + 1))
+    return np.sort(rng.choice(rows, size=n, replace=False))
+
+
+@pytest.mark.parametrize("prefix", [-1, 0, 3, 7])
+def test_compact_rows_of_the_cache(ops, rng, prefix):
+    L, Bcap, S, KVH, D = 2, 6, 7, 2, 8
+    cache0 = rng.standard_normal((L, 2, Bcap, S, KVH, D)).astype(np.float32)
+    keep = random_keep(rng, Bcap)
+    cache = t(cache0)
+    ops.grpo_compact_rows(cache, t(keep, "int64"), 2, prefix)
+    expected = cache0.copy()
+    used = S if prefix < 0 else prefix
+    expected[:, :, : len(keep), :used] = cache0[:, :, keep, :used]
+    np.testing.assert_array_equal(cache.numpy(), expected, err_msg=f"keep {keep.tolist()} (seed {rng.seed})")
+
+
+def test_compact_rows_of_presence(ops, rng):
+    Bcap, V = 11, 33
+    presence0 = (rng.random((Bcap, V)) < 0.3).astype(np.uint8)
+    keep = random_keep(rng, Bcap)
+    presence = t(presence0)
+    out = ops.grpo_compact_rows(presence, t(keep, "int64"), 0, -1)
+    expected = presence0.copy()
+    expected[: len(keep)] = presence0[keep]
+    np.testing.assert_array_equal(presence.numpy(), expected, err_msg=f"keep {keep.tolist()} (seed {rng.seed})")
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_compact_rows_rejects_unordered_keep(ops):
+    with pytest.raises(Exception, match="strictly ascending"):
+        ops.grpo_compact_rows(paddle.zeros([4, 3]), t(np.array([2, 1]), "int64"), 0, -1)
+
+
+# --------------------------------------------------------------------------------------------- CUDA sources
+
+
+CU_SOURCES = sorted((REPO / "csrc").glob("*.cu"))
+
+
+def nvcc_or_skip() -> str:
+    nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if Path(p).exists()), None)
+    if nvcc is None:
+        pytest.skip("nvcc not found (no CUDA toolkit): the CUDA sources cannot be compiled here")
+    return nvcc
+
+
+def build_flags():
+    spec = importlib.util.spec_from_file_location("grpo_build", REPO / "csrc" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    from paddle.utils.cpp_extension.extension_utils import find_paddle_includes
+
+    includes = [f"-I{p}" for p in find_paddle_includes(use_cuda=False)] + [f"-I{REPO / 'csrc'}"]
+    return build, includes
+
+
+@pytest.mark.parametrize("source", CU_SOURCES, ids=lambda p: p.name)
+def test_cuda_sources_compile(source, tmp_path):
+    """nvcc -c of each .cu against the CPU wheel's headers, with the flags csrc/build.py uses."""
+    nvcc = nvcc_or_skip()
+    build, includes = build_flags()
+    cmd = [nvcc, "-c", str(source), "-o", str(tmp_path / "out.o"), "-std=c++17", "-Xcompiler", "-fPIC",
+           "-DPADDLE_WITH_CUDA", "-w", *build.CUDA_FLAGS, *includes]
+    cmd[cmd.index("-O3")] = "-O1"  # checking that it compiles, not producing the library
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}"
+
+
+def test_gpu_dispatch_of_the_cpp_source_compiles():
+    """grpo_ops.cc with GRPO_WITH_CUDA: the branches that call the CUDA launchers (syntax and types only)."""
+    nvcc_or_skip()
+    build, includes = build_flags()
+    from paddle.utils.cpp_extension.extension_utils import find_cuda_home
+
+    homes = [os.environ.get("CUDA_HOME"), find_cuda_home(), "/usr/local/cuda"]
+    cuda_include = next((Path(h) / "include" for h in homes if h and (Path(h) / "include/cuda_runtime.h").exists()), None)
+    if cuda_include is None:
+        pytest.skip(f"cuda_runtime.h not found under any of {homes}")
+    cmd = ["g++", "-fsyntax-only", "-std=c++17", "-fopenmp", "-w", "-DGRPO_WITH_CUDA", "-DPADDLE_WITH_CUDA",
+           "-DPADDLE_NO_PYTHON", f"-I{cuda_include}", f"-I{cuda_include / 'cccl'}", *includes,
+           str(REPO / "csrc" / "grpo_ops.cc")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"g++ failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}"

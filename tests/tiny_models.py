@@ -1,0 +1,22 @@
+"""Small random Qwen2 and Llama models for engine tests: grouped KV heads, tied and untied embeddings."""
+
+import paddle
+from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+PAD, VOCAB = 0, 97
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+PROMPTS = [[5, 17, 33, 8, 9, 41, 2], [12, 3], [60, 61, 62, 63, 64]]  # different lengths: left padding in one batch
+
+
+def qwen2_tied():
+    paddle.seed(11)
+    model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **SHAPE))
+    for layer in model.model.layers:  # Qwen2 initialises its q/k/v biases to zero; make them count
+        for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            projection.bias.set_value(paddle.randn(projection.bias.shape) * 0.1)
+    return model
+
+
+def llama_untied():
+    paddle.seed(12)
+    return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **SHAPE))
