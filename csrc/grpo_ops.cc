@@ -602,11 +602,10 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
         mx = kNegInf;
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; ++v) mx = std::max(mx, raw[v] * inv_t);
-        float zf = 0.0f;  // float within blocks, double across, as exp_with_block_sums
-        z = 0.0;
+        z = 0.0;  // float within blocks, double across, as exp_with_block_sums
         for (int64_t lo = 0; lo < V; lo += kBlock) {
           const int64_t hi = std::min(V, lo + kBlock);
-          zf = 0.0f;
+          float zf = 0.0f;
 #pragma omp simd reduction(+ : zf)
           for (int64_t v = lo; v < hi; ++v) zf += exp_nonpos(raw[v] * inv_t - mx);
           z += zf;

@@ -15,42 +15,36 @@ namespace {
 
 constexpr int kWarp = 32;
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Block-wide reductions; every thread gets the result. `scratch` holds one value per warp.
-__device__ float block_sum(float v, float* scratch) {
+// Block-wide reduction; every thread gets the result. `scratch` holds one value per warp.
+template <typename Op>
+__device__ float block_reduce(float v, float* scratch, Op op, float identity) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = (blockDim.x + kWarp - 1) / kWarp;
-  v = warp_sum(v);
+  v = warp_reduce(v, op);
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : 0.0f;
-  if (warp == 0) v = warp_sum(v);
+  v = threadIdx.x < warps ? scratch[threadIdx.x] : identity;
+  if (warp == 0) v = warp_reduce(v, op);
   if (threadIdx.x == 0) scratch[0] = v;
   __syncthreads();
   return scratch[0];
 }
 
-__device__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = (blockDim.x + kWarp - 1) / kWarp;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : -INFINITY;
-  if (warp == 0) v = warp_max(v);
-  if (threadIdx.x == 0) scratch[0] = v;
-  __syncthreads();
-  return scratch[0];
-}
+__device__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, Sum{}, 0.0f); }
+__device__ float block_max(float v, float* scratch) { return block_reduce(v, scratch, Max{}, -INFINITY); }
 
 // Largest value, lowest index among equals (the CPU's first-maximum argmax).
 __device__ int64_t block_argmax(float v, int64_t i, float* fscratch, int64_t* iscratch) {
@@ -149,7 +143,7 @@ __global__ void cache_attention_kernel(const float* q, const float* kc, const fl
       const int64_t i = lane + k * kWarp;
       if (i < D) dot += qr[k] * kv[i];
     }
-    dot = warp_sum(dot);
+    dot = warp_reduce(dot, Sum{});
     const float m_new = fmaxf(m, dot);
     const float corr = __expf(m - m_new);  // 0 on the first slot (m = -inf)
     const float p = __expf(dot - m_new);

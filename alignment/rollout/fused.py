@@ -22,7 +22,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from alignment.algo import log_softmax
+from alignment.algo import token_logprobs
 from alignment.rollout.base import Rollout, SamplingParams, WeightSyncError
 from alignment.rollout.eager import left_pad
 from alignment.runtime import contiguous_kernels
@@ -100,16 +100,18 @@ class FusedEngine:
     def check_weight_sync(self) -> float:
         """Max |log-prob difference| between this engine and the actor's forward on the probe; raises
         WeightSyncError beyond tolerance."""
-        mine = self._teacher_forced_logprobs(self.probe)
-        input_ids, attention_mask, position_ids = left_pad(self.probe, self.pad_token_id)
+        input_ids, attention_mask, position_ids, first_slot = self._left_padded(self.probe)
+        targets = input_ids[:, 1:]  # (B, L-1): each position predicts the next token
+        hidden = self._forward(self.model.model.embed_tokens(input_ids), position_ids, first_slot,
+                               self._empty_cache(*input_ids.shape), start=0)
+        mine = token_logprobs(self._logits(hidden[:, :-1]), targets).numpy()
         was_training = self.model.training
         self.model.eval()
         with contiguous_kernels():
             logits = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True).logits
         if was_training:
             self.model.train()
-        actor = log_softmax(logits[:, :-1].astype("float32"))
-        actor = paddle.take_along_axis(actor, input_ids[:, 1:].unsqueeze(-1), axis=-1).squeeze(-1).numpy()
+        actor = token_logprobs(logits[:, :-1].astype("float32"), targets).numpy()
         valid = attention_mask[:, :-1].numpy().astype(bool)
         difference = float(np.abs(mine - actor)[valid].max())
         if not difference <= self.tolerance:  # also catches NaN
@@ -120,16 +122,12 @@ class FusedEngine:
             )
         return difference
 
-    def _teacher_forced_logprobs(self, rows: list) -> np.ndarray:
-        """(B, L-1) log pi(token t+1 | tokens <= t) of left-padded rows, through the fused forward."""
+    def _left_padded(self, rows: list):
+        """left_pad's (input_ids, attention_mask, position_ids), each (B, L), and first_slot (B,): the cache
+        slot of each row's first real token."""
         input_ids, attention_mask, position_ids = left_pad(rows, self.pad_token_id)
-        batch, width = input_ids.shape
-        first_slot = paddle.to_tensor([width - len(r) for r in rows], dtype="int64")
-        cache = self._empty_cache(batch, width)
-        hidden = self._forward(self.model.model.embed_tokens(input_ids), position_ids, first_slot, cache, start=0)
-        logits = self._logits(hidden[:, :-1])
-        logprobs = log_softmax(logits)
-        return paddle.take_along_axis(logprobs, input_ids[:, 1:].unsqueeze(-1), axis=-1).squeeze(-1).numpy()
+        first_slot = input_ids.shape[1] - attention_mask.sum(axis=1)
+        return input_ids, attention_mask, position_ids, first_slot
 
     # --- the model -----------------------------------------------------------------------------------
 
@@ -174,8 +172,7 @@ class FusedEngine:
         ops = self.ops
         rows = [list(p) for p in prompts for _ in range(group_size)]
         batch, width, new_tokens = len(rows), max(len(r) for r in rows), params.max_new_tokens
-        input_ids, _, position_ids = left_pad(rows, self.pad_token_id)
-        first_slot = paddle.to_tensor([width - len(r) for r in rows], dtype="int64")
+        input_ids, _, position_ids, first_slot = self._left_padded(rows)
         cache = self._empty_cache(batch, width + new_tokens)
         presence = np.zeros([batch, self.model.config.vocab_size], dtype=np.uint8)  # tokens seen, for the penalty
         for row, prompt in enumerate(rows):
