@@ -29,6 +29,7 @@ def main(argv: list | None = None) -> int:
         print(
             f"\ncheckpoint: {checkpoint}\n"
             f"metrics:    {config.output_dir}/metrics.jsonl (completions: {config.output_dir}/completions.jsonl)\n"
+            f"curves:     {config.output_dir}/curves.png\n"
             f"dashboard:  visualdl --logdir {config.resolved_logging_dir}"
         )
     return 0

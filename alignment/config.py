@@ -83,18 +83,27 @@ class GRPOConfig:
     max_steps: int = _key(-1, "Optimizer steps to run; -1: num_train_epochs over train_datasets.")
     num_train_epochs: float = _key(1.0, "Passes over the training prompts when max_steps is -1.")
     seed: int = _key(42, "Seed for data order, sampling and initialisation.")
+    logprob_chunk_tokens: int = _key(512, "Tokens whose full-vocabulary logits exist at once when computing log-probs for the update (backward recomputes each chunk); smaller uses less memory for the same result.")
+    recompute: bool = _key(False, "Recompute each decoder layer's activations in the backward pass instead of storing them (less memory; measured: the update took about as long).")
+    recompute_granularity: str = _key("full", "What is recomputed: full (each decoder layer); core_attn and full_attn exist only for paddleformers' MoE models.", choices=["full", "full_attn", "core_attn"])
+    sharding: str = _key("", "PaddleNLP's optimizer-state sharding (stage1, stage2): validated, not run yet (GPU only); empty: plain data parallel.", choices=["", "stage1", "stage2", "stage3"])
+    sharding_parallel_degree: int = _key(1, "Processes sharing one copy of the optimizer state (with sharding); not run yet.")
+    tensor_parallel_degree: int = _key(1, "Processes splitting each weight matrix (tensor parallel, GPU only); not run yet: 1.")
     bf16: bool = _key(False, "bfloat16 weights and compute (GPU only).")
     fp16: bool = _key(False, "float16 weights and compute (GPU only).")
     # Evaluation, logging, checkpoints
     eval_steps: int = _key(0, "Evaluate every this many steps (0: only before the first and after the last step).")
     eval_on_start: bool = _key(True, "Evaluate before the first step.")
-    per_device_eval_batch_size: int = _key(64, "Prompts per greedy evaluation batch.")
+    per_device_eval_batch_size: int = _key(64, "Prompts per evaluation batch.")
+    eval_rollout_n: int = _key(0, "Samples per evaluation prompt at the training sampling settings, for eval_mean@k and eval_pass@k (0: greedy only).")
+    max_evaluate_steps: int = _key(-1, "Evaluation batches per process at most (-1: the whole eval_datasets).")
     output_dir: str = _key("output", "Run folder: checkpoints, metrics.jsonl, completions.jsonl, the resolved config.")
     logging_dir: Optional[str] = _key(None, "VisualDL log folder; default: <output_dir>/vdl_log.")
     logging_steps: int = _key(1, "Print a console line every this many steps (metrics.jsonl gets every step).")
     log_completions_per_step: int = _key(4, "Completions written to completions.jsonl per step (0: none).")
     save_steps: int = _key(0, "Save a checkpoint every this many steps (0: only at the end).")
     save_total_limit: Optional[int] = _key(None, "Keep at most this many checkpoints (oldest removed first).")
+    resume_from_checkpoint: Optional[str] = _key(None, "Continue a run from a checkpoint folder, or auto: the newest complete checkpoint in output_dir (a fresh start when there is none).")
 
     @property
     def resolved_logging_dir(self) -> str:
@@ -221,6 +230,7 @@ def _check(condition: bool, message: str) -> None:
 
 def validate(c: GRPOConfig) -> GRPOConfig:
     """Checks values against each other and fills the derived ones; raises ConfigError naming the keys."""
+    from alignment.checkpoint import is_complete_checkpoint
     from alignment.rewards import get_reward
 
     for key in ("actor_model_name_or_path", "tokenizer_name_or_path"):
@@ -311,6 +321,20 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1, "adam_beta1 and adam_beta2 must lie in [0, 1)")
     _check(c.weight_decay >= 0 and c.max_grad_norm >= 0, "weight_decay and max_grad_norm must be >= 0")
     _check(c.max_steps > 0 or (c.max_steps == -1 and c.num_train_epochs > 0), "set max_steps > 0, or max_steps = -1 with num_train_epochs > 0")
+    _check(c.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens = {c.logprob_chunk_tokens}: must be at least 1")
+    _check(
+        not c.recompute or c.recompute_granularity == "full",
+        f"recompute_granularity = {c.recompute_granularity}: paddleformers 1.0.0 recomputes Qwen2, Qwen3 and Llama "
+        f"layer by layer only (full); core_attn and full_attn exist only for its MoE models",
+    )
+    _check(c.sharding_parallel_degree >= 1 and c.tensor_parallel_degree >= 1, "sharding_parallel_degree and tensor_parallel_degree must be at least 1")
+    _check(
+        not c.sharding and c.sharding_parallel_degree == 1 and c.tensor_parallel_degree == 1,
+        f"sharding = '{c.sharding}', sharding_parallel_degree = {c.sharding_parallel_degree}, tensor_parallel_degree = "
+        f"{c.tensor_parallel_degree}: this trainer runs data parallel only so far (paddle's group-sharded and "
+        f"tensor-parallel training run on GPUs only, and no GPU run has been made); drop these keys and scale with "
+        f"python -m paddle.distributed.launch --nproc_per_node N",
+    )
     _check(not (c.bf16 and c.fp16), "bf16 and fp16 are both true; choose one")
     if c.bf16 or c.fp16:
         import paddle
@@ -321,6 +345,14 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         )
 
     _check(c.per_device_eval_batch_size >= 1, "per_device_eval_batch_size must be at least 1")
+    _check(c.eval_rollout_n >= 0, f"eval_rollout_n = {c.eval_rollout_n}: must be >= 0 (0: greedy evaluation only)")
+    _check(c.max_evaluate_steps == -1 or c.max_evaluate_steps >= 1, f"max_evaluate_steps = {c.max_evaluate_steps}: must be -1 (all) or at least 1")
+    resume = c.resume_from_checkpoint
+    _check(
+        resume in (None, "auto") or is_complete_checkpoint(Path(resume)),
+        f"resume_from_checkpoint: '{resume}' is not a complete checkpoint folder (one holding trainer_state.json, "
+        f"written by save_steps); give such a folder or auto",
+    )
     _check(c.eval_steps >= 0 and c.save_steps >= 0, "eval_steps and save_steps must be >= 0")
     _check(c.logging_steps >= 1, "logging_steps must be at least 1")
     _check(c.log_completions_per_step >= 0, "log_completions_per_step must be >= 0")

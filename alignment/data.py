@@ -162,17 +162,20 @@ def with_system_prompt(messages: tuple, system_prompt: Optional[str]) -> list:
     return list(messages)
 
 
+def encode_messages(messages: tuple, tokenizer, system_prompt: Optional[str] = None) -> list:
+    """Chat turns -> prompt token ids through the tokenizer's chat template, ending with the assistant's cue."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("the tokenizer has no chat template: set chat_template in the config (text or a .jinja file)")
+    ids = tokenizer.apply_chat_template(with_system_prompt(messages, system_prompt), add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
 def encode_prompts(records: list, tokenizer, max_prompt_len: int, truncation: str, system_prompt: Optional[str] = None):
     """-> (EncodedPrompts, number truncated, number dropped). Prompts over max_prompt_len tokens are cut
     from the left (truncation="left", as TRL does: the question at the end survives) or dropped."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError("the tokenizer has no chat template: set chat_template in the config (text or a .jinja file)")
     encoded, truncated, dropped = [], 0, 0
     for record in records:
-        ids = tokenizer.apply_chat_template(
-            with_system_prompt(record.messages, system_prompt), add_generation_prompt=True, tokenize=True
-        )
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = encode_messages(record.messages, tokenizer, system_prompt)
         if len(ids) > max_prompt_len:
             if truncation == "drop":
                 dropped += 1

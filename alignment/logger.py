@@ -1,7 +1,11 @@
 """Where a run reports: a progress bar and a console line every logging_steps, VisualDL scalars under
 logging_dir, and under output_dir metrics.jsonl (one JSON object per step, one per evaluation) and
 completions.jsonl (a sample of each step's completions with their rewards and advantages).
-Only the main process writes."""
+Only the main process writes.
+
+A fresh run starts both files anew. A resumed run cuts them back to the sizes its checkpoint recorded
+(`offsets()` at save time) and appends, so records of steps after that checkpoint, written before a
+crash, are replaced rather than repeated."""
 
 import json
 import math
@@ -9,6 +13,7 @@ import os
 
 from tqdm import tqdm
 
+METRICS, COMPLETIONS = "metrics.jsonl", "completions.jsonl"
 CONSOLE_KEYS = ("reward_mean", "accuracy", "loss", "kl", "entropy", "response_length_mean", "lr", "time/step")
 
 
@@ -17,15 +22,18 @@ def _jsonable(value):
 
 
 class RunLogger:
-    def __init__(self, output_dir: str, logging_dir: str, logging_steps: int, total_steps: int, first_step: int, enabled: bool):
+    def __init__(
+        self, output_dir: str, logging_dir: str, logging_steps: int, total_steps: int, first_step: int, enabled: bool,
+        resume_offsets: dict | None = None,
+    ):
         self.enabled, self.logging_steps = enabled, logging_steps
         if not enabled:
             return
         from visualdl import LogWriter
 
         os.makedirs(output_dir, exist_ok=True)
-        self.metrics = open(os.path.join(output_dir, "metrics.jsonl"), "a")
-        self.completions = open(os.path.join(output_dir, "completions.jsonl"), "a")
+        self.metrics = _open_log(os.path.join(output_dir, METRICS), resume_offsets)
+        self.completions = _open_log(os.path.join(output_dir, COMPLETIONS), resume_offsets)
         self.vdl = LogWriter(logdir=logging_dir)
         self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True)
 
@@ -62,6 +70,10 @@ class RunLogger:
             self.completions.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in row.items()}}) + "\n")
         self.completions.flush()
 
+    def offsets(self) -> dict:
+        """Bytes written so far to each jsonl file, recorded in a checkpoint for resume_offsets."""
+        return {METRICS: self.metrics.tell(), COMPLETIONS: self.completions.tell()} if self.enabled else {}
+
     def print(self, message: str) -> None:
         if self.enabled:
             self.bar.write(message)
@@ -72,6 +84,17 @@ class RunLogger:
             self.vdl.close()
             self.metrics.close()
             self.completions.close()
+
+
+def _open_log(path: str, resume_offsets: dict | None):
+    if resume_offsets is None or not os.path.exists(path):
+        return open(path, "w")
+    log = open(path, "r+")
+    offset = resume_offsets.get(os.path.basename(path))
+    if offset is not None:
+        log.truncate(min(offset, os.path.getsize(path)))
+    log.seek(0, os.SEEK_END)
+    return log
 
 
 def _short(value) -> str:

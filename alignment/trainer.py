@@ -6,6 +6,7 @@ as ../shared/DESIGN.md lists it. The math lives in alignment/algo.py; this file 
 phases and times them.
 """
 
+import dataclasses
 import functools
 import math
 import os
@@ -17,13 +18,22 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from alignment.algo import grpo_loss, group_advantages, token_entropy, token_logprobs
-from alignment.checkpoint import save_checkpoint
+from alignment.algo import chunked_token_logprobs, grpo_loss, group_advantages, mean_and_pass_at_k
+from alignment.checkpoint import load_training_state, resolve_resume, save_checkpoint
 from alignment.config import GRPOConfig
-from alignment.data import EncodedPrompt, PromptSchedule, encode_prompts, read_prompt_records
+from alignment.curves import plot_curves
+from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
 from alignment.logger import RunLogger
-from alignment.modeling import completion_logits, load_causal_lm, load_tokenizer, make_token_batch
+from alignment.modeling import (
+    completion_hidden,
+    enable_recompute,
+    load_causal_lm,
+    load_tokenizer,
+    make_token_batch,
+    output_head,
+    stop_token_ids,
+)
 from alignment.optim import build_optimizer, global_grad_norm
 from alignment.rewards import ScoreTable, score_completions
 from alignment.rollout import Rollout, SamplingParams, build_engine
@@ -46,14 +56,16 @@ class ScoredBatch:
 
 def train(config: GRPOConfig) -> Path:
     world = init_world()
-    paddle.seed(config.seed + world.rank)  # ranks sample different completions
+    resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     tokenizer = load_tokenizer(config.tokenizer_name_or_path or config.actor_model_name_or_path, config.chat_template)
     train_prompts, truncated, dropped = load_prompts(config.train_datasets, tokenizer, config)
     eval_prompts = load_prompts(config.eval_datasets, tokenizer, config)[0] if config.eval_datasets else []
     schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
     total_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * schedule.steps_per_epoch)
 
-    model = load_causal_lm(config.actor_model_name_or_path, _dtype(config))
+    model = load_causal_lm(str(resume or config.actor_model_name_or_path), _dtype(config))
+    if config.recompute:
+        enable_recompute(model, config.recompute_granularity)
     ref_model = None
     if config.kl_loss_coeff > 0:  # kl_loss_coeff = 0 loads no reference model at all
         ref_model = load_causal_lm(config.actor_model_name_or_path, _dtype(config))
@@ -63,6 +75,8 @@ def train(config: GRPOConfig) -> Path:
     engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, config, total_steps)
+    state = load_training_state(resume, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
+    first_step = state["step"]
     sampling = SamplingParams(
         max_new_tokens=config.max_dec_len,
         min_new_tokens=config.min_dec_len,
@@ -73,22 +87,27 @@ def train(config: GRPOConfig) -> Path:
         min_p=config.min_p,
     )
 
-    logger = RunLogger(config.output_dir, config.resolved_logging_dir, config.logging_steps, total_steps, 0, world.is_main)
+    logger = RunLogger(
+        config.output_dir, config.resolved_logging_dir, config.logging_steps, total_steps, first_step, world.is_main,
+        resume_offsets=state.get("log_offsets") if resume else None,
+    )
     if world.is_main:
         Path(config.output_dir, "grpo_config.json").write_text(config.to_json())
     logger.print(
         f"{len(train_prompts)} training prompts ({truncated} truncated, {dropped} dropped over max_prompt_len), "
         f"{len(eval_prompts)} evaluation prompts; {total_steps} steps of {schedule.global_batch} prompts x {config.rollout_n}; "
-        f"rollout with the {type(engine).__name__}"
+        f"rollout with the {type(engine).__name__}" + (f"; resuming from {resume} after step {first_step}" if resume else "")
     )
-    if eval_prompts and config.eval_on_start:
-        logger.log_eval(0, evaluate(engine, scorer, eval_prompts, tokenizer, config, world))
+    if eval_prompts and config.eval_on_start and first_step == 0:
+        logger.log_eval(0, evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, 0))
 
-    checkpoint = None
-    for step in range(1, total_steps + 1):
+    checkpoint = resume
+    for step in range(first_step + 1, total_steps + 1):
         started = time.perf_counter()
         prompts = [train_prompts[i] for i in schedule.indices(step - 1, world.rank)]
-        rollout = engine.generate([p.ids for p in prompts], config.rollout_n, sampling)
+        first_row = world.rank * len(prompts) * config.rollout_n  # this rank's rows in the global batch
+        step_sampling = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, "train"), first_row=first_row)
+        rollout = engine.generate([p.ids for p in prompts], config.rollout_n, step_sampling)
         rolled_out = time.perf_counter()
         scored = score_rollout(prompts, rollout, scorer, tokenizer, config)
         rewarded = time.perf_counter()
@@ -110,29 +129,37 @@ def train(config: GRPOConfig) -> Path:
         logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
         last = step == total_steps
         if eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
-            logger.log_eval(step, evaluate(engine, scorer, eval_prompts, tokenizer, config, world))
+            logger.log_eval(step, evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, step))
         if world.is_main and (last or (config.save_steps and step % config.save_steps == 0)):
-            state = {"total_steps": total_steps, "scheduler": scheduler.state_dict()}
+            state = {"total_steps": total_steps, "log_offsets": logger.offsets()}
             checkpoint = save_checkpoint(
                 config.output_dir, step, model, tokenizer, optimizer, config.to_json(), state, config.save_total_limit
             )
             logger.print(f"saved {checkpoint}")
     logger.close()
+    if world.is_main:
+        plot_curves(config.output_dir)
     return checkpoint
+
+
+PHASES = ("train", "eval")
+
+
+def seed_phase(config: GRPOConfig, step: int, rank: int, phase: str) -> int:
+    """Each phase of each step draws from its own random streams, so a resumed run draws exactly what an
+    uninterrupted one would with no random state to save, and sampling in an evaluation never shifts
+    training's samples. Seeds paddle's generator (the eager engine's draws, dropout) from
+    (seed, step, phase, rank) and returns the seed of (seed, step, phase) that the fused engine keys on
+    together with each row's index in the global batch: with it, a run over N processes samples exactly
+    the completions a one-process run with the same global batch does."""
+    shared = [config.seed, step, PHASES.index(phase)]
+    paddle.seed(int(np.random.SeedSequence([*shared, rank]).generate_state(1)[0]))
+    return int(np.random.SeedSequence(shared).generate_state(1)[0])
 
 
 def load_prompts(paths: str, tokenizer, config: GRPOConfig):
     records = read_prompt_records(paths, config.prompt_key, config.response_key)
     return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt)
-
-
-def stop_token_ids(model, tokenizer) -> list:
-    """The tokenizer's eos plus any the model's generation config lists (Qwen2.5-Instruct ends turns
-    with <|im_end|> but lists <|endoftext|> too)."""
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
-    return sorted(i for i in ids if i is not None)
 
 
 def build_scorer(config: GRPOConfig):
@@ -207,12 +234,12 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
         rows = slice(start, start + micro)
         batch = make_token_batch(rollout.prompt_ids[rows], rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
         mask = paddle.to_tensor(loss_mask[rows].astype(np.float32))
-        logits = completion_logits(model, batch)  # (b, T, V)
-        logprobs = token_logprobs(logits, batch.completion_ids, config.temperature)
+        # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
+        logprobs, entropy = policy_logprobs(model, batch, config)
         ref_logprobs = None
         if ref_model is not None:
             with paddle.no_grad():
-                ref_logprobs = token_logprobs(completion_logits(ref_model, batch), batch.completion_ids, config.temperature)
+                ref_logprobs, _ = policy_logprobs(ref_model, batch, config)
         loss, sums = grpo_loss(
             logprobs,
             logprobs.detach(),
@@ -225,8 +252,7 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
         )
         if token_count > 0:
             loss.backward()
-        with paddle.no_grad():
-            totals["entropy"] += float((token_entropy(logits.detach(), config.temperature) * mask).sum())
+        totals["entropy"] += float((entropy * mask).sum())
         totals["loss"] += float(loss)
         for key, value in sums.items():
             totals[key] += value
@@ -246,6 +272,14 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
         "grad_norm": grad_norm,
         "loss_tokens": token_count,
     }
+
+
+def policy_logprobs(model, batch, config: GRPOConfig) -> tuple:
+    """-> (log-probs (b, T) with grad where the model has it, entropy (b, T) detached) of the completion
+    tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time."""
+    weight, bias = output_head(model)
+    hidden = completion_hidden(model, batch)
+    return chunked_token_logprobs(hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens)
 
 
 def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timings: dict, world: World) -> dict:
@@ -301,25 +335,41 @@ def completion_rows(scored: ScoredBatch, limit: int) -> list:
     return rows
 
 
-def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world: World) -> dict:
-    """Greedy decoding of every evaluation prompt (split across ranks), scored like training."""
-    mine = prompts[world.rank :: world.size]
+def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int) -> dict:
+    """Greedy decoding of the evaluation prompts (a contiguous slice per rank, at most max_evaluate_steps
+    batches each), scored like training. With eval_rollout_n = k, also k samples per prompt at the training
+    sampling settings: mean@k is the samples' mean accuracy, pass@k the fraction of prompts with at least
+    one correct sample."""
+    sampling = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, "eval"))
+    share = -(-len(prompts) // world.size)
+    first, end = world.rank * share, min((world.rank + 1) * share, len(prompts))  # this rank's prompts
+    size, k = config.per_device_eval_batch_size, config.eval_rollout_n
+    starts = range(first, end, size)
+    starts = starts[: config.max_evaluate_steps] if config.max_evaluate_steps > 0 else starts
     greedy = SamplingParams(max_new_tokens=config.max_dec_len, greedy=True)
     columns = reported_reward_functions(config)
-    sums = np.zeros(6 + len(columns))  # count, correct, length, truncated, reward sum, valid rewards, per function
-    for start in range(0, len(mine), config.per_device_eval_batch_size):
-        chunk: list[EncodedPrompt] = mine[start : start + config.per_device_eval_batch_size]
-        scored = score_rollout(chunk, engine.generate([p.ids for p in chunk], 1, greedy), scorer, tokenizer, config)
+    sums = np.zeros(8 + len(columns))  # count, correct, length, truncated, reward sum, valid rewards, mean@k, pass@k, per function
+    for start in starts:
+        chunk = prompts[start : min(start + size, end)]
+        ids = [p.ids for p in chunk]
+        scored = score_rollout(chunk, engine.generate(ids, 1, greedy), scorer, tokenizer, config)
+        mean_at_k = pass_at_k = np.zeros(len(chunk))
+        if k:
+            samples = engine.generate(ids, k, dataclasses.replace(sampling, first_row=start * k))
+            sampled = score_rollout(chunk, samples, scorer, tokenizer, config)
+            mean_at_k, pass_at_k = mean_and_pass_at_k(sampled.correct.reshape(len(chunk), k))
         sums += [
             len(chunk), scored.correct.sum(), scored.rollout.lengths.sum(),
             sum(r == "length" for r in scored.rollout.finish_reasons),
             np.nansum(scored.rewards), np.isfinite(scored.rewards).sum(),
+            mean_at_k.sum(), pass_at_k.sum(),
             *[np.nansum(scored.reward_columns[c]) for c in columns],
         ]
-    count, correct, length, truncated, reward_sum, valid, *per_function = world.sum(sums)
+    count, correct, length, truncated, reward_sum, valid, mean_at_k, pass_at_k, *per_function = world.sum(sums)
     count = max(count, 1)
     return {
         "eval_accuracy": correct / count,
+        **({f"eval_mean@{k}": mean_at_k / count, f"eval_pass@{k}": pass_at_k / count} if k else {}),
         "eval_reward_mean": reward_sum / max(valid, 1),
         **{f"eval_reward/{c}": per_function[i] / count for i, c in enumerate(columns)},
         "eval_response_length_mean": length / count,

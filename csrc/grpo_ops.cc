@@ -450,7 +450,7 @@ struct RowDraw {
 
 RowDraw sample_row(const float* raw, const uint8_t* pres, const int64_t* eos, int64_t E, int64_t V, int64_t seed,
                    int step, int min_new_tokens, float temperature, int top_k, float top_p, float min_p, float rp,
-                   bool greedy, int64_t row, float* w, float* tmp, int32_t* idx, double* block) {
+                   bool greedy, int64_t row_key, float* w, float* tmp, int32_t* idx, double* block) {
   // One pass: (a) repetition penalty on tokens already present, then the temperature (not for greedy,
   // where it cannot change the argmax); (b) eos blocked before min_new_tokens.
   const float inv_t = greedy ? 1.0f : 1.0f / temperature;
@@ -531,21 +531,24 @@ RowDraw sample_row(const float* raw, const uint8_t* pres, const int64_t* eos, in
 
   // Inverse-CDF draw over the renormalised softmax of what is left, in index order.
   const double z = exp_with_block_sums(w, mx, V, tmp, block);
-  const int64_t token = inverse_cdf(tmp, block, V, grpo::uniform_draw(seed, step, row) * z);
+  const int64_t token = inverse_cdf(tmp, block, V, grpo::uniform_draw(seed, step, row_key) * z);
   const bool unshaped = rp == 1.0f && !eos_blocked && !use_top_k && top_p >= 1.0f && min_p <= 0.0f;
   return {token, unshaped, mx, z};
 }
 
 std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle::Tensor& presence_in,
-                                   const paddle::Tensor& eos_in, int64_t seed, int step, int min_new_tokens,
+                                   const paddle::Tensor& eos_in, const paddle::Tensor& row_keys_in, int64_t seed,
+                                   int step, int min_new_tokens,
                                    float temperature, int top_k, float top_p, float min_p, float repetition_penalty,
                                    bool greedy) {
   const char* op = "grpo_sample";
   check_dtype(logits_in, paddle::DataType::FLOAT32, op, "logits");
   check_dtype(presence_in, paddle::DataType::UINT8, op, "presence");
   check_dtype(eos_in, paddle::DataType::INT64, op, "eos_ids");
+  check_dtype(row_keys_in, paddle::DataType::INT64, op, "row_keys");
   check_place(presence_in, logits_in, op, "presence");
   check_place(eos_in, logits_in, op, "eos_ids");
+  check_place(row_keys_in, logits_in, op, "row_keys");
   const auto ls = logits_in.shape();
   PD_CHECK(ls.size() == 2 && ls[1] > 0, op, ": logits must be [B, V], got ", shape_str(ls));
   const int64_t B = ls[0], V = ls[1];
@@ -555,6 +558,8 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
            ", V = ", V, ", got ", shape_str(ps));
   PD_CHECK(eos_in.shape().size() == 1, op, ": eos_ids must be [E], got ", shape_str(eos_in.shape()));
   const int64_t E = eos_in.shape()[0];
+  PD_CHECK(row_keys_in.shape() == std::vector<int64_t>{B}, op, ": row_keys must be [B] with B = ", B, ", got ",
+           shape_str(row_keys_in.shape()));
   PD_CHECK(greedy || temperature > 0.0f, op, ": temperature must be > 0 when sampling, got ", temperature);
   PD_CHECK(repetition_penalty > 0.0f, op, ": repetition_penalty must be > 0, got ", repetition_penalty);
   PD_CHECK(top_p > 0.0f, op, ": top_p must be > 0, got ", top_p);
@@ -562,12 +567,14 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
   auto logprobs = paddle::empty({B}, paddle::DataType::FLOAT32, logits_in.place());
   if (on_gpu(logits_in, op)) {
 #ifdef GRPO_WITH_CUDA
-    grpo::sample_cuda(dense(logits_in), dense(presence_in), dense(eos_in), seed, step, min_new_tokens, temperature,
+    grpo::sample_cuda(dense(logits_in), dense(presence_in), dense(eos_in), dense(row_keys_in), seed, step,
+                      min_new_tokens, temperature,
                       top_k, top_p, min_p, repetition_penalty, greedy, tokens, logprobs);
 #endif
     return {tokens, logprobs};
   }
-  const auto l_t = dense(logits_in), p_t = dense(presence_in), e_t = dense(eos_in);
+  const auto l_t = dense(logits_in), p_t = dense(presence_in), e_t = dense(eos_in), k_t = dense(row_keys_in);
+  const int64_t* row_keys = k_t.data<int64_t>();
   const float* logits = l_t.data<float>();
   const uint8_t* pres = p_t.data<uint8_t>();
   const int64_t* eos = e_t.data<int64_t>();
@@ -591,7 +598,7 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
     for (int64_t b = 0; b < B; ++b) {
       const float* raw = logits + b * V;
       const RowDraw draw = sample_row(raw, pres + b * V, eos, E, V, seed, step, min_new_tokens, temperature, top_k,
-                                      top_p, min_p, repetition_penalty, greedy, b, w.data(), tmp.data(), idx.data(),
+                                      top_p, min_p, repetition_penalty, greedy, row_keys[b], w.data(), tmp.data(), idx.data(),
                                       block.data());
       tok[b] = draw.token;
       // log_softmax(raw / t)[token]: the policy's log-prob, without any shaping.
@@ -618,11 +625,12 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
 }
 
 std::vector<std::vector<int64_t>> SampleShape(const std::vector<int64_t>& logits, const std::vector<int64_t>&,
-                                              const std::vector<int64_t>&) {
+                                              const std::vector<int64_t>&, const std::vector<int64_t>&) {
   return {{logits[0]}, {logits[0]}};
 }
 
-std::vector<paddle::DataType> SampleDtype(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) {
+std::vector<paddle::DataType> SampleDtype(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+                                          const paddle::DataType&) {
   return {paddle::DataType::INT64, paddle::DataType::FLOAT32};
 }
 
@@ -785,7 +793,7 @@ PD_BUILD_OP(grpo_silu_mul)
     .SetInferDtypeFn(PD_INFER_DTYPE(SiluMulDtype));
 
 PD_BUILD_OP(grpo_sample)
-    .Inputs({"Logits", "Presence", "EosIds"})
+    .Inputs({"Logits", "Presence", "EosIds", "RowKeys"})
     .Outputs({"Tokens", "Logprobs"})
     .Attrs({"seed: int64_t", "step: int", "min_new_tokens: int", "temperature: float", "top_k: int", "top_p: float",
             "min_p: float", "repetition_penalty: float", "greedy: bool"})

@@ -217,7 +217,7 @@ __device__ uint32_t radix_select(const float* w, int64_t V, float mx, float targ
 
 // One block per row: shaping, filters and the inverse-CDF draw, then the raw log-prob.
 __global__ void sample_kernel(const float* logits, const uint8_t* presence, const int64_t* eos, int64_t E, int64_t V,
-                              float* work, int64_t seed, int step, int min_new_tokens, float temperature, int top_k,
+                              const int64_t* row_keys, float* work, int64_t seed, int step, int min_new_tokens, float temperature, int top_k,
                               float top_p, float min_p, float rp, bool greedy, int64_t* tokens, float* logprobs) {
   __shared__ float fscratch[kWarp];
   __shared__ int64_t iscratch[kWarp];
@@ -299,7 +299,7 @@ __global__ void sample_kernel(const float* logits, const uint8_t* presence, cons
     }
     __syncthreads();
     const float total = fscratch[0];
-    const float target = static_cast<float>(uniform_draw(seed, step, b)) * total;
+    const float target = static_cast<float>(uniform_draw(seed, step, row_keys[b])) * total;
     const float lo = chunk_prefix[threadIdx.x];
     if (local > 0.0f && target >= lo && target < lo + local) {
       float cum = lo;
@@ -431,13 +431,14 @@ void silu_mul_cuda(const paddle::Tensor& x, int64_t rows, int64_t inter, paddle:
 }
 
 void sample_cuda(const paddle::Tensor& logits, const paddle::Tensor& presence, const paddle::Tensor& eos_ids,
-                 int64_t seed, int step, int min_new_tokens, float temperature, int top_k, float top_p, float min_p,
+                 const paddle::Tensor& row_keys, int64_t seed, int step, int min_new_tokens, float temperature, int top_k, float top_p, float min_p,
                  float repetition_penalty, bool greedy, paddle::Tensor& tokens, paddle::Tensor& logprobs) {
   const int64_t B = logits.shape()[0], V = logits.shape()[1], E = eos_ids.shape()[0];
   if (B == 0) return;
   auto work = paddle::empty({B, V}, paddle::DataType::FLOAT32, logits.place());  // shaped logits per row
   sample_kernel<<<B, 1024, 0, logits.stream()>>>(logits.data<float>(), presence.data<uint8_t>(),
-                                                 eos_ids.data<int64_t>(), E, V, work.data<float>(), seed, step,
+                                                 eos_ids.data<int64_t>(), E, V, row_keys.data<int64_t>(),
+                                                 work.data<float>(), seed, step,
                                                  min_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
                                                  greedy, tokens.data<int64_t>(), logprobs.data<float>());
   check_launch("grpo_sample");

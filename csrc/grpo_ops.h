@@ -20,8 +20,10 @@ inline std::string shape_str(const std::vector<int64_t>& shape) {
   return os.str();
 }
 
-// splitmix64: the counter-based generator behind sampling. The same (seed, step, row) gives the same
-// draw on every machine, thread count and device.
+// splitmix64: the counter-based generator behind sampling. The same (seed, step, row key) gives the
+// same draw on every machine, thread count and device; the row key is the row's index in the global
+// batch (grpo_sample's row_keys), so a row draws the same tokens whichever process, batch or compacted
+// position it is in.
 #if defined(__CUDACC__)
 __host__ __device__
 #endif
@@ -55,7 +57,7 @@ void cache_attention_cuda(const paddle::Tensor& q, const paddle::Tensor& cache, 
                           int layer, int start, int num_kv_heads, paddle::Tensor& out);
 void silu_mul_cuda(const paddle::Tensor& x, int64_t rows, int64_t inter, paddle::Tensor& out);
 void sample_cuda(const paddle::Tensor& logits, const paddle::Tensor& presence, const paddle::Tensor& eos_ids,
-                 int64_t seed, int step, int min_new_tokens, float temperature, int top_k, float top_p, float min_p,
+                 const paddle::Tensor& row_keys, int64_t seed, int step, int min_new_tokens, float temperature, int top_k, float top_p, float min_p,
                  float repetition_penalty, bool greedy, paddle::Tensor& tokens, paddle::Tensor& logprobs);
 void stop_update_cuda(const paddle::Tensor& tokens, paddle::Tensor& presence, const paddle::Tensor& eos_ids,
                       paddle::Tensor& done);

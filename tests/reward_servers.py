@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from processes import stop
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY_ENV = "GRPO_REWARD_SERVER_API_KEY"
@@ -51,12 +52,7 @@ def reward_server(folder: Path, *flags: str, env: dict | None = None, port: int 
             wait_until_healthy(url, process, output)
             yield Server(url, log)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process, timeout=30)
 
 
 def wait_until_healthy(url: str, process: subprocess.Popen, output, timeout: float = 60.0) -> None:

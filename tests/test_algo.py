@@ -10,6 +10,7 @@ from alignment.algo import (
     grpo_loss,
     kl_k3,
     learning_rate_factor,
+    mean_and_pass_at_k,
     token_entropy,
     token_logprobs,
 )
@@ -150,3 +151,27 @@ def test_logprobs_and_entropy_against_float64():
 )
 def test_learning_rate_schedule(step, schedule, expected):
     assert learning_rate_factor(step, total_steps=14, warmup_steps=4, schedule=schedule, floor=0.1) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "correct, mean_at_k, pass_at_k",
+    [
+        ([[1, 0, 0, 1]], [0.5], [1.0]),
+        ([[0, 0, 0, 0]], [0.0], [0.0]),
+        ([[1, 1, 1, 1]], [1.0], [1.0]),
+        ([[0, 0, 1], [0, 0, 0]], [1 / 3, 0.0], [1.0, 0.0]),
+    ],
+)
+def test_mean_and_pass_at_k_hand_computed(correct, mean_at_k, pass_at_k):
+    means, passes = mean_and_pass_at_k(np.array(correct))
+    np.testing.assert_allclose(means, mean_at_k)
+    np.testing.assert_array_equal(passes, pass_at_k)
+
+
+def test_pass_at_k_is_the_unbiased_estimator_with_k_of_k_samples():
+    rng = np.random.default_rng(0)
+    correct = rng.random((50, 6)) < 0.2
+    _, passes = mean_and_pass_at_k(correct)
+    n = k = 6
+    unbiased = [1 - math.comb(n - c, k) / math.comb(n, k) for c in correct.sum(axis=1)]
+    np.testing.assert_allclose(passes, unbiased)

@@ -4,7 +4,7 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.checkpoint import complete_checkpoints, save_checkpoint
+from alignment.checkpoint import complete_checkpoints, load_training_state, resolve_resume, save_checkpoint
 from alignment.modeling import load_causal_lm, load_tokenizer
 
 
@@ -25,7 +25,7 @@ def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
     path = save(tmp_path, 3, parts)
     assert path == tmp_path / "checkpoint-3"
     assert json.loads((path / "trainer_state.json").read_text()) == {"step": 3, "total_steps": 9}
-    assert {"config.json", "tokenizer.json", "grpo_config.json", "optimizer.pdopt", "rng.pdstate"} <= {p.name for p in path.iterdir()}
+    assert {"config.json", "tokenizer.json", "grpo_config.json", "optimizer.pdopt"} <= {p.name for p in path.iterdir()}
     assert not list(path.glob("saved_signal_*"))
     ids = paddle.to_tensor([[1, 2, 3]])
     model = parts[0]
@@ -55,3 +55,37 @@ def test_interrupted_save_leaves_nothing_that_looks_complete(tmp_path, parts):
     save(tmp_path, 2, parts)  # the next save of that step replaces the leftover staging folder
     assert [p.name for p in complete_checkpoints(str(tmp_path))] == ["checkpoint-1", "checkpoint-2"]
     assert not list(tmp_path.glob(".checkpoint-*"))
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint(tmp_path, parts):
+    assert resolve_resume("auto", str(tmp_path / "nothing-yet")) is None  # a first start
+    for step in (2, 10):
+        save(tmp_path, step, parts)
+    (tmp_path / ".checkpoint-12.tmp").mkdir()  # a save cut short
+    (tmp_path / "checkpoint-11").mkdir()  # no trainer_state.json: incomplete
+    assert resolve_resume("auto", str(tmp_path)) == tmp_path / "checkpoint-10"  # by number, not by name order
+    assert resolve_resume(str(tmp_path / "checkpoint-2"), str(tmp_path)) == tmp_path / "checkpoint-2"
+    assert resolve_resume(None, str(tmp_path)) is None
+
+
+def test_optimizer_state_comes_back(tmp_path, parts):
+    model, tokenizer, _ = parts
+    schedule = lambda step: 1.0 / (1 + step)  # noqa: E731
+    scheduler = paddle.optimizer.lr.LambdaDecay(0.1, schedule)
+    optimizer = paddle.optimizer.AdamW(scheduler, parameters=model.parameters())
+    for _ in range(3):
+        model(paddle.to_tensor([[1, 2, 3]]))[0].mean().backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        scheduler.step()
+    path = save_checkpoint(str(tmp_path), 3, model, tokenizer, optimizer, "{}", {"total_steps": 9}, None)
+
+    fresh_scheduler = paddle.optimizer.lr.LambdaDecay(0.1, schedule)
+    fresh = paddle.optimizer.AdamW(fresh_scheduler, parameters=model.parameters())
+    assert load_training_state(path, fresh)["step"] == 3
+    assert fresh_scheduler.get_lr() == scheduler.get_lr() == 0.1 / 4
+    saved, restored = optimizer.state_dict(), fresh.state_dict()
+    moments = [k for k in saved if "moment" in k]
+    assert len(moments) == 2 * len(model.parameters())
+    for key in moments:
+        assert (saved[key] == restored[key]).all().item(), key

@@ -214,12 +214,14 @@ def kept_mask(w, temperature, top_k, top_p, min_p):
 
 
 def sample(ops, logits, presence=None, eos=(), seed=0, step=0, min_new=0, temperature=1.0, top_k=0, top_p=1.0,
-           min_p=0.0, rp=1.0, greedy=False):
+           min_p=0.0, rp=1.0, greedy=False, row_keys=None):
     B, V = logits.shape
     if presence is None:
         presence = np.zeros((B, V), np.uint8)
-    tokens, logprobs = ops.grpo_sample(t(logits), t(presence), t(np.asarray(eos, np.int64), "int64"), seed, step,
-                                       min_new, temperature, top_k, top_p, min_p, rp, greedy)
+    row_keys = np.arange(B) if row_keys is None else row_keys
+    tokens, logprobs = ops.grpo_sample(t(logits), t(presence), t(np.asarray(eos, np.int64), "int64"),
+                                       t(np.asarray(row_keys, np.int64), "int64"), seed, step, min_new, temperature,
+                                       top_k, top_p, min_p, rp, greedy)
     return tokens.numpy(), logprobs.numpy()
 
 
@@ -316,9 +318,14 @@ def test_same_seed_same_tokens_other_seed_other_tokens(ops, rng):
     np.testing.assert_array_equal(first, again)
     assert (first != other).sum() > B // 2
     assert (first != next_step).sum() > B // 2
-    # Rows are keyed by their index, so one row's draw does not depend on the batch around it.
+    # Rows are keyed by their row key, so one row's draw does not depend on the batch around it.
     alone, _ = sample(ops, raw[:5], seed=seed, step=4, top_p=0.95)
     np.testing.assert_array_equal(alone, first[:5])
+    tail, _ = sample(ops, raw[40:], seed=seed, step=4, top_p=0.95, row_keys=np.arange(40, B))
+    np.testing.assert_array_equal(tail, first[40:])
+    shuffled = rng.permutation(B)
+    moved, _ = sample(ops, raw[shuffled], seed=seed, step=4, top_p=0.95, row_keys=shuffled)
+    np.testing.assert_array_equal(moved, first[shuffled])
 
 
 def test_sampling_frequencies_match_the_filtered_distribution(ops, rng):
@@ -338,8 +345,11 @@ def test_sampling_frequencies_match_the_filtered_distribution(ops, rng):
 
 def test_sample_checks_its_inputs(ops):
     with pytest.raises(Exception, match="presence must be"):
-        ops.grpo_sample(paddle.zeros([4, 10]), paddle.zeros([2, 10], "uint8"), paddle.zeros([0], "int64"), 0, 0, 0,
-                        1.0, 0, 1.0, 0.0, 1.0, False)
+        ops.grpo_sample(paddle.zeros([4, 10]), paddle.zeros([2, 10], "uint8"), paddle.zeros([0], "int64"),
+                        paddle.arange(4), 0, 0, 0, 1.0, 0, 1.0, 0.0, 1.0, False)
+    with pytest.raises(Exception, match="row_keys must be"):
+        ops.grpo_sample(paddle.zeros([4, 10]), paddle.zeros([4, 10], "uint8"), paddle.zeros([0], "int64"),
+                        paddle.arange(3), 0, 0, 0, 1.0, 0, 1.0, 0.0, 1.0, False)
 
 
 # --------------------------------------------------------------------------------------------- bookkeeping

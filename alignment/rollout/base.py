@@ -1,7 +1,7 @@
 """What every rollout engine takes and returns."""
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
@@ -16,6 +16,11 @@ class SamplingParams:
     min_p: float = 0.0  # 0 keeps every token; else drops tokens less likely than min_p x the most likely
     repetition_penalty: float = 1.0
     greedy: bool = False
+    # The fused engine keys each row's draws on (seed, decode step, first_row + row): the global batch
+    # index, so a row samples the same tokens whichever process and batch it is in. seed None: drawn
+    # from paddle's generator. The eager engine samples from paddle's generator and ignores both.
+    seed: Optional[int] = None
+    first_row: int = 0
 
 
 @dataclass
@@ -39,8 +44,13 @@ class WeightSyncError(RuntimeError):
     """A rollout engine no longer computes the actor's policy (stale weights or wrong operators)."""
 
 
+# Called after each decode step with that step's (B,) int64 tokens, pad_token_id on rows already finished:
+# how a chat streams its answer.
+TokenStream = Optional[Callable[[np.ndarray], None]]
+
+
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list, group_size: int, params: SamplingParams) -> Rollout: ...
+    def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout: ...
 
     def sync(self) -> None:
         """Called after every optimizer step: from then on, generate with the actor's new weights."""

@@ -11,7 +11,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.algo import log_softmax
-from alignment.rollout.base import Rollout, SamplingParams
+from alignment.rollout.base import Rollout, SamplingParams, TokenStream
 from alignment.runtime import contiguous_kernels
 
 
@@ -80,7 +80,7 @@ class EagerEngine:
 
     @paddle.no_grad()
     @contiguous_kernels()
-    def generate(self, prompts: list, group_size: int, params: SamplingParams) -> Rollout:
+    def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout:
         rows = [list(p) for p in prompts for _ in range(group_size)]
         input_ids, attention_mask, position_ids = left_pad(rows, self.pad_token_id)
         batch, vocab = len(rows), self.model.config.vocab_size
@@ -105,6 +105,8 @@ class EagerEngine:
             logprobs_per_step.append(paddle.where(alive, logprobs, paddle.zeros_like(logprobs)))
             alive_per_step.append(alive)
             finished = finished | (alive & paddle.isin(tokens, eos))
+            if on_tokens is not None:
+                on_tokens(tokens.numpy())
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
             if seen is not None:

@@ -23,7 +23,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.algo import token_logprobs
-from alignment.rollout.base import Rollout, SamplingParams, WeightSyncError
+from alignment.rollout.base import Rollout, SamplingParams, TokenStream, WeightSyncError
 from alignment.rollout.eager import left_pad
 from alignment.runtime import contiguous_kernels
 
@@ -168,7 +168,7 @@ class FusedEngine:
     # --- generation ----------------------------------------------------------------------------------
 
     @paddle.no_grad()
-    def generate(self, prompts: list, group_size: int, params: SamplingParams) -> Rollout:
+    def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout:
         ops = self.ops
         rows = [list(p) for p in prompts for _ in range(group_size)]
         batch, width, new_tokens = len(rows), max(len(r) for r in rows), params.max_new_tokens
@@ -178,8 +178,8 @@ class FusedEngine:
         for row, prompt in enumerate(rows):
             presence[row, prompt] = 1
         presence = paddle.to_tensor(presence)
-        # Follows paddle.seed; greedy decoding (evaluation) draws nothing, so it leaves training's stream as it is.
-        base_seed = 0 if params.greedy else int(paddle.randint(0, 2**31 - 1, [1]))
+        # Greedy decoding draws nothing, so it leaves paddle's random stream as it is.
+        base_seed = 0 if params.greedy else params.seed if params.seed is not None else int(paddle.randint(0, 2**31 - 1, [1]))
         temperature = 1.0 if params.greedy else params.temperature
 
         completion_ids = np.full((batch, new_tokens), self.pad_token_id, dtype=np.int64)
@@ -193,8 +193,9 @@ class FusedEngine:
         logits = self._logits(hidden[:, -1])  # (B, V)
         positions = position_ids[:, -1:] + 1  # (B, 1) rotary position of the next token
         for step in range(new_tokens):
+            row_keys = paddle.to_tensor(params.first_row + row_ids, dtype="int64")
             tokens, chosen_logprobs = ops.grpo_sample(
-                logits, presence, self.eos, base_seed * 1_000_003 + step, step, params.min_new_tokens,
+                logits, presence, self.eos, row_keys, base_seed * 1_000_003 + step, step, params.min_new_tokens,
                 temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty, params.greedy,
             )
             done, _ = ops.grpo_stop_update(tokens, presence, self.eos)
@@ -204,6 +205,8 @@ class FusedEngine:
             completion_mask[live_rows, step] = 1.0
             logprobs[live_rows, step] = chosen_logprobs.numpy()[alive]
             finished_by_eos[live_rows] = done_np[alive]
+            if on_tokens is not None:
+                on_tokens(completion_ids[:, step])
             alive &= ~done_np
             if not alive.any() or step == new_tokens - 1:
                 break

@@ -8,8 +8,8 @@ here. Inputs come first and attributes after them, positionally or by keyword:
     q, cache = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer, start, num_heads, num_kv_heads)
     out = ops.grpo_cache_attention(q, cache, first_slot, layer, start)
     out = ops.grpo_silu_mul(x)
-    tokens, logprobs = ops.grpo_sample(logits, presence, eos_ids, seed, step, min_new_tokens, temperature,
-                                       top_k, top_p, min_p, repetition_penalty, greedy)
+    tokens, logprobs = ops.grpo_sample(logits, presence, eos_ids, row_keys, seed, step, min_new_tokens,
+                                       temperature, top_k, top_p, min_p, repetition_penalty, greedy)
     done, presence = ops.grpo_stop_update(tokens, presence, eos_ids)
     x = ops.grpo_compact_rows(x, keep, batch_axis, prefix)
 
@@ -51,9 +51,9 @@ def grpo_silu_mul(x):
     return _run("grpo_silu_mul", x)
 
 
-def grpo_sample(logits, presence, eos_ids, seed: int, step: int, min_new_tokens: int, temperature: float, top_k: int,
-                top_p: float, min_p: float, repetition_penalty: float, greedy: bool):
-    return _run("grpo_sample", logits, presence, eos_ids, int(seed), int(step), int(min_new_tokens),
+def grpo_sample(logits, presence, eos_ids, row_keys, seed: int, step: int, min_new_tokens: int, temperature: float,
+                top_k: int, top_p: float, min_p: float, repetition_penalty: float, greedy: bool):
+    return _run("grpo_sample", logits, presence, eos_ids, row_keys, int(seed), int(step), int(min_new_tokens),
                 float(temperature), int(top_k), float(top_p), float(min_p), float(repetition_penalty), bool(greedy))
 
 

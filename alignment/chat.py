@@ -1,0 +1,131 @@
+"""Chat with a model folder or a checkpoint, the way training prompted it:
+
+    python -m alignment.chat output/tiny/checkpoint-40                 # type prompts; answers stream back
+    python -m alignment.chat output/tiny/checkpoint-40 --prompts questions.txt --greedy
+
+Each prompt is answered on its own (a single user turn, as in training): a line typed on standard
+input, a line of a text file, or a row of a .jsonl dataset (any layout the trainer reads). The chat
+template is the folder's tokenizer's; the system prompt, the sampling settings and the engine are those
+of the run that wrote the checkpoint (its grpo_config.json), each overridable by a flag.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from alignment.runtime import configure_cpu_runtime, import_paddle
+
+configure_cpu_runtime()
+import_paddle()
+
+import paddle  # noqa: E402
+
+from alignment.config import KEYS, GRPOConfig  # noqa: E402
+from alignment.data import DataError, encode_messages, read_prompt_records  # noqa: E402
+from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
+from alignment.rollout import SamplingParams, build_engine  # noqa: E402
+
+OVERRIDES = {  # flag -> type; each defaults to the training run's value
+    "system_prompt": str,
+    "max_dec_len": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "repetition_penalty": float,
+    "seed": int,
+}
+
+
+def parse_args(argv: list) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m alignment.chat", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a checkpoint folder (output_dir/checkpoint-N) or any Hugging Face-layout model folder")
+    parser.add_argument("--prompts", help="a text file (one prompt per line) or a .jsonl dataset; default: standard input")
+    parser.add_argument("--greedy", action="store_true", help="take the most likely token (evaluation's decoding) instead of sampling")
+    parser.add_argument("--use_fusemt", type=json.loads, choices=[True, False], help="true / false: the fused or the eager engine")
+    for name, kind in OVERRIDES.items():
+        parser.add_argument(f"--{name}", type=kind, help=f"default: the training run's {name}")
+    return parser.parse_args(argv)
+
+
+def chat_config(folder: Path, args: argparse.Namespace) -> GRPOConfig:
+    """The training run's settings (grpo_config.json; defaults for a plain model folder) with the flags applied."""
+    saved = folder / "grpo_config.json"
+    trained = json.loads(saved.read_text()) if saved.is_file() else {}
+    config = GRPOConfig(**{key: value for key, value in trained.items() if key in KEYS})
+    flags = {name: getattr(args, name) for name in [*OVERRIDES, "use_fusemt"] if getattr(args, name) is not None}
+    if "system_prompt" in flags and Path(flags["system_prompt"]).is_file():
+        flags["system_prompt"] = Path(flags["system_prompt"]).read_text()
+    return dataclasses.replace(config, **flags)
+
+
+def read_prompts(path: str | None):
+    """-> an iterator of chat turns: one per line of a text file or standard input, or per dataset row."""
+    if path and path.endswith(".jsonl"):
+        yield from (record.messages for record in read_prompt_records(path))
+        return
+    stream = open(path) if path else sys.stdin
+    interactive = path is None and sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = stream.readline()
+        if not line:
+            return
+        if line.strip():
+            yield ({"role": "user", "content": line.strip()},)
+
+
+class Printer:
+    """Streams one answer: decodes all its tokens so far and prints what is new (a token can end inside
+    a multi-byte character, which decodes to U+FFFD until the next token completes it)."""
+
+    def __init__(self, tokenizer, pad_token_id: int):
+        self.tokenizer, self.pad_token_id = tokenizer, pad_token_id
+        self.ids, self.shown = [], ""
+
+    def __call__(self, tokens) -> None:  # (1,) this step's token, pad once the answer has ended
+        if tokens[0] == self.pad_token_id:
+            return
+        self.ids.append(int(tokens[0]))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            print(text[len(self.shown) :], end="", flush=True)
+            self.shown = text
+
+
+def main(argv: list | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    folder = Path(args.model)
+    if not (folder / "config.json").is_file():
+        print(f"chat: error: {folder} is not a model folder (no config.json there)", file=sys.stderr)
+        return 2
+    config = chat_config(folder, args)
+    tokenizer = load_tokenizer(str(folder))
+    model = load_causal_lm(str(folder))
+    model.eval()
+    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
+    sampling = SamplingParams(
+        max_new_tokens=config.max_dec_len, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+        min_p=config.min_p, repetition_penalty=config.repetition_penalty, greedy=args.greedy,
+    )
+    paddle.seed(config.seed)
+    try:
+        for turns in read_prompts(args.prompts):
+            if args.prompts:
+                print(f"> {turns[-1]['content']}")
+            ids = encode_messages(turns, tokenizer, config.system_prompt)
+            engine.generate([ids], 1, sampling, on_tokens=Printer(tokenizer, tokenizer.pad_token_id))
+            print("\n", flush=True)
+    except (DataError, OSError) as e:
+        print(f"chat: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""python -m alignment.chat: answers stream out exactly as the trainer's engines decode them."""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alignment.chat import Printer, chat_config, parse_args
+from alignment.config import GRPOConfig
+from alignment.data import encode_messages
+from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids
+from alignment.rollout import EagerEngine, SamplingParams
+
+SYSTEM = Path("data/arith/system_prompt.txt").read_text()
+QUESTIONS = ["Mia has 12 apples. She buys 7 more. How many apples does Mia have now?", "What is 6 times 7?"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """The bundled model with the grpo_config.json a training run writes beside it."""
+    folder = tmp_path_factory.mktemp("chat") / "checkpoint-5"
+    shutil.copytree("data/tiny-qwen2", folder)
+    trained = dataclasses.replace(GRPOConfig(), system_prompt=SYSTEM, max_dec_len=24, temperature=0.7, top_k=5, use_fusemt=True)
+    (folder / "grpo_config.json").write_text(trained.to_json())
+    return folder
+
+
+def greedy_answers(folder: Path, questions: list) -> list:
+    tokenizer, model = load_tokenizer(str(folder)), load_causal_lm(str(folder))
+    engine = EagerEngine(model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
+    prompts = [encode_messages(({"role": "user", "content": q},), tokenizer, SYSTEM) for q in questions]
+    rollout = engine.generate(prompts, 1, SamplingParams(max_new_tokens=24, greedy=True))
+    return [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True) for row, n in zip(rollout.completion_ids, rollout.lengths)]
+
+
+def chat(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "alignment.chat", *args], input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def test_greedy_answers_equal_the_engine_from_a_file_and_from_stdin(tmp_path, checkpoint):
+    expected = greedy_answers(checkpoint, QUESTIONS)
+    prompts = tmp_path / "questions.txt"
+    prompts.write_text("\n".join(QUESTIONS) + "\n")
+    from_file = chat(str(checkpoint), "--prompts", str(prompts), "--greedy")
+    assert from_file.returncode == 0, from_file.stderr[-2000:]
+    assert from_file.stdout == "".join(f"> {q}\n{a}\n\n" for q, a in zip(QUESTIONS, expected))
+
+    piped = chat(str(checkpoint), "--greedy", "--use_fusemt", "false", stdin="\n".join(QUESTIONS) + "\n")
+    assert piped.returncode == 0, piped.stderr[-2000:]
+    assert piped.stdout == "".join(f"{a}\n\n" for a in expected)
+
+
+def test_a_jsonl_dataset_is_read_like_training_data(tmp_path, checkpoint):
+    dataset = tmp_path / "questions.jsonl"
+    dataset.write_text("".join(json.dumps({"src": q, "tgt": "0"}) + "\n" for q in QUESTIONS))
+    done = chat(str(checkpoint), "--prompts", str(dataset), "--greedy")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("> ") == 2 and QUESTIONS[1] in done.stdout
+
+
+def test_settings_come_from_the_training_run_and_flags_override_them(checkpoint):
+    config = chat_config(checkpoint, parse_args([str(checkpoint)]))
+    assert (config.system_prompt, config.max_dec_len, config.temperature, config.top_k, config.use_fusemt) == (SYSTEM, 24, 0.7, 5, True)
+    config = chat_config(checkpoint, parse_args([str(checkpoint), "--temperature", "0.2", "--use_fusemt", "false", "--system_prompt", "Hi."]))
+    assert (config.temperature, config.use_fusemt, config.system_prompt, config.top_k) == (0.2, False, "Hi.", 5)
+    plain = chat_config(Path("data/tiny-qwen2"), parse_args(["data/tiny-qwen2"]))
+    assert plain == GRPOConfig()  # a model folder without a training run: the trainer's defaults
+
+
+def test_streamed_pieces_add_up_to_the_decoded_answer(capsys):
+    tokenizer = load_tokenizer("data/tiny-qwen2")
+    text = "12 + 7 = 19 ✓ — 答案是十九"  # multi-byte characters may span tokens
+    ids = tokenizer.encode(text, add_special_tokens=False)  # 33 byte-level tokens; e.g. 答 ends mid-token
+    printer = Printer(tokenizer, tokenizer.pad_token_id)
+    for token in [*ids, tokenizer.pad_token_id]:  # pad: the answer has ended
+        printer([token])
+    assert capsys.readouterr().out == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_a_folder_without_a_model_is_a_clear_error(tmp_path):
+    done = chat(str(tmp_path))
+    assert done.returncode == 2
+    assert f"chat: error: {tmp_path} is not a model folder (no config.json there)" in done.stderr

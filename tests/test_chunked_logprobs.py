@@ -1,0 +1,189 @@
+"""chunked_token_logprobs (alignment/algo.py) against float64 and against the unchunked path's autograd,
+and completion_hidden + output_head (alignment/modeling.py) against completion_logits."""
+
+import contextlib
+
+import numpy as np
+import paddle
+import pytest
+from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
+
+from alignment.algo import chunked_token_logprobs, token_logprobs
+from alignment.modeling import completion_hidden, completion_logits, make_token_batch, output_head
+from alignment.runtime import contiguous_kernels
+
+B, T, H, V = 2, 5, 8, 13  # 10 tokens: chunks of 3 leave a remainder, 64 is more than all of them
+CHUNKS = [1, 3, 4, 10, 64]
+TEMPERATURE = 0.7
+
+
+def qwen2_untied_head_bias():
+    paddle.seed(13)
+    model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, lm_head_bias=True, **SHAPE))
+    model.lm_head.bias.set_value(paddle.randn([VOCAB]) * 0.5)  # initialised to zero; make it count
+    return model
+
+
+def qwen3_tied():
+    paddle.seed(14)
+    return Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=True, **SHAPE))
+
+
+MODELS = pytest.mark.parametrize(
+    "build",
+    [qwen2_tied, qwen2_untied_head_bias, llama_untied, qwen3_tied],
+    ids=["qwen2-tied", "qwen2-untied-head-bias", "llama-untied", "qwen3-tied"],
+)
+
+
+def random_inputs(with_bias: bool, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "hidden": rng.normal(size=(B, T, H)) * 2.0,  # logits of a few units, as a real head gives
+        "weight": rng.normal(size=(V, H)),
+        "bias": rng.normal(size=V) if with_bias else None,
+        "tokens": rng.integers(0, V, size=(B, T)),
+        "upstream": rng.normal(size=(B, T)),  # the loss's weight on each log-prob: a non-uniform gradient
+    }
+
+
+def tensors(inputs: dict, trainable=("hidden", "weight", "bias")) -> dict:
+    """float64 arrays -> float32 paddle tensors; those named in `trainable` require gradients."""
+    out = {}
+    for name, value in inputs.items():
+        if value is None:
+            out[name] = None
+            continue
+        out[name] = paddle.to_tensor(value.astype(np.int64 if name == "tokens" else np.float32))
+        out[name].stop_gradient = name not in trainable
+    return out
+
+
+def unchunked_logprobs(t: dict) -> paddle.Tensor:
+    logits = paddle.matmul(t["hidden"], t["weight"], transpose_y=True)
+    if t["bias"] is not None:
+        logits = logits + t["bias"]
+    return token_logprobs(logits, t["tokens"], TEMPERATURE)
+
+
+def gradients(t: dict, logprobs: paddle.Tensor) -> dict:
+    (logprobs * t["upstream"]).sum().backward()
+    return {name: None if t[name] is None or t[name].grad is None else t[name].grad.numpy() for name in ("hidden", "weight", "bias")}
+
+
+@pytest.mark.parametrize("chunk_tokens", CHUNKS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_logprobs_and_entropy_against_float64(chunk_tokens, with_bias):
+    inputs = random_inputs(with_bias)
+    logits = inputs["hidden"] @ inputs["weight"].T + (inputs["bias"] if with_bias else 0.0)  # (B, T, V) float64
+    scaled = logits / TEMPERATURE
+    logp64 = scaled - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True)) - scaled.max(-1, keepdims=True)
+    t = tensors(inputs)
+    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens)
+    np.testing.assert_allclose(logprobs.numpy(), np.take_along_axis(logp64, inputs["tokens"][..., None], -1)[..., 0], atol=1e-5)
+    np.testing.assert_allclose(entropy.numpy(), -(np.exp(logp64) * logp64).sum(-1), atol=1e-5)
+    assert logprobs.shape == entropy.shape == [B, T] and entropy.stop_gradient and not logprobs.stop_gradient
+
+
+@pytest.mark.parametrize("chunk_tokens", CHUNKS)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("kernels", [contextlib.nullcontext, contiguous_kernels], ids=["strided", "contiguous"])
+def test_gradients_equal_the_unchunked_path(chunk_tokens, with_bias, kernels):
+    """Under both kernel modes: the trainer's update runs under contiguous_kernels, where slices are copies."""
+    inputs = random_inputs(with_bias, seed=1)
+    reference = tensors(inputs)
+    expected = gradients(reference, unchunked_logprobs(reference))
+    t = tensors(inputs)
+    with kernels():
+        logprobs, _ = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens)
+        np.testing.assert_allclose(logprobs.numpy(), unchunked_logprobs(reference).numpy(), atol=1e-6)
+        got = gradients(t, logprobs)
+    for name in ("hidden", "weight", "bias"):
+        if with_bias or name != "bias":
+            np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "trainable",
+    [("hidden",), ("weight", "bias"), ("hidden", "bias"), ()],
+    ids=["frozen-head", "frozen-hidden", "frozen-weight", "nothing-trains"],
+)
+def test_frozen_inputs_get_no_gradient(trainable):
+    inputs = random_inputs(with_bias=True, seed=2)
+    reference, t = tensors(inputs, trainable), tensors(inputs, trainable)
+    logprobs, _ = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, 3)
+    assert logprobs.stop_gradient == (not trainable)
+    if not trainable:
+        return
+    expected = gradients(reference, unchunked_logprobs(reference))
+    got = gradients(t, logprobs)
+    for name in ("hidden", "weight", "bias"):
+        if name in trainable:
+            np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
+        else:
+            assert got[name] is None, name
+
+
+def test_no_grad_gives_the_same_values():
+    t = tensors(random_inputs(with_bias=False, seed=3))
+    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], None, t["tokens"], TEMPERATURE, 4)
+    with paddle.no_grad():
+        frozen_logprobs, frozen_entropy = chunked_token_logprobs(t["hidden"], t["weight"], None, t["tokens"], TEMPERATURE, 4)
+    np.testing.assert_array_equal(frozen_logprobs.numpy(), logprobs.numpy())
+    np.testing.assert_array_equal(frozen_entropy.numpy(), entropy.numpy())
+    assert frozen_logprobs.stop_gradient
+
+
+def test_chunk_tokens_must_be_positive():
+    t = tensors(random_inputs(with_bias=False))
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        chunked_token_logprobs(t["hidden"], t["weight"], None, t["tokens"], TEMPERATURE, 0)
+
+
+def token_batch():
+    rng = np.random.default_rng(4)
+    completions = rng.integers(1, VOCAB, size=(len(PROMPTS), 6))
+    mask = np.ones(completions.shape, dtype=np.float32)
+    mask[1, 4:] = 0  # one completion ends early: right padding
+    return make_token_batch(PROMPTS, completions, mask, PAD)
+
+
+@MODELS
+def test_head_of_completion_hidden_is_completion_logits(build):
+    model, batch = build(), token_batch()
+    model.eval()
+    with paddle.no_grad():
+        weight, bias = output_head(model)
+        logits = paddle.matmul(completion_hidden(model, batch), weight, transpose_y=True)
+        if bias is not None:
+            logits = logits + bias
+        # not bit-equal: the head's matmul over (B, T) rows instead of (B, P+T) rows rounds differently
+        np.testing.assert_allclose(logits.numpy(), completion_logits(model, batch).numpy(), rtol=0, atol=1e-5)
+    assert (bias is not None) == (build is qwen2_untied_head_bias)
+    assert (weight is model.model.embed_tokens.weight) == model.config.tie_word_embeddings  # tied: one Parameter, used twice
+
+
+@MODELS
+def test_model_gradients_equal_the_unchunked_path(build):
+    """Every parameter's gradient of a masked, advantage-weighted loss, including a tied embedding's, which
+    collects one gradient through the embedding lookup and one through the PyLayer."""
+    model, batch = build(), token_batch()
+    model.eval()  # no dropout either way; gradients still flow
+    coefficients = paddle.to_tensor(np.random.default_rng(5).normal(size=batch.completion_ids.shape).astype(np.float32))
+    weights = coefficients * batch.completion_mask  # (B, T)
+
+    def parameter_gradients(logprobs):
+        (logprobs * weights).sum().backward()
+        grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}
+        model.clear_gradients()
+        return grads
+
+    weight, bias = output_head(model)
+    with contiguous_kernels():  # as the trainer's update runs
+        expected = parameter_gradients(token_logprobs(completion_logits(model, batch), batch.completion_ids, TEMPERATURE))
+        logprobs, _ = chunked_token_logprobs(completion_hidden(model, batch), weight, bias, batch.completion_ids, TEMPERATURE, 5)
+        got = parameter_gradients(logprobs)
+    assert got.keys() == expected.keys()
+    for name in expected:  # float32 rounding, relative to each tensor's largest gradient (about 6e-7 seen)
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-5 * np.abs(expected[name]).max(), err_msg=name)

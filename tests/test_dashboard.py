@@ -1,0 +1,198 @@
+"""The VisualDL dashboard shows a run's scalars: a log written with LogWriter under the tags RunLogger uses,
+served by the real `visualdl` command, read back through its HTTP API and drawn by headless Chromium.
+Run with `pytest -m browser`; the page test skips where no Chromium is installed (`apt-get install chromium`)."""
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from processes import stop
+from reward_servers import free_port
+from visualdl import LogWriter
+
+pytestmark = pytest.mark.browser
+
+# tag -> [(step, value)] as RunLogger writes them: train/* every step, eval/* every eval_steps.
+# Values are exact in float32, which is what VisualDL stores.
+SCALARS = {
+    "train/reward_mean": [(1, 0.25), (2, 0.375), (3, 0.5), (4, 0.625), (5, 0.75)],
+    "train/accuracy": [(1, 0.125), (2, 0.25), (3, 0.25), (4, 0.375), (5, 0.5)],
+    "eval/accuracy": [(0, 0.0), (5, 0.5)],
+}
+API = "/app/api"  # VisualDL serves the page under its public path /app, and the API under /app/api
+
+
+def wait_for(read, done, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done(seen := read()):
+            return seen
+        time.sleep(0.2)
+    pytest.fail(f"waited {timeout:g} s for {what}; last saw {seen!r}")
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    """(url, logdir) of a running `visualdl` serving a three-tag log."""
+    folder = tmp_path_factory.mktemp("dashboard")
+    logdir = str(folder / "vdl_log")
+    with LogWriter(logdir=logdir) as writer:
+        for tag, points in SCALARS.items():
+            for step, value in points:
+                writer.add_scalar(tag=tag, value=value, step=step)
+
+    port = free_port()
+    # --language en: without it, a request with no English or Chinese Accept-Language gets a 500 on the page;
+    # --disable-telemetry: no update check over the network and no analytics script in the page
+    command = [os.path.join(os.path.dirname(sys.executable), "visualdl"), "--logdir", logdir,
+               "--host", "127.0.0.1", "--port", str(port), "--language", "en", "--disable-telemetry"]
+    with open(folder / "visualdl.txt", "w+") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for(lambda: answers(url, process, output), bool, f"visualdl to answer at {url}")
+            yield url, logdir
+        finally:
+            stop(process, timeout=10)
+
+
+def answers(url: str, process: subprocess.Popen, output) -> bool:
+    if process.poll() is not None:
+        output.seek(0)
+        pytest.fail(f"visualdl exited with code {process.returncode}:\n{output.read()}")
+    try:
+        return httpx.get(f"{url}/alive", timeout=1).status_code == 204
+    except httpx.TransportError:
+        return False
+
+
+def api(url: str, path: str, **params):
+    reply = httpx.get(f"{url}{API}/{path}", params=params, timeout=30).json()  # {"status", "msg", "data"}
+    assert reply["status"] == 0, reply
+    return reply["data"]
+
+
+def test_api_serves_the_written_scalars(dashboard):
+    url, logdir = dashboard
+    tags = api(url, "scalar/tags")
+    assert tags["runs"] == [logdir]  # a run is named by its logdir as given on the command line
+    assert sorted(tags["tags"][0]) == sorted(SCALARS)
+    for tag, points in SCALARS.items():
+        rows = api(url, "scalar/list", run=logdir, tag=tag)  # [[wall time ms, step, value], ...]
+        assert [(step, value) for _, step, value in rows] == points, tag
+
+
+class Chromium:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe): commands
+    go in on its fd 3, replies and events come out on its fd 4, each a JSON text ended by a NUL byte."""
+
+    def __init__(self, binary: str, folder):
+        commands_in, self.commands = os.pipe()
+        self.replies, replies_out = os.pipe()
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--window-size=1400,1000", f"--user-data-dir={folder / 'profile'}", "--remote-debugging-pipe"]
+        self.log = folder / "chromium.txt"
+        with open(self.log, "w") as log:
+            # bash moves the pipe ends onto fds 3 and 4 (dash takes only one-digit fds), then becomes Chromium
+            self.process = subprocess.Popen(
+                ["bash", "-c", f'exec "$0" "$@" 3<&{commands_in} 4>&{replies_out}', binary, *flags],
+                pass_fds=(commands_in, replies_out), stdout=log, stderr=subprocess.STDOUT)
+        os.close(commands_in)
+        os.close(replies_out)
+        self.pending, self.last_id = b"", 0
+
+    def call(self, method: str, session: str | None = None, timeout: float = 30.0, **params) -> dict:
+        self.last_id += 1
+        message = {"id": self.last_id, "method": method, "params": params} | ({"sessionId": session} if session else {})
+        os.write(self.commands, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" not in self.pending:
+                if not select.select([self.replies], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                    raise TimeoutError(f"Chromium did not answer {method} within {timeout:g} s (log: {self.log})")
+                chunk = os.read(self.replies, 1 << 16)
+                if not chunk:
+                    raise EOFError(f"Chromium closed its DevTools pipe (log: {self.log})")
+                self.pending += chunk
+            text, self.pending = self.pending.split(b"\0", 1)
+            reply = json.loads(text)
+            if reply.get("id") == self.last_id:  # anything else is an event, not needed here
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def open(self, url: str) -> str:
+        target = self.call("Target.createTarget", url=url)["targetId"]
+        return self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def evaluate(self, session: str, expression: str):
+        result = self.call("Runtime.evaluate", session, expression=expression, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}\n{result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def close(self) -> None:
+        os.close(self.commands)  # Chromium exits when its DevTools pipe closes
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self.replies)
+
+
+@pytest.fixture
+def chromium(tmp_path):
+    binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+    if binary is None:
+        pytest.skip("no Chromium found (chromium, chromium-browser, google-chrome): `apt-get install chromium`")
+    browser = Chromium(binary, tmp_path)
+    try:
+        yield browser
+    finally:
+        browser.close()
+
+
+GROUP_TITLES = "[...document.querySelectorAll('h3')].map(h => h.textContent)"
+LINE_PIXELS = 200  # a drawn five-point line is 700 to 1,000 pixels; it animates in, so wait for a good part of it
+# Every chart on the page as {title, points, blue}: its title and first series read back from the page's own
+# echarts instance (chart titles are drawn on the canvas, not in the DOM), and how many of its canvas pixels
+# are the strong blue of a run's line. The title, axes and grid (black and greys) have none, the loading
+# spinner a few dozen.
+CHARTS = """(async () => {
+    const echarts = await import("/app/__snowpack__/pkg/echarts.js");  // the module the page uses
+    return [...document.querySelectorAll("[_echarts_instance_]")].map(div => {
+        const option = echarts.getInstanceByDom(div).getOption();
+        const canvas = div.querySelector("canvas");
+        const rgba = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+        let blue = 0;
+        for (let i = 0; i < rgba.length; i += 4) blue += rgba[i + 3] > 0 && rgba[i + 2] > 150 && rgba[i] < 120;
+        // series[0].data rows: [wall time ms, step, value, smoothed value, relative time]; no series until loaded
+        const rows = option.series[0]?.data ?? [];
+        return {title: option.title[0]?.text, points: rows.map(row => [row[1], row[2]]), blue};
+    });
+})()"""
+
+
+def test_scalar_page_draws_the_reward_chart(dashboard, chromium):
+    url, _ = dashboard
+    page = chromium.open(f"{url}/app/scalar")
+    # charts come in groups by tag prefix, sorted; only the first group ("eval") starts open.
+    # Until the tags arrive the page shows "Loading..." placeholders (and about:blank before that).
+    groups = wait_for(lambda: chromium.evaluate(page, GROUP_TITLES), lambda titles: "train" in titles, "the tag groups")
+    assert groups == ["eval", "train"]
+    chromium.evaluate(page, "[...document.querySelectorAll('h3')].find(h => h.textContent === 'train').click()")
+
+    charts = wait_for(
+        lambda: {chart["title"]: chart for chart in chromium.evaluate(page, CHARTS)},
+        lambda charts: charts.keys() == SCALARS.keys() and all(c["blue"] > LINE_PIXELS for c in charts.values()),
+        "the three charts to draw their lines",
+    )
+    for tag, points in SCALARS.items():
+        assert [tuple(point) for point in charts[tag]["points"]] == points, tag
