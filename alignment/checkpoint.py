@@ -9,7 +9,8 @@ when the source model had one; transformers loads it as is, and `python -m align
 without the training state), the tokenizer, grpo_config.json (the resolved config), optimizer.pdopt (AdamW
 moments and the learning-rate schedule), trainer_state.json (the step, and how far metrics.jsonl and
 completions.jsonl had been written). No random-number state is saved: every phase of every step
-reseeds from (seed, step, rank), so a resumed run draws what an uninterrupted one would.
+reseeds from (seed, step, phase) (and the rank, for paddle's generator), so a resumed run draws what
+an uninterrupted one would.
 """
 
 import json

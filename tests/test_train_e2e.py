@@ -120,7 +120,9 @@ def test_training_reward_rises_within_a_few_steps(tmp_path):
     launch(tmp_path, "--max_steps", "16", "--learning_rate", "1e-4", "--eval_datasets", "", "--log_completions_per_step", "0")
     rewards = [s["reward_mean"] for s in read_jsonl(tmp_path / "out" / "metrics.jsonl") if "reward_mean" in s]
     first, last = np.mean(rewards[:4]), np.mean(rewards[-4:])
-    assert last >= first + 0.15, f"training reward went from {first:.3f} (steps 1-4) to {last:.3f} (steps 13-16)"
+    # Each 4-step mean averages 256 rewards of spread ~0.5, so the difference of two has a standard error
+    # of about 0.045: a rise of 0.10 is over 2 standard errors (learning runs measured +0.15 to +0.2).
+    assert last >= first + 0.10, f"training reward went from {first:.3f} (steps 1-4) to {last:.3f} (steps 13-16)"
 
 
 @pytest.mark.slow
