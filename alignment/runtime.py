@@ -2,7 +2,8 @@
 
 Measured on the 2-core AMD EPYC build machine (bench/RESULTS.md, ../shared/DESIGN.md):
 - MKL_DEBUG_CPU_TYPE=5 makes paddle's bundled MKL take its AVX2 path on AMD (1024^3 matmul 37 -> 162 GFLOP/s
-  together with the thread count).
+  together with the thread count). Set on AMD CPUs only: on an Intel Xeon it holds MKL back from its AVX-512
+  path (on a 2-core one, 1024^3 330 -> 200 GFLOP/s, and a policy update of bench/bench_step.py 1.3x slower).
 - Contiguous kernels (FLAGS_use_stride_kernel off) make transpose/slice produce contiguous tensors; with
   paddle 3.3.1's default (strided views) the attention of paddleformers' Qwen2 spends most of a decode
   step copying strided views: one decode step of the tiny model at batch 64 took 135 ms with the default
@@ -28,6 +29,14 @@ def _threads_per_process() -> int:
     return max(1, cores // max(1, processes))
 
 
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
+    except OSError:  # not Linux
+        return ""
+
+
 def configure_cpu_runtime() -> None:
     forced = os.environ.get("GRPO_CPU_THREADS")
     launched = "PADDLE_LOCAL_SIZE" in os.environ
@@ -35,7 +44,8 @@ def configure_cpu_runtime() -> None:
         os.environ["OMP_NUM_THREADS"] = forced
     elif "OMP_NUM_THREADS" not in os.environ or (launched and os.environ["OMP_NUM_THREADS"] == "1"):
         os.environ["OMP_NUM_THREADS"] = str(_threads_per_process())
-    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    if _cpu_vendor() == "AuthenticAMD":
+        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     # Library chatter that says nothing about this run.
     warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")
     warnings.filterwarnings("ignore", message="No ccache found")

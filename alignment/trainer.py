@@ -11,6 +11,7 @@ import functools
 import math
 import os
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from alignment.config import GRPOConfig
 from alignment.curves import plot_curves
 from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
+from alignment.fused_train import use_training_ops
 from alignment.logger import RunLogger
 from alignment.modeling import (
     completion_hidden,
@@ -66,6 +68,10 @@ def train(config: GRPOConfig) -> Path:
     model = load_causal_lm(str(resume or config.actor_model_name_or_path), _dtype(config))
     if config.recompute:
         enable_recompute(model, config.recompute_granularity)
+    if config.use_fused_train_ops:
+        why_not = use_training_ops(model)
+        if why_not:
+            warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
     ref_model = None
     if config.kl_loss_coeff > 0:  # kl_loss_coeff = 0 loads no reference model at all
         ref_model = load_causal_lm(config.actor_model_name_or_path, _dtype(config))

@@ -1,5 +1,5 @@
-"""Seconds per GRPO step and per phase for one fixed workload: the eager engine against the fused one
-(use_fusemt), and with --trl-python TRL's GRPOTrainer on the same workload (bench/trl_step.py).
+"""Seconds per GRPO step and per phase for one fixed workload: the eager engine with paddle's own kernels
+against the fused one (use_fusemt and use_fused_train_ops), and with --trl-python TRL's GRPOTrainer on the same workload (bench/trl_step.py).
 
     .venv/bin/python bench/bench_step.py [--max_steps 6] [--engines eager,fused]
         [--trl-python /work/torch-venv/bin/python] [-- extra run_grpo overrides]
@@ -51,7 +51,8 @@ def run_paddle(engine: str, max_steps: int, overrides: list):
     """-> the JSON object for one engine, or None (reason on stderr)."""
     out = REPO / f"output/bench-step-{engine}"
     shutil.rmtree(out, ignore_errors=True)
-    settings = {**WORKLOAD, "max_steps": str(max_steps), "output_dir": str(out), "use_fusemt": "true" if engine == "fused" else "false"}
+    settings = {**WORKLOAD, "max_steps": str(max_steps), "output_dir": str(out), "use_fusemt": "true" if engine == "fused" else "false",
+                "use_fused_train_ops": "true" if engine == "fused" else "false"}
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir", str(out / "launch_log"),
         "run_grpo.py", "config/tiny/grpo_argument.json", *[a for key, value in settings.items() for a in (f"--{key}", value)], *overrides,

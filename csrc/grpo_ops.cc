@@ -1,9 +1,12 @@
 // Fused operators of the rollout engine (alignment/rollout): RMSNorm with the residual add, rotary
 // embedding fused with the KV-cache write, attention over the static cache, SwiGLU, sampling with
-// logit shaping, stop bookkeeping and in-place row compaction of the cache.
+// logit shaping, stop bookkeeping and in-place row compaction of the cache. And the training
+// operators of the actor's forward and backward (alignment/fused_train.py, 8-10 below, and
+// grpo_silu_mul's backward).
 //
 // CPU kernels are float32, OpenMP-parallel over rows/heads, with vectorisable inner loops. Every op
-// validates its inputs here; tensors on a GPU then go to the launchers of grpo_ops.cu.
+// validates its inputs here; tensors on a GPU then go to the launchers of grpo_ops.cu (the training
+// operators have CPU kernels only).
 //
 // Cache layout used by all attention ops: [L, 2, Bcap, S, KVH, D], one buffer for every layer;
 // cache[layer, 0] holds rotated keys and cache[layer, 1] values; slot s of row b holds token s.
@@ -42,6 +45,12 @@ bool on_gpu(const paddle::Tensor& t, const char* op) {
   return true;
 }
 
+// The training operators (8-10 and the backward of 4) have CPU kernels only: on a GPU, paddle's own
+// fused kernels serve training.
+void cpu_only(const paddle::Tensor& t, const char* op) {
+  PD_CHECK(t.is_cpu(), op, ": CPU kernels only (a training operator), got a tensor on ", t.place().DebugString());
+}
+
 // Inputs may be strided views when paddle's stride kernels are on; kernels index densely.
 paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
@@ -70,6 +79,21 @@ inline float exp_nonpos(float x) {
 
 // ---------------------------------------------------------------------------------------------
 // 1. grpo_add_rms_norm
+
+// 1 / sqrt(mean(h^2) + eps) of one row h (hd,).
+inline float rms_inverse(const float* h, int64_t hd, float eps) {
+  float sumsq = 0.0f;
+#pragma omp simd reduction(+ : sumsq)
+  for (int64_t j = 0; j < hd; ++j) sumsq += h[j] * h[j];
+  return 1.0f / std::sqrt(sumsq / static_cast<float>(hd) + eps);
+}
+
+// out = weight * (h * inv), in the order of Qwen2RMSNorm: rsqrt(mean(h^2) + eps) * h, then weight * that.
+inline void rms_norm_row(const float* h, const float* w, float* out, int64_t hd, float eps) {
+  const float inv = rms_inverse(h, hd, eps);
+#pragma omp simd
+  for (int64_t j = 0; j < hd; ++j) out[j] = w[j] * (h[j] * inv);
+}
 
 std::vector<paddle::Tensor> AddRmsNorm(const paddle::Tensor& x_in, const paddle::optional<paddle::Tensor>& residual_in,
                                        const paddle::Tensor& weight_in, float eps) {
@@ -112,27 +136,14 @@ std::vector<paddle::Tensor> AddRmsNorm(const paddle::Tensor& x_in, const paddle:
   for (int64_t i = 0; i < rows; ++i) {
     const float* xi = x + i * hd;
     float* roi = ro + i * hd;
-    float* oi = o + i * hd;
-    float sumsq = 0.0f;
     if (r) {
       const float* ri = r + i * hd;
-#pragma omp simd reduction(+ : sumsq)
-      for (int64_t j = 0; j < hd; ++j) {
-        const float h = xi[j] + ri[j];
-        roi[j] = h;
-        sumsq += h * h;
-      }
-    } else {
-#pragma omp simd reduction(+ : sumsq)
-      for (int64_t j = 0; j < hd; ++j) {
-        roi[j] = xi[j];
-        sumsq += xi[j] * xi[j];
-      }
-    }
-    // Same order as Qwen2RMSNorm: rsqrt(mean(h^2) + eps) * h, then weight * that.
-    const float inv = 1.0f / std::sqrt(sumsq / static_cast<float>(hd) + eps);
 #pragma omp simd
-    for (int64_t j = 0; j < hd; ++j) oi[j] = w[j] * (roi[j] * inv);
+      for (int64_t j = 0; j < hd; ++j) roi[j] = xi[j] + ri[j];
+    } else {
+      std::memcpy(roi, xi, hd * sizeof(float));
+    }
+    rms_norm_row(roi, w, o + i * hd, hd, eps);
   }
   return {out, residual_out};
 }
@@ -357,6 +368,13 @@ std::vector<paddle::DataType> CacheAttentionDtype(const paddle::DataType& q, con
 // ---------------------------------------------------------------------------------------------
 // 4. grpo_silu_mul
 
+// sigmoid from the exp of a non-positive argument, so the loops over it vectorise: e = exp(-|a|).
+#pragma omp declare simd
+inline float sigmoid(float a) {
+  const float e = exp_nonpos(-std::fabs(a));
+  return (a >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
 std::vector<paddle::Tensor> SiluMul(const paddle::Tensor& x_in) {
   const char* op = "grpo_silu_mul";
   check_dtype(x_in, paddle::DataType::FLOAT32, op, "x");
@@ -381,9 +399,37 @@ std::vector<paddle::Tensor> SiluMul(const paddle::Tensor& x_in) {
     const float* u = a + inter;
     float* orow = o + r * inter;
 #pragma omp simd
-    for (int64_t i = 0; i < inter; ++i) orow[i] = a[i] / (1.0f + std::exp(-a[i])) * u[i];
+    for (int64_t i = 0; i < inter; ++i) orow[i] = a[i] * sigmoid(a[i]) * u[i];
   }
   return {out};
+}
+
+// With s = sigmoid(a): d silu(a) / da = s (1 + a (1 - s)), so x@GRAD = [dy u s (1 + a (1 - s)) | dy a s].
+std::vector<paddle::Tensor> SiluMulGrad(const paddle::Tensor& x_in, const paddle::Tensor& dout_in) {
+  cpu_only(x_in, "grpo_silu_mul (backward)");
+  const int64_t inter = x_in.shape().back() / 2;
+  const int64_t rows = inter ? x_in.numel() / (2 * inter) : 0;
+  auto dx = paddle::empty(x_in.shape(), paddle::DataType::FLOAT32, x_in.place());
+  const auto x_t = dense(x_in), d_t = dense(dout_in);
+  const float* x = x_t.data<float>();
+  const float* dout = d_t.data<float>();
+  float* g = dx.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = x + r * 2 * inter;
+    const float* u = a + inter;
+    const float* dy = dout + r * inter;
+    float* da = g + r * 2 * inter;
+    float* du = da + inter;
+#pragma omp simd
+    for (int64_t i = 0; i < inter; ++i) {
+      const float sg = sigmoid(a[i]);
+      const float dys = dy[i] * sg;
+      du[i] = dys * a[i];
+      da[i] = dys * u[i] * (1.0f + a[i] * (1.0f - sg));
+    }
+  }
+  return {dx};
 }
 
 std::vector<std::vector<int64_t>> SiluMulShape(const std::vector<int64_t>& x) {
@@ -758,6 +804,323 @@ std::vector<std::vector<int64_t>> CompactRowsShape(const std::vector<int64_t>& x
 
 std::vector<paddle::DataType> CompactRowsDtype(const paddle::DataType& x, const paddle::DataType&) { return {x}; }
 
+// ---------------------------------------------------------------------------------------------
+// Training operators (alignment/fused_train.py): the actor's RMSNorm, rotary embedding and masked
+// softmax with their backward kernels, in place of paddle's chains of broadcast elementwise ops.
+// Backward kernels get their inputs from autograd, shaped as the forward validated them.
+
+// The gradient of a parameter broadcast over rows (a norm's weight, a bias) [n]: each thread sums its rows
+// into its own [n] partial, and total() adds the partials up in thread order, so the result is the same
+// on every run with the same thread count.
+class ThreadSums {
+ public:
+  explicit ThreadSums(int64_t n) : n_(n), threads_(omp_get_max_threads()), partial_(threads_ * n, 0.0f) {}
+  int threads() const { return threads_; }
+  float* mine() { return partial_.data() + omp_get_thread_num() * n_; }  // inside the parallel region
+  void total(float* out) const {
+    std::fill(out, out + n_, 0.0f);
+    for (int t = 0; t < threads_; ++t)
+#pragma omp simd
+      for (int64_t j = 0; j < n_; ++j) out[j] += partial_[t * n_ + j];
+  }
+
+ private:
+  int64_t n_;
+  int threads_;
+  std::vector<float> partial_;  // [threads, n]
+};
+
+// 8. grpo_rms_norm: weight * x / sqrt(mean(x^2) + eps) over the last axis.
+
+std::vector<paddle::Tensor> RmsNorm(const paddle::Tensor& x_in, const paddle::Tensor& weight_in, float eps) {
+  const char* op = "grpo_rms_norm";
+  check_dtype(x_in, paddle::DataType::FLOAT32, op, "x");
+  check_dtype(weight_in, paddle::DataType::FLOAT32, op, "weight");
+  check_place(weight_in, x_in, op, "weight");
+  cpu_only(x_in, op);
+  const auto shape = x_in.shape();
+  PD_CHECK(!shape.empty(), op, ": x must be [..., Hd], got a scalar");
+  const int64_t hd = shape.back();
+  PD_CHECK(weight_in.shape() == std::vector<int64_t>{hd}, op, ": weight must be [Hd] = [", hd, "], got ",
+           shape_str(weight_in.shape()), " for x ", shape_str(shape));
+  const int64_t rows = hd ? x_in.numel() / hd : 0;
+  auto out = paddle::empty(shape, paddle::DataType::FLOAT32, x_in.place());
+  const auto x_t = dense(x_in), w_t = dense(weight_in);
+  const float* x = x_t.data<float>();
+  const float* w = w_t.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) rms_norm_row(x + i * hd, w, o + i * hd, hd, eps);
+  return {out};
+}
+
+// Per row, with inv = 1 / rms(x) and g = dy * w: dx = inv g - x inv^3 mean(g x); dw = sum over rows of dy x inv.
+std::vector<paddle::Tensor> RmsNormGrad(const paddle::Tensor& x_in, const paddle::Tensor& weight_in,
+                                        const paddle::Tensor& dout_in, float eps) {
+  cpu_only(x_in, "grpo_rms_norm (backward)");
+  const int64_t hd = x_in.shape().back();
+  const int64_t rows = hd ? x_in.numel() / hd : 0;
+  auto dx = paddle::empty(x_in.shape(), paddle::DataType::FLOAT32, x_in.place());
+  auto dw = paddle::empty({hd}, paddle::DataType::FLOAT32, x_in.place());
+  const auto x_t = dense(x_in), w_t = dense(weight_in), d_t = dense(dout_in);
+  const float* x = x_t.data<float>();
+  const float* w = w_t.data<float>();
+  const float* dout = d_t.data<float>();
+  float* dxp = dx.data<float>();
+  ThreadSums sums(hd);
+#pragma omp parallel num_threads(sums.threads())
+  {
+    float* acc = sums.mine();
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xi = x + i * hd;
+      const float* dy = dout + i * hd;
+      float* dxi = dxp + i * hd;
+      const float inv = rms_inverse(xi, hd, eps);
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < hd; ++j) dot += dy[j] * w[j] * xi[j];
+      const float c = inv * inv * dot / static_cast<float>(hd);
+#pragma omp simd
+      for (int64_t j = 0; j < hd; ++j) {
+        dxi[j] = inv * (dy[j] * w[j] - xi[j] * c);
+        acc[j] += dy[j] * xi[j] * inv;
+      }
+    }
+  }
+  sums.total(dw.data<float>());
+  return {dx, dw};
+}
+
+std::vector<std::vector<int64_t>> RmsNormShape(const std::vector<int64_t>& x, const std::vector<int64_t>&) {
+  return {x};
+}
+
+std::vector<paddle::DataType> RmsNormDtype(const paddle::DataType& x, const paddle::DataType&) { return {x}; }
+
+// ---------------------------------------------------------------------------------------------
+// 9. grpo_rope_qkv: the q|k|v projections of every token plus their bias -> rotary-embedded q and k, and
+// v, head-major for the attention matmuls (the bias add, reshape, transpose and rotate_half chain of the
+// model's forward; paddle's CPU backward of a broadcast bias add alone took longer than the projection's
+// matmul). qkv [B, T, (H + 2 KVH) D], bias [(H + 2 KVH) D] or none, cos and sin [B, T, D] (the model's
+// rotary embedding at each token's position) -> q [B, H, T, D], k [B, KVH, T, D], v [B, KVH, T, D].
+
+// The transpose of rotate: dx = dy * cos + rotate_half^T(dy) * sin, rotate_half^T(y) = concat(y[D/2:], -y[:D/2]).
+inline void rotate_back(const float* dy, const float* c, const float* s, float* dx, int64_t D) {
+  const int64_t half = D / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    dx[i] = dy[i] * c[i] + dy[i + half] * s[i + half];
+    dx[i + half] = dy[i + half] * c[i + half] - dy[i] * s[i];
+  }
+}
+
+struct HeadMajor {
+  int64_t T, H, KVH, D;
+  // Head n of token (b, t), n counting q heads, then k heads, then v heads, in the [B, heads, T, D] outputs.
+  template <typename P>
+  P at(P q, P k, P v, int64_t b, int64_t t, int64_t n) const {
+    if (n < H) return q + ((b * H + n) * T + t) * D;
+    if (n < H + KVH) return k + ((b * KVH + n - H) * T + t) * D;
+    return v + ((b * KVH + n - H - KVH) * T + t) * D;
+  }
+};
+
+std::vector<paddle::Tensor> RopeQkv(const paddle::Tensor& qkv_in, const paddle::optional<paddle::Tensor>& bias_in,
+                                    const paddle::Tensor& cos_in, const paddle::Tensor& sin_in, int num_heads,
+                                    int num_kv_heads) {
+  const char* op = "grpo_rope_qkv";
+  check_dtype(qkv_in, paddle::DataType::FLOAT32, op, "qkv");
+  check_dtype(cos_in, paddle::DataType::FLOAT32, op, "cos");
+  check_dtype(sin_in, paddle::DataType::FLOAT32, op, "sin");
+  check_place(cos_in, qkv_in, op, "cos");
+  check_place(sin_in, qkv_in, op, "sin");
+  cpu_only(qkv_in, op);
+  const int64_t H = num_heads, KVH = num_kv_heads;
+  PD_CHECK(H > 0 && KVH > 0 && H % KVH == 0, op, ": num_heads (", H, ") must be a positive multiple of num_kv_heads (",
+           KVH, ")");
+  const auto cs = cos_in.shape();
+  PD_CHECK(cs.size() == 3 && cs[2] % 2 == 0 && sin_in.shape() == cs, op,
+           ": cos and sin must both be [B, T, D] with D even, got cos ", shape_str(cs), " sin ",
+           shape_str(sin_in.shape()));
+  const int64_t B = cs[0], T = cs[1], D = cs[2], width = (H + 2 * KVH) * D;
+  PD_CHECK(qkv_in.shape() == (std::vector<int64_t>{B, T, width}), op, ": qkv must be [B, T, (H + 2*KVH) * D] = [", B,
+           ", ", T, ", ", width, "] with H=", H, " KVH=", KVH, " and cos ", shape_str(cs), ", got ",
+           shape_str(qkv_in.shape()));
+  if (bias_in) {
+    check_dtype(*bias_in, paddle::DataType::FLOAT32, op, "bias");
+    check_place(*bias_in, qkv_in, op, "bias");
+    PD_CHECK(bias_in->shape() == std::vector<int64_t>{width}, op, ": bias must be [(H + 2*KVH) * D] = [", width,
+             "], got ", shape_str(bias_in->shape()));
+  }
+  auto q = paddle::empty({B, H, T, D}, paddle::DataType::FLOAT32, qkv_in.place());
+  auto k = paddle::empty({B, KVH, T, D}, paddle::DataType::FLOAT32, qkv_in.place());
+  auto v = paddle::empty({B, KVH, T, D}, paddle::DataType::FLOAT32, qkv_in.place());
+  const auto qkv_t = dense(qkv_in), cos_t = dense(cos_in), sin_t = dense(sin_in);
+  paddle::Tensor bias_t;
+  if (bias_in) bias_t = dense(*bias_in);
+  const float* qkv = qkv_t.data<float>();
+  const float* bias = bias_in ? bias_t.data<float>() : nullptr;
+  const float* cosp = cos_t.data<float>();
+  const float* sinp = sin_t.data<float>();
+  float *qo = q.data<float>(), *ko = k.data<float>(), *vo = v.data<float>();
+  const HeadMajor layout{T, H, KVH, D};
+#pragma omp parallel
+  {
+    std::vector<float> biased(width);  // (width,) one token's projections plus the bias
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const int64_t b = bt / T, t = bt % T;
+      const float* row = qkv + bt * width;
+      if (bias) {
+        float* x = biased.data();
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) x[j] = row[j] + bias[j];
+        row = x;
+      }
+      for (int64_t n = 0; n < H + 2 * KVH; ++n) {
+        float* dst = layout.at(qo, ko, vo, b, t, n);
+        if (n < H + KVH)
+          rotate(row + n * D, cosp + bt * D, sinp + bt * D, dst, D);
+        else
+          std::memcpy(dst, row + n * D, D * sizeof(float));
+      }
+    }
+  }
+  return {q, k, v};
+}
+
+// qkv@GRAD [B, T, width] and bias@GRAD [width], its sum over tokens.
+std::vector<paddle::Tensor> RopeQkvGrad(const paddle::Tensor& cos_in, const paddle::Tensor& sin_in,
+                                        const paddle::Tensor& dq_in, const paddle::Tensor& dk_in,
+                                        const paddle::Tensor& dv_in, int num_heads, int num_kv_heads) {
+  cpu_only(dq_in, "grpo_rope_qkv (backward)");
+  const auto cs = cos_in.shape();
+  const int64_t B = cs[0], T = cs[1], D = cs[2], H = num_heads, KVH = num_kv_heads, width = (H + 2 * KVH) * D;
+  auto dqkv = paddle::empty({B, T, width}, paddle::DataType::FLOAT32, dq_in.place());
+  auto dbias = paddle::empty({width}, paddle::DataType::FLOAT32, dq_in.place());
+  const auto cos_t = dense(cos_in), sin_t = dense(sin_in), dq_t = dense(dq_in), dk_t = dense(dk_in),
+             dv_t = dense(dv_in);
+  const float* cosp = cos_t.data<float>();
+  const float* sinp = sin_t.data<float>();
+  const float *dq = dq_t.data<float>(), *dk = dk_t.data<float>(), *dv = dv_t.data<float>();
+  float* g = dqkv.data<float>();
+  const HeadMajor layout{T, H, KVH, D};
+  ThreadSums sums(width);
+#pragma omp parallel num_threads(sums.threads())
+  {
+    float* acc = sums.mine();
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const int64_t b = bt / T, t = bt % T;
+      float* row = g + bt * width;
+      for (int64_t n = 0; n < H + 2 * KVH; ++n) {
+        const float* src = layout.at(dq, dk, dv, b, t, n);
+        if (n < H + KVH)
+          rotate_back(src, cosp + bt * D, sinp + bt * D, row + n * D, D);
+        else
+          std::memcpy(row + n * D, src, D * sizeof(float));
+      }
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
+    }
+  }
+  sums.total(dbias.data<float>());
+  return {dqkv, dbias};
+}
+
+std::vector<std::vector<int64_t>> RopeQkvShape(const std::vector<int64_t>&, const paddle::optional<std::vector<int64_t>>&,
+                                               const std::vector<int64_t>& cos, const std::vector<int64_t>&,
+                                               int num_heads, int num_kv_heads) {
+  const int64_t B = cos[0], T = cos[1], D = cos[2];
+  return {{B, num_heads, T, D}, {B, num_kv_heads, T, D}, {B, num_kv_heads, T, D}};
+}
+
+std::vector<paddle::DataType> RopeQkvDtype(const paddle::DataType& qkv, const paddle::optional<paddle::DataType>&,
+                                           const paddle::DataType&, const paddle::DataType&) {
+  return {qkv, qkv, qkv};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. grpo_masked_softmax: softmax(scale * scores + mask) over the last axis, the attention weights.
+// scores [B, N, R, L]: N heads or KV-head groups of R query rows each, row r being query r % Lq (a group
+// of G heads sharing one KV head stacks its G x Lq rows, so grouped heads need no repeated keys);
+// mask [B, 1, Lq, L] additive, 0 where a key is visible and a large negative number where not (the
+// mask paddleformers builds). A row whose keys are all masked comes out uniform, as in paddle's softmax.
+
+std::vector<paddle::Tensor> MaskedSoftmax(const paddle::Tensor& scores_in, const paddle::Tensor& mask_in, float scale) {
+  const char* op = "grpo_masked_softmax";
+  check_dtype(scores_in, paddle::DataType::FLOAT32, op, "scores");
+  check_dtype(mask_in, paddle::DataType::FLOAT32, op, "mask");
+  check_place(mask_in, scores_in, op, "mask");
+  cpu_only(scores_in, op);
+  const auto ss = scores_in.shape(), ms = mask_in.shape();
+  PD_CHECK(ss.size() == 4, op, ": scores must be [B, N, R, L], got ", shape_str(ss));
+  const int64_t B = ss[0], N = ss[1], R = ss[2], L = ss[3];
+  PD_CHECK(ms.size() == 4 && ms[0] == B && ms[1] == 1 && ms[2] > 0 && R % ms[2] == 0 && ms[3] == L, op,
+           ": mask must be [B, 1, Lq, L] with R a multiple of Lq for scores ", shape_str(ss), ", got ", shape_str(ms));
+  const int64_t Lq = ms[2];
+  auto out = paddle::empty(ss, paddle::DataType::FLOAT32, scores_in.place());
+  const auto s_t = dense(scores_in), m_t = dense(mask_in);
+  const float* s = s_t.data<float>();
+  const float* mask = m_t.data<float>();
+  float* p = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < B * N * R; ++row) {
+    const float* si = s + row * L;
+    const float* mi = mask + ((row / (N * R)) * Lq + row % R % Lq) * L;
+    float* pi = p + row * L;
+    float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < L; ++j) {
+      pi[j] = si[j] * scale + mi[j];
+      mx = std::max(mx, pi[j]);
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < L; ++j) {
+      pi[j] = exp_nonpos(pi[j] - mx);
+      sum += pi[j];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < L; ++j) pi[j] *= inv;
+  }
+  return {out};
+}
+
+// d scores = scale * p * (dp - sum(dp * p)) per row.
+std::vector<paddle::Tensor> MaskedSoftmaxGrad(const paddle::Tensor& out_in, const paddle::Tensor& dout_in, float scale) {
+  cpu_only(out_in, "grpo_masked_softmax (backward)");
+  const int64_t L = out_in.shape().back();
+  const int64_t rows = L ? out_in.numel() / L : 0;
+  auto ds = paddle::empty(out_in.shape(), paddle::DataType::FLOAT32, out_in.place());
+  const auto p_t = dense(out_in), d_t = dense(dout_in);
+  const float* p = p_t.data<float>();
+  const float* dp = d_t.data<float>();
+  float* g = ds.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* pi = p + row * L;
+    const float* di = dp + row * L;
+    float* gi = g + row * L;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < L; ++j) dot += pi[j] * di[j];
+#pragma omp simd
+    for (int64_t j = 0; j < L; ++j) gi[j] = scale * pi[j] * (di[j] - dot);
+  }
+  return {ds};
+}
+
+std::vector<std::vector<int64_t>> MaskedSoftmaxShape(const std::vector<int64_t>& scores, const std::vector<int64_t>&) {
+  return {scores};
+}
+
+std::vector<paddle::DataType> MaskedSoftmaxDtype(const paddle::DataType& scores, const paddle::DataType&) {
+  return {scores};
+}
+
 }  // namespace
 
 PD_BUILD_OP(grpo_add_rms_norm)
@@ -792,6 +1155,11 @@ PD_BUILD_OP(grpo_silu_mul)
     .SetInferShapeFn(PD_INFER_SHAPE(SiluMulShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(SiluMulDtype));
 
+PD_BUILD_GRAD_OP(grpo_silu_mul)
+    .Inputs({"X", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X")})
+    .SetKernelFn(PD_KERNEL(SiluMulGrad));
+
 PD_BUILD_OP(grpo_sample)
     .Inputs({"Logits", "Presence", "EosIds", "RowKeys"})
     .Outputs({"Tokens", "Logprobs"})
@@ -817,3 +1185,45 @@ PD_BUILD_OP(grpo_compact_rows)
     .SetKernelFn(PD_KERNEL(CompactRows))
     .SetInferShapeFn(PD_INFER_SHAPE(CompactRowsShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(CompactRowsDtype));
+
+PD_BUILD_OP(grpo_rms_norm)
+    .Inputs({"X", "Weight"})
+    .Outputs({"Out"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(RmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(RmsNormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RmsNormDtype));
+
+PD_BUILD_GRAD_OP(grpo_rms_norm)
+    .Inputs({"X", "Weight", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Weight")})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(RmsNormGrad));
+
+PD_BUILD_OP(grpo_rope_qkv)
+    .Inputs({"Qkv", paddle::Optional("Bias"), "Cos", "Sin"})
+    .Outputs({"Q", "K", "V"})
+    .Attrs({"num_heads: int", "num_kv_heads: int"})
+    .SetKernelFn(PD_KERNEL(RopeQkv))
+    .SetInferShapeFn(PD_INFER_SHAPE(RopeQkvShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RopeQkvDtype));
+
+PD_BUILD_GRAD_OP(grpo_rope_qkv)
+    .Inputs({"Cos", "Sin", paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
+    .Outputs({paddle::Grad("Qkv"), paddle::Grad(paddle::Optional("Bias"))})
+    .Attrs({"num_heads: int", "num_kv_heads: int"})
+    .SetKernelFn(PD_KERNEL(RopeQkvGrad));
+
+PD_BUILD_OP(grpo_masked_softmax)
+    .Inputs({"Scores", "Mask"})
+    .Outputs({"Out"})
+    .Attrs({"scale: float"})
+    .SetKernelFn(PD_KERNEL(MaskedSoftmax))
+    .SetInferShapeFn(PD_INFER_SHAPE(MaskedSoftmaxShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(MaskedSoftmaxDtype));
+
+PD_BUILD_GRAD_OP(grpo_masked_softmax)
+    .Inputs({"Out", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("Scores")})
+    .Attrs({"scale: float"})
+    .SetKernelFn(PD_KERNEL(MaskedSoftmaxGrad));

@@ -1,8 +1,9 @@
-"""Loader of the compiled rollout operators (csrc/, built by `make ops` = `python csrc/build.py`).
+"""Loader of the compiled operators (csrc/, built by `make ops` = `python csrc/build.py`): the rollout
+engine's and the actor's training ones (alignment/fused_train.py).
 
-load_ops() -> (ops, reason): `ops` has the seven functions below, or is None with a one-line reason
-(not built, stale, failed to load); the engine then warns once and falls back. Nothing is compiled
-here. Inputs come first and attributes after them, positionally or by keyword:
+load_ops() -> (ops, reason): `ops` has the functions below, or is None with a one-line reason (not
+built, stale, failed to load); the engine then warns once and falls back. Nothing is compiled here.
+Inputs come first and attributes after them, positionally or by keyword:
 
     out, residual_out = ops.grpo_add_rms_norm(x, residual, weight, eps)        # residual may be None
     q, cache = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer, start, num_heads, num_kv_heads)
@@ -13,8 +14,13 @@ here. Inputs come first and attributes after them, positionally or by keyword:
     done, presence = ops.grpo_stop_update(tokens, presence, eos_ids)
     x = ops.grpo_compact_rows(x, keep, batch_axis, prefix)
 
-grpo_rope_kv_write, grpo_stop_update and grpo_compact_rows write their cache / presence / x argument
-in place and also return it. Shapes and semantics: csrc/grpo_ops.cc.
+    out = ops.grpo_rms_norm(x, weight, eps)                  # training operators, with backward kernels
+    q, k, v = ops.grpo_rope_qkv(qkv, bias, cos, sin, num_heads, num_kv_heads)  # bias may be None
+    probs = ops.grpo_masked_softmax(scores, mask, scale)
+
+grpo_silu_mul has a backward kernel too. grpo_rope_kv_write, grpo_stop_update and grpo_compact_rows
+write their cache / presence / x argument in place and also return it. Shapes and semantics:
+csrc/grpo_ops.cc.
 """
 
 import functools
@@ -65,8 +71,20 @@ def grpo_compact_rows(x, keep, batch_axis: int, prefix: int):
     return _run("grpo_compact_rows", x, keep, int(batch_axis), int(prefix))
 
 
+def grpo_rms_norm(x, weight, eps: float):
+    return _run("grpo_rms_norm", x, weight, float(eps))
+
+
+def grpo_rope_qkv(qkv, bias, cos, sin, num_heads: int, num_kv_heads: int):
+    return _run("grpo_rope_qkv", qkv, bias, cos, sin, int(num_heads), int(num_kv_heads))
+
+
+def grpo_masked_softmax(scores, mask, scale: float):
+    return _run("grpo_masked_softmax", scores, mask, float(scale))
+
+
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
-       grpo_compact_rows)
+       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax)
 
 
 def _stale() -> bool:
@@ -76,7 +94,7 @@ def _stale() -> bool:
 
 @functools.cache
 def load_ops():
-    """(namespace of the seven ops, "") or (None, reason). Cached: the library registers once per process."""
+    """(namespace of the ops, "") or (None, reason). Cached: the library registers once per process."""
     if not LIBRARY.is_file():
         return None, f"the fused ops are not built ({LIBRARY} missing): run make ops (python csrc/build.py)"
     if _stale():

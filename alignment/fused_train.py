@@ -1,0 +1,125 @@
+"""The actor's forward and backward with the compiled training operators (csrc/, `make ops`).
+
+On a CPU, paddle runs Qwen2 / Llama's RMSNorm, rotary embedding, SwiGLU and attention masking as
+chains of broadcast elementwise kernels, and their backward passes (MultiplyGrad, PowGrad, TileGrad)
+took more of a policy update than the matmuls did (bench/RESULTS.md). use_training_ops swaps, in every
+decoder layer, the two norms, the attention and the MLP, and the final norm, for modules that call
+grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax and grpo_silu_mul, which have backward kernels.
+
+The swapped modules hold the model's own Parameter objects (and Linear layers) under the same names:
+the state_dict, checkpoints, the optimizer's state and the fused rollout engine's in-place weight
+references stay valid. Only float32 rounding differs from paddleformers' forward.
+"""
+
+from typing import Optional
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from alignment.rollout import fused
+from alignment.rollout.ops import load_ops
+
+
+def unsupported_reason(model) -> Optional[str]:
+    """Why the training modules cannot replace this model's (None: they can)."""
+    reason = fused.unsupported_reason(model)  # float32 Qwen2 / Llama, separate q/k/v and gate/up, no sliding window
+    if reason:
+        return reason
+    config = model.config
+    if not model.lm_head.weight.place.is_cpu_place():
+        return "weights on a GPU (the training operators have CPU kernels only)"
+    if config.hidden_act != "silu":
+        return f"hidden_act {config.hidden_act!r} (the MLP operator is SwiGLU)"
+    if config.attention_dropout:
+        return f"attention_dropout {config.attention_dropout} (the attention modules have no dropout)"
+    if config.tensor_model_parallel_size > 1 or config.sequence_parallel:
+        return "tensor or sequence parallelism"
+    return None
+
+
+def use_training_ops(model) -> Optional[str]:
+    """Swap the training modules into `model` in place; -> None, or why not (nothing is changed then)."""
+    ops, reason = load_ops()
+    reason = reason or unsupported_reason(model)
+    if reason:
+        return reason
+    config = model.config
+    for layer in model.model.layers:
+        layer.input_layernorm = TrainingRMSNorm(layer.input_layernorm, ops)
+        layer.post_attention_layernorm = TrainingRMSNorm(layer.post_attention_layernorm, ops)
+        layer.self_attn = TrainingAttention(layer.self_attn, config, ops)
+        layer.mlp = TrainingMLP(layer.mlp, ops)
+    model.model.norm = TrainingRMSNorm(model.model.norm, ops)
+    return None
+
+
+def _concat_weights(layers):
+    """[W_1 | W_2 | ...] (in, sum of outs) of Linear layers sharing an input, for one matmul instead of several.
+    Concatenated on every call (a copy of a few MB at most), so gradients reach each layer's own Parameter."""
+    return paddle.concat([layer.weight for layer in layers], axis=1)
+
+
+def _concat_biases(layers):
+    biases = [layer.bias for layer in layers]
+    if len({b is None for b in biases}) > 1:
+        raise ValueError("layers fused into one matmul must all have biases or none")
+    return None if biases[0] is None else paddle.concat(biases)
+
+
+class TrainingRMSNorm(nn.Layer):
+    def __init__(self, norm, ops):
+        super().__init__()
+        self.weight = norm.weight  # (Hd,) the model's Parameter
+        self.variance_epsilon = norm.variance_epsilon
+        self.ops = ops
+
+    def forward(self, hidden_states):
+        return self.ops.grpo_rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+class TrainingMLP(nn.Layer):
+    """down(silu(gate(x)) * up(x)), gate and up in one matmul."""
+
+    def __init__(self, mlp, ops):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.ops = ops
+
+    def forward(self, x):
+        projections = [self.gate_proj, self.up_proj]
+        gate_up = F.linear(x, _concat_weights(projections), _concat_biases(projections))  # (..., 2I)
+        return self.down_proj(self.ops.grpo_silu_mul(gate_up))
+
+
+class TrainingAttention(nn.Layer):
+    """paddleformers' eager attention: q, k and v in one matmul; their bias, the rotary embedding and the
+    head-major layout in one operator; softmax(q k^T * scaling + mask) per KV head: the G = H / KVH query heads
+    sharing a KV head are adjacent, so q (B, H, T, D) is (B, KVH, G T, D), and one matmul serves the group
+    without repeating the keys and values G times."""
+
+    def __init__(self, attention, config, ops):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = attention.q_proj, attention.k_proj, attention.v_proj
+        self.o_proj = attention.o_proj
+        self.layer_idx = attention.layer_idx
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.scaling = attention.head_dim, attention.scaling
+        self.ops = ops
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
+        if attention_mask is None:
+            raise ValueError("the training attention needs paddleformers' 4-D additive mask (eager attention), got none")
+        batch, length, _ = hidden_states.shape
+        projections = [self.q_proj, self.k_proj, self.v_proj]
+        qkv = paddle.matmul(hidden_states, _concat_weights(projections))  # (B, T, (H + 2 KVH) D), the bias added below
+        cos, sin = position_embeddings  # (B, T, D) each
+        q, k, v = self.ops.grpo_rope_qkv(qkv, _concat_biases(projections), cos, sin, self.num_heads, self.num_kv_heads)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)  # (B, KVH, S, D) with the cached tokens
+        grouped = q.reshape([batch, self.num_kv_heads, -1, self.head_dim])  # (B, KVH, G T, D)
+        scores = paddle.matmul(grouped, k, transpose_y=True)  # (B, KVH, G T, S)
+        probs = self.ops.grpo_masked_softmax(scores, attention_mask, self.scaling)  # mask (B, 1, T, S)
+        out = paddle.matmul(probs, v).reshape([batch, self.num_heads, length, self.head_dim])  # (B, H, T, D)
+        out = out.transpose([0, 2, 1, 3]).reshape([batch, length, self.num_heads * self.head_dim])
+        return self.o_proj(out), None

@@ -1,0 +1,217 @@
+"""The training operators (csrc/, 8-10 and grpo_silu_mul's backward) against paddle float64 references on
+fresh random inputs, value and gradient with respect to every input, and the actor with its modules swapped
+by alignment/fused_train.py against the same model unswapped. A failure names its seed; replay it with
+GRPO_OPS_TEST_SEED=<seed>."""
+
+import numpy as np
+import paddle
+import pytest
+import test_ops
+from test_ops import close, rope_tables
+from tiny_models import PAD, PROMPTS, llama_untied, qwen2_tied
+
+from alignment.algo import token_logprobs
+from alignment.fused_train import TrainingAttention, TrainingMLP, TrainingRMSNorm, use_training_ops
+from alignment.modeling import completion_logits, enable_recompute, load_causal_lm, make_token_batch, save_model
+from alignment.rollout import EagerEngine, SamplingParams
+from alignment.rollout.ops import load_ops
+from alignment.runtime import contiguous_kernels
+
+ops, rng = test_ops.ops, test_ops.rng  # its fixtures: the loaded operators (or a skip), a seeded Generator
+MASKED = float(np.finfo(np.float32).min)  # what paddleformers' additive mask holds where a key is hidden
+
+
+def leaf(a, dtype="float32"):
+    tensor = paddle.to_tensor(np.ascontiguousarray(a), dtype=dtype)
+    tensor.stop_gradient = False
+    return tensor
+
+
+def check_op(op, reference, inputs, rng, what):
+    """op(*float32 inputs) against reference(*float64 inputs): the outputs, and the gradients of sum(output *
+    random weights) with respect to every input."""
+    ours = [leaf(a) for a in inputs]
+    exact = [leaf(a, "float64") for a in inputs]
+    out, ref = op(*ours), reference(*exact)
+    out, ref = (list(out), list(ref)) if isinstance(out, (tuple, list)) else ([out], [ref])
+    weights = [rng.standard_normal(r.shape) for r in ref]
+    for i, (o, r) in enumerate(zip(out, ref)):
+        close(o.numpy(), r.numpy(), rng, f"{what} output {i}")
+    grads = paddle.grad(out, ours, [paddle.to_tensor(w, dtype="float32") for w in weights])
+    ref_grads = paddle.grad(ref, exact, [paddle.to_tensor(w) for w in weights])
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        close(g.numpy(), r.numpy(), rng, f"{what} gradient of input {i}", rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(7, 64), (3, 5, 96), (2, 2, 3, 256)])
+def test_rms_norm(ops, rng, shape):
+    eps = 1e-6
+
+    def reference(x, w):
+        return w * (x * paddle.rsqrt((x * x).mean(-1, keepdim=True) + eps))
+
+    inputs = [rng.standard_normal(shape) * 3, rng.standard_normal(shape[-1])]
+    check_op(lambda x, w: ops.grpo_rms_norm(x, w, eps), reference, inputs, rng, "rms_norm")
+
+
+@pytest.mark.parametrize("shape", [(5, 2 * 64), (2, 7, 2 * 200)])
+def test_silu_mul(ops, rng, shape):
+    def reference(x):
+        gate, up = x.chunk(2, axis=-1)
+        return gate * paddle.nn.functional.sigmoid(gate) * up
+
+    x = rng.standard_normal(shape) * 4
+    x.flat[:4] = [-100.0, 100.0, 0.0, -30.0]  # saturated and zero gates
+    check_op(ops.grpo_silu_mul, reference, [x], rng, "silu_mul")
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+
+
+@pytest.mark.parametrize("B,T,H,KVH,D", [(2, 5, 4, 2, 16), (1, 3, 14, 2, 64), (3, 4, 2, 2, 8)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_rope_qkv(ops, rng, B, T, H, KVH, D, with_bias):
+    cos, sin = rope_tables(64, D)
+    positions = rng.integers(0, 64, size=(B, T))
+    cos, sin = paddle.to_tensor(cos[positions]), paddle.to_tensor(sin[positions])  # (B, T, D) each, as the model's
+
+    def reference(qkv, bias=None):
+        x = qkv + bias if bias is not None else qkv
+        c, s = cos.astype("float64").unsqueeze(1), sin.astype("float64").unsqueeze(1)  # (B, 1, T, D)
+        q, k, v = (x[..., a * D : b * D].reshape([B, T, b - a, D]).transpose([0, 2, 1, 3])
+                   for a, b in [(0, H), (H, H + KVH), (H + KVH, H + 2 * KVH)])
+        return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v
+
+    def op(qkv, bias=None):
+        return ops.grpo_rope_qkv(qkv, bias, cos, sin, H, KVH)
+
+    width = (H + 2 * KVH) * D
+    inputs = [rng.standard_normal((B, T, width))] + ([rng.standard_normal(width)] if with_bias else [])
+    check_op(op, reference, inputs, rng, "rope_qkv")
+
+
+def test_rope_qkv_checks_its_inputs(ops):
+    cos = paddle.ones([2, 3, 8])
+    with pytest.raises(Exception, match=r"qkv must be \[B, T, \(H \+ 2\*KVH\) \* D\] = \[2, 3, 64\]"):
+        ops.grpo_rope_qkv(paddle.ones([2, 3, 56]), None, cos, cos, 4, 2)
+    with pytest.raises(Exception, match="bias must be"):
+        ops.grpo_rope_qkv(paddle.ones([2, 3, 64]), paddle.ones([8]), cos, cos, 4, 2)
+
+
+def padded_causal_mask(first: list, length: int) -> np.ndarray:
+    """(B, 1, T, T) additive mask as paddleformers builds it: causal, and keys before a row's first real token
+    hidden (left padding), so the padded queries of a row see no key at all."""
+    after_padding = np.arange(length) >= np.array(first)[:, None, None]  # (B, 1, T) over keys
+    visible = np.tril(np.ones((length, length), dtype=bool))[None] & after_padding
+    return np.where(visible, 0.0, MASKED)[:, None].astype(np.float32)
+
+
+@pytest.mark.parametrize("group", [1, 2, 7])
+def test_masked_softmax(ops, rng, group):
+    B, KVH, T = 3, 2, 6
+    mask = paddle.to_tensor(padded_causal_mask([0, 2, 5], T))
+    scale = 0.125
+
+    def reference(scores):
+        rows = scores.reshape([B, KVH, group, T, T]) * scale + mask.astype("float64").unsqueeze(1)
+        return paddle.nn.functional.softmax(rows, axis=-1).reshape(scores.shape)
+
+    scores = rng.standard_normal((B, KVH, group * T, T)) * 5
+    check_op(lambda s: ops.grpo_masked_softmax(s, mask, scale), reference, [scores], rng, "masked_softmax")
+    probs = ops.grpo_masked_softmax(paddle.to_tensor(scores, dtype="float32"), mask, scale).numpy()
+    np.testing.assert_allclose(probs[2, :, 0], 1.0 / T)  # row 2's first query sees no key: uniform, as paddle's softmax
+
+
+def test_masked_softmax_checks_the_mask(ops):
+    with pytest.raises(Exception, match=r"mask must be \[B, 1, Lq, L\]"):
+        ops.grpo_masked_softmax(paddle.ones([2, 2, 10, 4]), paddle.zeros([2, 1, 3, 4]), 1.0)
+
+
+# --------------------------------------------------------------------------------------------- the actor
+
+
+def swapped(build):
+    model = build()
+    assert use_training_ops(model) is None
+    return model
+
+
+@pytest.fixture(params=[qwen2_tied, llama_untied], ids=["qwen2-tied-gqa-bias", "llama-untied-gqa"])
+def build(request):
+    if load_ops()[0] is None:
+        pytest.skip(f"fused operators not available: {load_ops()[1]}")
+    return request.param
+
+
+def loss_and_gradients(model) -> tuple:
+    """A masked mean log-prob over left-padded prompts and right-padded completions, and every parameter's
+    gradient, from the trainer's forward (contiguous kernels, no KV cache)."""
+    draw = np.random.default_rng(0)
+    prompts = [draw.integers(3, 97, n).tolist() for n in (5, 9, 3, 7)]
+    completion_mask = np.ones((4, 6), np.float32)
+    completion_mask[1, 4:] = completion_mask[3, 2:] = 0
+    batch = make_token_batch(prompts, draw.integers(3, 97, (4, 6)), completion_mask, PAD)
+    model.train()
+    with contiguous_kernels():
+        logprobs = token_logprobs(completion_logits(model, batch), batch.completion_ids)
+        loss = -(logprobs * batch.completion_mask).sum() / batch.completion_mask.sum()
+        loss.backward()
+    return float(loss), {name: p.grad.numpy() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_swapped_model_has_the_loss_and_gradients_of_the_original(build, recompute):
+    original, fast = build(), swapped(build)
+    if recompute:
+        enable_recompute(fast, "full")
+    loss, grads = loss_and_gradients(original)
+    fast_loss, fast_grads = loss_and_gradients(fast)
+    assert abs(fast_loss - loss) < 1e-5
+    assert fast_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        np.testing.assert_allclose(fast_grads[name], grad, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_swap_keeps_the_parameters_and_their_names(build):
+    model = build()
+    before = dict(model.named_parameters())
+    state_keys = list(model.state_dict())
+    assert use_training_ops(model) is None
+    layer = model.model.layers[0]
+    assert isinstance(layer.input_layernorm, TrainingRMSNorm) and isinstance(model.model.norm, TrainingRMSNorm)
+    assert isinstance(layer.self_attn, TrainingAttention) and isinstance(layer.mlp, TrainingMLP)
+    assert list(model.state_dict()) == state_keys
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys() and all(after[name] is p for name, p in before.items())
+
+
+def test_swapped_model_generates_what_the_original_does(build):
+    """The eager engine's forward with a KV cache (prefill, then one token at a time) through the swapped
+    attention."""
+    greedy = SamplingParams(max_new_tokens=8, greedy=True)
+    original, fast = build(), swapped(build)
+    for model in (original, fast):
+        model.eval()
+    expected = EagerEngine(original, [96], PAD).generate(PROMPTS, 1, greedy)
+    got = EagerEngine(fast, [96], PAD).generate(PROMPTS, 1, greedy)
+    assert got.completion_ids.tolist() == expected.completion_ids.tolist()
+    np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-5)
+
+
+def test_unsupported_models_are_left_alone(ops):
+    model = qwen2_tied()
+    model.config.attention_dropout = 0.1
+    layers = list(model.model.layers[0].children())
+    assert "attention_dropout" in use_training_ops(model)
+    assert list(model.model.layers[0].children()) == layers
+
+
+def test_a_checkpoint_of_the_swapped_model_loads_as_the_plain_model(build, tmp_path):
+    model = swapped(build)
+    save_model(model, str(tmp_path))
+    loaded = load_causal_lm(str(tmp_path))
+    assert not isinstance(loaded.model.layers[0].self_attn, TrainingAttention)
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[name].numpy(), value.numpy(), err_msg=name)
