@@ -77,6 +77,17 @@ inline float exp_nonpos(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
+// x[i] = exp(x[i] - mx) in place for the n values of one softmax row, mx their max -> the sum.
+inline float exp_shifted_sum(float* x, int64_t n, float mx) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = exp_nonpos(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. grpo_add_rms_norm
 
@@ -333,12 +344,7 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
             scores[s] = dot;
             mx = std::max(mx, dot);
           }
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t s = lo; s <= hi; ++s) {
-            scores[s] = exp_nonpos(scores[s] - mx);
-            sum += scores[s];
-          }
+          const float sum = exp_shifted_sum(scores.data() + lo, hi - lo + 1, mx);
           std::fill(acc.begin(), acc.end(), 0.0f);
           float* a = acc.data();
           for (int64_t s = lo; s <= hi; ++s) {
@@ -1076,13 +1082,7 @@ std::vector<paddle::Tensor> MaskedSoftmax(const paddle::Tensor& scores_in, const
       pi[j] = si[j] * scale + mi[j];
       mx = std::max(mx, pi[j]);
     }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < L; ++j) {
-      pi[j] = exp_nonpos(pi[j] - mx);
-      sum += pi[j];
-    }
-    const float inv = 1.0f / sum;
+    const float inv = 1.0f / exp_shifted_sum(pi, L, mx);
 #pragma omp simd
     for (int64_t j = 0; j < L; ++j) pi[j] *= inv;
   }
