@@ -95,7 +95,7 @@ def train(config: GRPOConfig) -> Path:
 
     logger = RunLogger(
         config.output_dir, config.resolved_logging_dir, config.logging_steps, total_steps, first_step, world.is_main,
-        resume_offsets=state.get("log_offsets") if resume else None,
+        resume_offsets=state.get("log_offsets", {}) if resume else None,  # {}: a checkpoint older than the offsets: append
     )
     if world.is_main:
         Path(config.output_dir, "grpo_config.json").write_text(config.to_json())
