@@ -47,4 +47,5 @@ test-hf: $(INSTALLED) $(OPS) $(TORCH_INSTALLED)
 # Rebuild the bundled task and tiny model (deterministic; the model takes about 35 minutes on 2 cores).
 data: $(INSTALLED)
 	$(PY) data/arith_task.py
+	$(PY) data/kk/make_kk.py --seed 0 --train 2000 --test 200 --out data/kk
 	$(PY) data/make_tiny_model.py

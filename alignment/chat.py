@@ -6,7 +6,8 @@
 Each prompt is answered on its own (a single user turn, as in training): a line typed on standard
 input, a line of a text file, or a row of a .jsonl dataset (any layout the trainer reads). The chat
 template is the folder's tokenizer's; the system prompt, the sampling settings and the engine are those
-of the run that wrote the checkpoint (its grpo_config.json), each overridable by a flag.
+of the run that wrote the checkpoint (its grpo_config.json), each overridable by a flag. A LoRA checkpoint
+answers with its adapter merged into the run's base model (actor_model_name_or_path).
 """
 
 import argparse
@@ -24,6 +25,8 @@ import paddle  # noqa: E402
 
 from alignment.config import KEYS, GRPOConfig  # noqa: E402
 from alignment.data import DataError, encode_messages, read_prompt_records  # noqa: E402
+from alignment.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
+from alignment.merge_lora import base_model_of  # noqa: E402
 from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
 
@@ -99,12 +102,15 @@ class Printer:
 def main(argv: list | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     folder = Path(args.model)
-    if not (folder / "config.json").is_file():
-        print(f"chat: error: {folder} is not a model folder (no config.json there)", file=sys.stderr)
+    lora = (folder / ADAPTER_CONFIG).is_file()
+    if not (folder / "config.json").is_file() and not lora:
+        print(f"chat: error: {folder} is not a model folder (no config.json there) nor a LoRA checkpoint", file=sys.stderr)
         return 2
     config = chat_config(folder, args)
     tokenizer = load_tokenizer(str(folder))
-    model = load_causal_lm(str(folder))
+    model = load_causal_lm(base_model_of(folder) if lora else str(folder))
+    if lora:
+        merge_adapter(model, folder)
     model.eval()
     engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
     sampling = SamplingParams(

@@ -8,9 +8,12 @@ Contents: the model in the Hugging Face layout (config.json, model.safetensors, 
 when the source model had one; transformers loads it as is, and `python -m alignment.export` copies it
 without the training state), the tokenizer, grpo_config.json (the resolved config), optimizer.pdopt (AdamW
 moments and the learning-rate schedule), trainer_state.json (the step, and how far metrics.jsonl and
-completions.jsonl had been written). No random-number state is saved: every phase of every step
-reseeds from (seed, step, phase) (and the rank, for paddle's generator), so a resumed run draws what
-an uninterrupted one would.
+completions.jsonl had been written). A LoRA run stores its adapter instead of the model, in Hugging
+Face peft's layout (adapter_config.json, adapter_model.safetensors; alignment/lora.py), with everything
+else as above; it resumes on the base model (actor_model_name_or_path) with the adapter loaded back, and
+`python -m alignment.merge_lora` turns it into a model folder. No random-number state is saved: every
+phase of every step reseeds from (seed, step, phase) (and the rank, for paddle's generator), so a resumed
+run draws what an uninterrupted one would.
 """
 
 import json
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import paddle
 
+from alignment.lora import has_lora, save_adapter
 from alignment.modeling import save_model
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -61,7 +65,10 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer, con
     staging = Path(output_dir) / f".checkpoint-{step}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    save_model(model, str(staging))
+    if has_lora(model):  # the adapters alone: the base weights never change
+        save_adapter(model, staging, json.loads(config_json).get("actor_model_name_or_path"))
+    else:
+        save_model(model, str(staging))
     tokenizer.save_pretrained(str(staging))
     (staging / "grpo_config.json").write_text(config_json)
     paddle.save(optimizer.state_dict(), str(staging / "optimizer.pdopt"))

@@ -59,11 +59,37 @@ class GRPOConfig:
     use_fused_train_ops: bool = _key(False, "Run the actor's forward and backward through the compiled csrc/ training operators (RMSNorm, rotary q|k|v, attention softmax, SwiGLU with backward kernels; CPU, float32 Qwen2 / Llama); paddle's own kernels, with a warning, where they cannot run.")
     weight_sync_tolerance: float = _key(1e-4, "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh.")
     # Algorithm
-    clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c].")
-    kl_loss_coeff: float = _key(0.0, "Weight of the k3 KL penalty to the reference model; 0 loads no reference model.")
-    reward_functions: list[str] = _key(["accuracy", "format"], "Reward functions by name (alignment/rewards).")
+    loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=["dapo", "grpo", "dr_grpo"])
+    scale_rewards: str = _key("group", "Advantage = reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing (none: Dr.GRPO).", choices=["group", "batch", "none"])
+    clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c] (both sides unless the next two keys are given).")
+    clip_range_ratio_low: Optional[float] = _key(None, "Lower clip: the ratio is kept above 1 - low; default: clip_range_ratio.")
+    clip_range_ratio_high: Optional[float] = _key(None, "Upper clip (DAPO's clip-higher, e.g. 0.28): the ratio is kept below 1 + high; default: clip_range_ratio.")
+    dual_clip_ratio: Optional[float] = _key(None, "Dual-clip constant c > 1: a token with negative advantage loses at most -A x c however large its ratio (null: off).")
+    num_iterations: int = _key(1, "Policy updates over each rollout batch (the old log-probs are computed once per batch).")
+    mini_batch_size: Optional[int] = _key(None, "Sequences per process per optimizer step; default: the whole step's sequences (one optimizer step per iteration).")
+    shuffle_minibatch: bool = _key(False, "Shuffle the sequences (seeded per step and iteration) before cutting mini-batches.")
+    importance_sampling_correction: bool = _key(True, "Weight each token's policy loss by min(pi_old / pi_rollout, importance_sampling_cap): truncated importance sampling for the rollout engine's numerical gap to the trainer.")
+    importance_sampling_cap: float = _key(2.0, "Truncation threshold of the importance-sampling weight.")
+    kl_loss_coeff: float = _key(0.0, "Weight of the KL penalty to the reference model; 0 loads no reference model.")
+    kl_estimator: str = _key("k3", "Per-token KL estimator with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1).", choices=["k1", "k2", "k3"])
+    dynamic_sampling: bool = _key(False, "DAPO's dynamic sampling: drop groups whose reward std is below dynamic_sampling_min_std and refill with groups of freshly sampled prompts.")
+    dynamic_sampling_min_std: float = _key(1e-4, "A group whose reward sample std is below this carries no signal (not exact equality: rewards can differ by rounding).")
+    max_resample_times: int = _key(3, "Refill rounds per step at most; groups still missing are filled with dropped ones (their advantage is 0) and counted.")
+    overlong_filter: bool = _key(False, "Leave completions cut off at max_dec_len out of the loss (DAPO's overlong filtering).")
+    reward_functions: list[str] = _key(["accuracy", "format"], "Reward functions by name (alignment/rewards; reward_model: the model at reward_model_name_or_path).")
     reward_function_weights: Optional[list[float]] = _key(None, "One weight per reward function; default: all 1.0.")
     accuracy_function: str = _key("accuracy", "Reward function whose positive value counts as a correct answer for the accuracy metrics.")
+    external_plugins: list[str] = _key([], "Python files whose @register_reward functions become reward functions (they receive every dataset column); give the reward server the same files with --plugins.")
+    reward_model_name_or_path: Optional[str] = _key(None, "Sequence-classification reward model folder (one label), scored in process as the reward function reward_model.")
+    cosine_min_len_value_wrong: float = _key(-0.5, "cosine reward of a wrong answer of length 0.")
+    cosine_max_len_value_wrong: float = _key(0.0, "cosine reward of a wrong answer of length cosine_max_len.")
+    cosine_min_len_value_correct: float = _key(1.0, "cosine reward of a correct answer of length 0.")
+    cosine_max_len_value_correct: float = _key(0.5, "cosine reward of a correct answer of length cosine_max_len.")
+    cosine_max_len: Optional[int] = _key(None, "Length (tokens) at which the cosine reward reaches its max-length values; default: max_dec_len.")
+    repetition_n_grams: int = _key(3, "n of the n-grams the repetition reward counts.")
+    repetition_max_penalty: float = _key(-1.0, "repetition reward of a completion made of one repeated n-gram (<= 0).")
+    soft_max_length: Optional[int] = _key(None, "soft_overlong reward: the length L_max (tokens) beyond which it is -1; default: max_dec_len.")
+    soft_cache_length: Optional[int] = _key(None, "soft_overlong reward: the interval L_cache before L_max over which the penalty grows linearly from 0 to -1 (required with soft_overlong).")
     use_rm_server: bool = _key(False, "Score through the HTTP reward server at reward_server instead of in process.")
     reward_server: Optional[str] = _key(None, "Reward server address, http://host:port.")
     reward_server_protocol: str = _key("v1", "v1 (POST /v1/score: per-function scores and per-item errors) or paddlenlp (POST /: totals only).", choices=["v1", "paddlenlp"])
@@ -85,6 +111,11 @@ class GRPOConfig:
     num_train_epochs: float = _key(1.0, "Passes over the training prompts when max_steps is -1.")
     seed: int = _key(42, "Seed for data order, sampling and initialisation.")
     logprob_chunk_tokens: int = _key(512, "Tokens whose full-vocabulary logits exist at once when computing log-probs for the update (backward recomputes each chunk); smaller uses less memory for the same result.")
+    lora: bool = _key(False, "Train LoRA adapters (paddleformers.peft) instead of all the actor's weights; checkpoints hold the adapter in Hugging Face peft's layout (python -m alignment.merge_lora merges it into the base).")
+    lora_rank: int = _key(8, "Rank r of each adapter (A is in x r, B is r x out).")
+    lora_alpha: float = _key(32.0, "Adapter scale numerator: the update is A B (lora_alpha / lora_rank).")
+    lora_dropout: float = _key(0.0, "Dropout on the adapters' input during the update (off in rollout and evaluation); 0 by default, as TRL disables dropout for GRPO: it makes pi_old and the importance weights noisy.")
+    target_modules: list[str] = _key(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "Linear layers that get adapters: a module matches when its dotted name equals a listed name or ends in .name.")
     recompute: bool = _key(False, "Recompute each decoder layer's activations in the backward pass instead of storing them (less memory; measured: the update took about as long).")
     recompute_granularity: str = _key("full", "What is recomputed: full (each decoder layer); core_attn and full_attn exist only for paddleformers' MoE models.", choices=["full", "full_attn", "core_attn"])
     sharding: str = _key("", "PaddleNLP's optimizer-state sharding (stage1, stage2): validated, not run yet (GPU only); empty: plain data parallel.", choices=["", "stage1", "stage2", "stage3"])
@@ -110,6 +141,11 @@ class GRPOConfig:
     def resolved_logging_dir(self) -> str:
         return self.logging_dir or os.path.join(self.output_dir, "vdl_log")
 
+    def reward_settings(self):
+        from alignment.rewards import RewardSettings
+
+        return RewardSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RewardSettings)})
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
@@ -127,8 +163,26 @@ ALIASES = {
     "max_new_tokens": "max_dec_len",  # HF generate
     "min_new_tokens": "min_dec_len",  # HF generate
     "num_generations": "rollout_n",  # TRL, ms-swift
-    "epsilon": "clip_range_ratio",  # TRL, ms-swift
+    "epsilon": "clip_range_ratio",  # TRL, ms-swift: both clips, the upper one unless epsilon_high is given
+    "epsilon_high": "clip_range_ratio_high",  # TRL, ms-swift
+    "clip_ratio_low": "clip_range_ratio_low",  # verl
+    "clip_ratio_high": "clip_range_ratio_high",  # verl
+    "clip_ratio_c": "dual_clip_ratio",  # verl
+    "update_iters": "num_iterations",  # PaddleNLP
+    "ppo_epochs": "num_iterations",  # verl
     "beta": "kl_loss_coeff",  # TRL, ms-swift
+    "kl_loss_type": "kl_estimator",  # verl
+    "vllm_importance_sampling_correction": "importance_sampling_correction",  # TRL
+    "vllm_importance_sampling_clip_max": "importance_sampling_cap",  # TRL (mode token_truncate)
+    "vllm_importance_sampling_cap": "importance_sampling_cap",  # TRL, deprecated there
+    "delta": "dual_clip_ratio",  # TRL's two-sided GRPO clipping (INTELLECT-2): the same bound for A < 0
+    "rollout_importance_sampling_threshold": "importance_sampling_cap",  # ms-swift
+    "dynamic_sample": "dynamic_sampling",  # ms-swift
+    "mask_truncated_completions": "overlong_filter",  # TRL
+    "reward_model": "reward_model_name_or_path",  # ms-swift
+    "use_peft": "lora",  # TRL
+    "lora_r": "lora_rank",  # TRL
+    "lora_target_modules": "target_modules",  # TRL
     "reward_funcs": "reward_functions",  # TRL, ms-swift
     "reward_weights": "reward_function_weights",  # TRL, ms-swift
     "min_lr": "min_learning_rate",  # Megatron, ms-swift
@@ -232,7 +286,8 @@ def _check(condition: bool, message: str) -> None:
 def validate(c: GRPOConfig) -> GRPOConfig:
     """Checks values against each other and fills the derived ones; raises ConfigError naming the keys."""
     from alignment.checkpoint import is_complete_checkpoint
-    from alignment.rewards import get_reward
+    from alignment.rewards import REWARD_MODEL, get_reward
+    from alignment.rewards.plugins import load_plugins
 
     for key in ("actor_model_name_or_path", "tokenizer_name_or_path"):
         folder = getattr(c, key)
@@ -247,7 +302,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(c.rollout_n >= 2, f"rollout_n = {c.rollout_n}: a group needs at least 2 completions to compare")
     _check(c.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
     prompt_batch, accumulation = c.per_device_prompt_batch_size, c.gradient_accumulation_steps
-    if prompt_batch is None and accumulation is not None:
+    if prompt_batch is None and accumulation is not None and c.mini_batch_size is None:
         sequences = accumulation * c.per_device_train_batch_size
         _check(
             sequences % c.rollout_n == 0,
@@ -263,12 +318,19 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step "
         f"does not divide into micro-batches of per_device_train_batch_size ({c.per_device_train_batch_size})",
     )
+    mini_batch = c.mini_batch_size or sequences
     _check(
-        accumulation is None or accumulation * c.per_device_train_batch_size == sequences,
-        f"gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({c.per_device_train_batch_size}) "
-        f"must equal per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences}",
+        mini_batch >= 1 and sequences % mini_batch == 0 and mini_batch % c.per_device_train_batch_size == 0,
+        f"mini_batch_size ({mini_batch}) must divide the {sequences} sequences per step (per_device_prompt_batch_size "
+        f"{prompt_batch} x rollout_n {c.rollout_n}) and be a multiple of per_device_train_batch_size ({c.per_device_train_batch_size})",
     )
-    accumulation = sequences // c.per_device_train_batch_size
+    _check(
+        accumulation is None or accumulation * c.per_device_train_batch_size == mini_batch,
+        f"gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({c.per_device_train_batch_size}) "
+        f"must equal the sequences per optimizer step: "
+        + (f"mini_batch_size ({mini_batch})" if c.mini_batch_size else f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences}"),
+    )
+    accumulation = mini_batch // c.per_device_train_batch_size
 
     _check(c.max_prompt_len >= 1 and c.max_dec_len >= 1, "max_prompt_len and max_dec_len must be at least 1")
     _check(0 <= c.min_dec_len <= c.max_dec_len, f"min_dec_len ({c.min_dec_len}) must lie in [0, max_dec_len ({c.max_dec_len})]")
@@ -288,14 +350,48 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(0 <= c.min_p < 1, f"min_p = {c.min_p}: must lie in [0, 1) (0 turns it off)")
     _check(c.weight_sync_tolerance > 0, f"weight_sync_tolerance = {c.weight_sync_tolerance}: must be > 0")
 
+    clip_low = c.clip_range_ratio if c.clip_range_ratio_low is None else c.clip_range_ratio_low
+    clip_high = c.clip_range_ratio if c.clip_range_ratio_high is None else c.clip_range_ratio_high
     _check(c.clip_range_ratio > 0, f"clip_range_ratio = {c.clip_range_ratio}: must be > 0")
+    _check(0 < clip_low < 1, f"clip_range_ratio_low = {clip_low}: must lie in (0, 1) (the ratio is kept above 1 - low)")
+    _check(clip_high > 0, f"clip_range_ratio_high = {clip_high}: must be > 0")
+    _check(c.dual_clip_ratio is None or c.dual_clip_ratio > 1, f"dual_clip_ratio = {c.dual_clip_ratio}: must be > 1 (or null: off)")
+    _check(c.num_iterations >= 1, f"num_iterations = {c.num_iterations}: must be at least 1")
+    _check(c.importance_sampling_cap >= 1, f"importance_sampling_cap = {c.importance_sampling_cap}: must be >= 1")
     _check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")
+    _check(c.dynamic_sampling_min_std >= 0, f"dynamic_sampling_min_std = {c.dynamic_sampling_min_std}: must be >= 0")
+    _check(c.max_resample_times >= 0, f"max_resample_times = {c.max_resample_times}: must be >= 0")
     _check(len(c.reward_functions) > 0, "reward_functions is empty: name at least one reward function")
+    try:
+        load_plugins(c.external_plugins)
+    except (OSError, ImportError) as e:
+        raise ConfigError(f"external_plugins: {e}") from None
     for name in c.reward_functions + [c.accuracy_function]:
+        if name == REWARD_MODEL and name != c.accuracy_function:
+            continue
         try:
             get_reward(name)
         except ValueError as e:
             raise ConfigError(f"reward_functions / accuracy_function: {e}") from None
+    _check(
+        (REWARD_MODEL in c.reward_functions) == (c.reward_model_name_or_path is not None),
+        f"reward_functions {'names' if REWARD_MODEL in c.reward_functions else 'does not name'} {REWARD_MODEL} but "
+        f"reward_model_name_or_path is {c.reward_model_name_or_path or 'not set'}: give both or neither",
+    )
+    _check(
+        c.reward_model_name_or_path is None or (Path(c.reward_model_name_or_path) / "config.json").is_file(),
+        f"reward_model_name_or_path: '{c.reward_model_name_or_path}' is not a local model folder (no config.json there)",
+    )
+    _check(not (c.use_rm_server and REWARD_MODEL in c.reward_functions and c.reward_server_protocol == "paddlenlp"),
+           f"{REWARD_MODEL} cannot be combined with a paddlenlp-protocol reward server, which answers totals only")
+    try:  # RewardSettings checks its own ranges; the two lengths default to max_dec_len
+        reward_settings = dataclasses.replace(c, cosine_max_len=c.cosine_max_len or c.max_dec_len, soft_max_length=c.soft_max_length or c.max_dec_len).reward_settings()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _check(
+        "soft_overlong" not in c.reward_functions or reward_settings.soft_cache_length is not None,
+        "reward_functions names soft_overlong but soft_cache_length is not set (DAPO used 4096 of a 20480 soft_max_length)",
+    )
     weights = c.reward_function_weights or [1.0] * len(c.reward_functions)
     _check(
         len(weights) == len(c.reward_functions),
@@ -336,6 +432,9 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         f"tensor-parallel training run on GPUs only, and no GPU run has been made); drop these keys and scale with "
         f"python -m paddle.distributed.launch --nproc_per_node N",
     )
+    _check(c.lora_rank >= 1 and c.lora_alpha > 0, f"lora_rank = {c.lora_rank}, lora_alpha = {c.lora_alpha}: the rank must be at least 1 and alpha > 0")
+    _check(0 <= c.lora_dropout < 1, f"lora_dropout = {c.lora_dropout}: must lie in [0, 1)")
+    _check(not c.lora or len(c.target_modules) > 0, "lora is true but target_modules is empty")
     _check(not (c.bf16 and c.fp16), "bf16 and fp16 are both true; choose one")
     if c.bf16 or c.fp16:
         import paddle
@@ -354,6 +453,13 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         f"resume_from_checkpoint: '{resume}' is not a complete checkpoint folder (one holding trainer_state.json, "
         f"written by save_steps); give such a folder or auto",
     )
+    if resume not in (None, "auto"):
+        holds_adapter = (Path(resume) / "adapter_config.json").is_file()
+        _check(
+            holds_adapter == c.lora,
+            f"resume_from_checkpoint: '{resume}' holds {'a LoRA adapter' if holds_adapter else 'a whole model'} but lora is "
+            f"{'false' if holds_adapter else 'true'}; resume with the setting the run was started with",
+        )
     _check(c.eval_steps >= 0 and c.save_steps >= 0, "eval_steps and save_steps must be >= 0")
     _check(c.logging_steps >= 1, "logging_steps must be at least 1")
     _check(c.log_completions_per_step >= 0, "log_completions_per_step must be >= 0")
@@ -366,6 +472,11 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         c,
         per_device_prompt_batch_size=prompt_batch,
         gradient_accumulation_steps=accumulation,
+        mini_batch_size=mini_batch,
+        clip_range_ratio_low=clip_low,
+        clip_range_ratio_high=clip_high,
+        cosine_max_len=reward_settings.cosine_max_len,
+        soft_max_length=reward_settings.soft_max_length,
         reward_function_weights=[float(w) for w in weights],
         system_prompt=system_prompt,
     )

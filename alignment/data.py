@@ -27,7 +27,7 @@ class DataError(ValueError):
 class PromptRecord:
     messages: tuple  # chat turns ending with a user turn, each {"role": str, "content": str}
     answer: Optional[str]  # the reference answer, None where the row has none
-    columns: dict = field(default_factory=dict)  # the row's other columns, for reward functions
+    columns: dict = field(default_factory=dict)  # the row as read, every column, for reward functions
     source: str = ""  # "file.jsonl:12"
 
     @property
@@ -138,7 +138,7 @@ def parse_row(row: dict, prompt_key: str, response_key: Optional[str], where: st
         answer, turns = turns[-1]["content"], turns[:-1]
     if not turns or turns[-1]["role"] != "user":
         raise DataError(f"{where}: the prompt must end with a user turn")
-    columns = {k: v for k, v in row.items() if k != prompt_key}
+    columns = dict(row)  # every column, the prompt's too: reward functions see the row as it is in the file
     return PromptRecord(messages=tuple(turns), answer=answer, columns=columns, source=where)
 
 

@@ -45,6 +45,11 @@ def export(source: Path, output: Path, overwrite: bool = False) -> list:
 def files_to_export(source: Path) -> list:
     if not source.is_dir():
         raise ExportError(f"{source}: no such folder")
+    if (source / "adapter_config.json").is_file() and not (source / "config.json").is_file():
+        raise ExportError(
+            f"{source}: a LoRA checkpoint, which holds the adapter and not the model; merge it into its base model "
+            f"with: python -m alignment.merge_lora {source} OUTPUT"
+        )
     if not (source / "config.json").is_file():
         raise ExportError(f"{source}: no config.json, so not a checkpoint or model folder")
     files = {file for pattern in MODEL_FILES + TOKENIZER_FILES for file in source.glob(pattern) if file.is_file()}

@@ -8,7 +8,8 @@ grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax and grpo_silu_mul, which have 
 
 The swapped modules hold the model's own Parameter objects (and Linear layers) under the same names:
 the state_dict, checkpoints, the optimizer's state and the fused rollout engine's in-place weight
-references stay valid. Only float32 rounding differs from paddleformers' forward.
+references stay valid. Only float32 rounding differs from paddleformers' forward. Projections with LoRA
+adapters (alignment/lora.py) keep them: each adds its dropout(x) @ A @ B * scale beside the one matmul.
 """
 
 from typing import Optional
@@ -17,6 +18,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from alignment.lora import lora_update
 from alignment.rollout import fused
 from alignment.rollout.ops import load_ops
 
@@ -60,6 +62,18 @@ def _concat_weights(layers):
     return paddle.concat([layer.weight for layer in layers], axis=1)
 
 
+def _project(x, layers, bias=None):
+    """x @ [W_1 | W_2 | ...] + bias (..., sum of outs), plus each LoRA adapter's term where a layer has one
+    (a merged weight would lose the adapter's dropout)."""
+    out = F.linear(x, _concat_weights(layers), bias)
+    updates = [lora_update(layer, x) for layer in layers]
+    if all(update is None for update in updates):
+        return out
+    widths = [layer.weight.shape[1] for layer in layers]
+    updates = [paddle.zeros([*x.shape[:-1], w], x.dtype) if u is None else u for u, w in zip(updates, widths)]
+    return out + paddle.concat(updates, axis=-1)
+
+
 def _concat_biases(layers):
     biases = [layer.bias for layer in layers]
     if len({b is None for b in biases}) > 1:
@@ -88,7 +102,7 @@ class TrainingMLP(nn.Layer):
 
     def forward(self, x):
         projections = [self.gate_proj, self.up_proj]
-        gate_up = F.linear(x, _concat_weights(projections), _concat_biases(projections))  # (..., 2I)
+        gate_up = _project(x, projections, _concat_biases(projections))  # (..., 2I)
         return self.down_proj(self.ops.grpo_silu_mul(gate_up))
 
 
@@ -112,7 +126,7 @@ class TrainingAttention(nn.Layer):
             raise ValueError("the training attention needs paddleformers' 4-D additive mask (eager attention), got none")
         batch, length, _ = hidden_states.shape
         projections = [self.q_proj, self.k_proj, self.v_proj]
-        qkv = paddle.matmul(hidden_states, _concat_weights(projections))  # (B, T, (H + 2 KVH) D), the bias added below
+        qkv = _project(hidden_states, projections)  # (B, T, (H + 2 KVH) D), the bias added below
         cos, sin = position_embeddings  # (B, T, D) each
         q, k, v = self.ops.grpo_rope_qkv(qkv, _concat_biases(projections), cos, sin, self.num_heads, self.num_kv_heads)
         if past_key_values is not None:

@@ -6,7 +6,8 @@ from alignment.algo import learning_rate_factor
 
 
 def build_optimizer(model, config, total_steps: int):
-    """-> (optimizer, scheduler). Weight decay skips biases and norm weights (the usual convention)."""
+    """-> (optimizer, scheduler) over the model's trainable parameters (with LoRA, the adapters only: no
+    moments for frozen weights). Weight decay skips biases and norm weights (the usual convention)."""
     warmup = config.warmup_steps or int(config.warmup_ratio * total_steps)
     floor = config.min_learning_rate / config.learning_rate if config.learning_rate > 0 else 0.0
     scheduler = paddle.optimizer.lr.LambdaDecay(
@@ -16,7 +17,7 @@ def build_optimizer(model, config, total_steps: int):
     no_decay = {p.name for n, p in model.named_parameters() if n.endswith("bias") or "norm" in n}
     optimizer = paddle.optimizer.AdamW(
         learning_rate=scheduler,
-        parameters=model.parameters(),
+        parameters=[p for p in model.parameters() if not p.stop_gradient],
         beta1=config.adam_beta1,
         beta2=config.adam_beta2,
         epsilon=config.adam_epsilon,

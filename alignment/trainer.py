@@ -6,6 +6,7 @@ as ../shared/DESIGN.md lists it. The math lives in alignment/algo.py; this file 
 phases and times them.
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -19,7 +20,16 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from alignment.algo import chunked_token_logprobs, grpo_loss, group_advantages, mean_and_pass_at_k
+from alignment.algo import (
+    aggregation_counts,
+    chunked_token_logprobs,
+    group_advantages,
+    groups_with_signal,
+    loss_token_weights,
+    mean_and_pass_at_k,
+    policy_loss,
+    truncated_importance_weights,
+)
 from alignment.checkpoint import load_training_state, resolve_resume, save_checkpoint
 from alignment.config import GRPOConfig
 from alignment.curves import plot_curves
@@ -27,6 +37,7 @@ from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
 from alignment.fused_train import use_training_ops
 from alignment.logger import RunLogger
+from alignment.lora import adapters_disabled, apply_lora, load_adapter
 from alignment.modeling import (
     completion_hidden,
     enable_recompute,
@@ -37,8 +48,8 @@ from alignment.modeling import (
     stop_token_ids,
 )
 from alignment.optim import build_optimizer, global_grad_norm
-from alignment.rewards import ScoreTable, score_completions
-from alignment.rollout import Rollout, SamplingParams, build_engine
+from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
+from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
 from alignment.runtime import contiguous_kernels
 
 
@@ -53,7 +64,32 @@ class ScoredBatch:
     reward_columns: dict  # function name -> (B,) values, NaN where it failed
     errors: list  # B entries: None or "name: error" of the first failing function
     correct: np.ndarray  # (B,) bool: config.accuracy_function gave a positive value
-    advantages: np.ndarray  # (B,) float32
+    advantages: np.ndarray | None = None  # (B,) float32, set once the step's batch is final
+
+    def groups(self, indices: list) -> "ScoredBatch":
+        """The groups at `indices` (prompt positions), in that order."""
+        rows = [group * self.rollout.group_size + member for group in indices for member in range(self.rollout.group_size)]
+        return ScoredBatch(
+            prompts=[self.prompts[group] for group in indices],
+            rollout=self.rollout.groups(indices),
+            completions=[self.completions[row] for row in rows],
+            rewards=self.rewards[rows],
+            reward_columns={name: values[rows] for name, values in self.reward_columns.items()},
+            errors=[self.errors[row] for row in rows],
+            correct=self.correct[rows],
+        )
+
+
+def concat_scored(parts: list, pad_token_id: int) -> ScoredBatch:
+    return ScoredBatch(
+        prompts=[prompt for part in parts for prompt in part.prompts],
+        rollout=concat_rollouts([part.rollout for part in parts], pad_token_id),
+        completions=[c for part in parts for c in part.completions],
+        rewards=np.concatenate([part.rewards for part in parts]),
+        reward_columns={name: np.concatenate([part.reward_columns[name] for part in parts]) for name in parts[0].reward_columns},
+        errors=[e for part in parts for e in part.errors],
+        correct=np.concatenate([part.correct for part in parts]),
+    )
 
 
 def train(config: GRPOConfig) -> Path:
@@ -65,7 +101,12 @@ def train(config: GRPOConfig) -> Path:
     schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
     total_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * schedule.steps_per_epoch)
 
-    model = load_causal_lm(str(resume or config.actor_model_name_or_path), _dtype(config))
+    # a LoRA checkpoint holds the adapter only: the base comes from actor_model_name_or_path
+    model = load_causal_lm(str(resume if resume and not config.lora else config.actor_model_name_or_path), _dtype(config))
+    if config.lora:  # before the training operators, the rollout engine and the optimizer take the layers
+        apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
+        if resume:
+            load_adapter(model, resume)
     if config.recompute:
         enable_recompute(model, config.recompute_granularity)
     if config.use_fused_train_ops:
@@ -73,7 +114,7 @@ def train(config: GRPOConfig) -> Path:
         if why_not:
             warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
     ref_model = None
-    if config.kl_loss_coeff > 0:  # kl_loss_coeff = 0 loads no reference model at all
+    if config.kl_loss_coeff > 0 and not config.lora:  # no reference model at kl_loss_coeff 0; with LoRA it is the actor without adapters
         ref_model = load_causal_lm(config.actor_model_name_or_path, _dtype(config))
         ref_model.eval()
         for parameter in ref_model.parameters():
@@ -109,29 +150,24 @@ def train(config: GRPOConfig) -> Path:
 
     checkpoint = resume
     for step in range(first_step + 1, total_steps + 1):
-        started = time.perf_counter()
         prompts = [train_prompts[i] for i in schedule.indices(step - 1, world.rank)]
-        first_row = world.rank * len(prompts) * config.rollout_n  # this rank's rows in the global batch
-        step_sampling = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, "train"), first_row=first_row)
-        rollout = engine.generate([p.ids for p in prompts], config.rollout_n, step_sampling)
-        rolled_out = time.perf_counter()
-        scored = score_rollout(prompts, rollout, scorer, tokenizer, config)
+        scored, timings = sample_and_score(engine, scorer, prompts, tokenizer, config, world, sampling, step, "train")
+        sampling_metrics = {}
+        if config.dynamic_sampling:
+            scored, sampling_metrics = keep_groups_with_signal(scored, engine, scorer, train_prompts, tokenizer, config, world, sampling, step, timings)
+        batch_std = global_reward_std(scored, world) if config.scale_rewards == "batch" else None
+        scored.advantages = group_advantages(scored.rewards, config.rollout_n, config.scale_rewards, batch_std)[0]
         rewarded = time.perf_counter()
         learning_rate = scheduler.get_lr()
         with contiguous_kernels():
-            update = update_policy(model, ref_model, optimizer, scored, config, world, tokenizer.pad_token_id)
+            update = update_policy(model, ref_model, optimizer, scored, config, world, tokenizer.pad_token_id, step)
         scheduler.step()
         updated = time.perf_counter()
         engine.sync()  # the fused engine refreshes its weight layout and checks itself against the actor
         finished = time.perf_counter()
 
-        timings = {
-            "rollout": rolled_out - started,
-            "reward": rewarded - rolled_out,
-            "train": updated - rewarded,
-            "sync": finished - updated,
-        }
-        logger.log_step(step, step_metrics(scored, update, learning_rate, timings, world))
+        timings.update(train=updated - rewarded, sync=finished - updated)
+        logger.log_step(step, {**step_metrics(scored, update, learning_rate, timings, world), **sampling_metrics})
         logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
         last = step == total_steps
         if eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
@@ -148,19 +184,73 @@ def train(config: GRPOConfig) -> Path:
     return checkpoint
 
 
-PHASES = ("train", "eval")
+PHASES = ("train", "eval", "resample", "shuffle")
 
 
-def seed_phase(config: GRPOConfig, step: int, rank: int, phase: str) -> int:
+def seed_phase(config: GRPOConfig, step: int, rank: int, phase: str, attempt: int = 0) -> int:
     """Each phase of each step draws from its own random streams, so a resumed run draws exactly what an
     uninterrupted one would with no random state to save, and sampling in an evaluation never shifts
     training's samples. Seeds paddle's generator (the eager engine's draws, dropout) from
     (seed, step, phase, rank) and returns the seed of (seed, step, phase) that the fused engine keys on
     together with each row's index in the global batch: with it, a run over N processes samples exactly
-    the completions a one-process run with the same global batch does."""
-    shared = [config.seed, step, PHASES.index(phase)]
+    the completions a one-process run with the same global batch does. `attempt` numbers the refill
+    rounds of dynamic sampling and the iterations over a batch."""
+    shared = [config.seed, step, PHASES.index(phase)] + ([attempt] if attempt else [])
     paddle.seed(int(np.random.SeedSequence([*shared, rank]).generate_state(1)[0]))
     return int(np.random.SeedSequence(shared).generate_state(1)[0])
+
+
+def sample_and_score(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int, phase: str, attempt: int = 0) -> tuple:
+    """rollout_n completions of each prompt, scored -> (ScoredBatch without advantages, {"rollout": s, "reward": s})."""
+    started = time.perf_counter()
+    first_row = world.rank * len(prompts) * config.rollout_n  # this rank's rows in the global batch
+    params = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, phase, attempt), first_row=first_row)
+    rollout = engine.generate([p.ids for p in prompts], config.rollout_n, params)
+    rolled_out = time.perf_counter()
+    scored = score_rollout(prompts, rollout, scorer, tokenizer, config)
+    return scored, {"rollout": rolled_out - started, "reward": time.perf_counter() - rolled_out}
+
+
+def keep_groups_with_signal(scored: ScoredBatch, engine, scorer, train_prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int, timings: dict) -> tuple:
+    """DAPO's dynamic sampling: groups whose rewards (nearly) agree are dropped and replaced by groups of
+    other prompts, sampled and scored in up to max_resample_times further rounds; if the rounds run out,
+    dropped groups fill the gap (they add no policy gradient) and are counted. Refill prompts are a seeded
+    draw from the whole training set per (step, round, process), so resuming draws them again exactly and
+    the epoch's data order is left alone. -> (the batch to train on, metrics summed over processes)."""
+    wanted = len(scored.prompts)
+    kept, dropped = [], []  # (batch, group) pairs
+    batches = [scored]
+    rounds = 0
+    while True:
+        signal = groups_with_signal(batches[-1].rewards, config.rollout_n, config.dynamic_sampling_min_std)
+        kept += [(batches[-1], g) for g in np.flatnonzero(signal)]
+        dropped += [(batches[-1], g) for g in np.flatnonzero(~signal)]
+        if len(kept) >= wanted or rounds == config.max_resample_times:
+            break
+        rounds += 1
+        rng = np.random.default_rng(seed_phase(config, step, world.rank, "resample", rounds))
+        picks = rng.choice(len(train_prompts), wanted, replace=wanted > len(train_prompts))
+        refill, spent = sample_and_score(engine, scorer, [train_prompts[i] for i in picks], tokenizer, config, world, sampling, step, "resample", rounds)
+        batches.append(refill)
+        for phase, seconds in spent.items():
+            timings[phase] += seconds
+    chosen = (kept + dropped)[:wanted]
+    parts = [batch.groups([g for b, g in chosen if b is batch]) for batch in batches]
+    dropped_total, unfilled = world.sum(np.array([len(dropped), max(0, wanted - len(kept))], dtype=np.float64))
+    rounds_max = world.max(np.array([rounds], dtype=np.float64))[0]
+    metrics = {
+        "dynamic_sampling/dropped_groups": int(dropped_total),
+        "dynamic_sampling/unfilled_groups": int(unfilled),
+        "dynamic_sampling/rounds": int(rounds_max),
+    }
+    return concat_scored([part for part in parts if part.prompts], tokenizer.pad_token_id), metrics
+
+
+def global_reward_std(scored: ScoredBatch, world: World) -> float:
+    """Sample std (ddof=1) of every valid reward of the step, over all processes: scale_rewards=batch's divisor."""
+    rewards = scored.rewards[np.isfinite(scored.rewards)]
+    count, total, squares = world.sum(np.array([len(rewards), rewards.sum(), (rewards**2).sum()]))
+    return math.sqrt(max(squares - total**2 / count, 0.0) / (count - 1)) if count > 1 else 0.0
 
 
 def load_prompts(paths: str, tokenizer, config: GRPOConfig):
@@ -169,22 +259,43 @@ def load_prompts(paths: str, tokenizer, config: GRPOConfig):
 
 
 def build_scorer(config: GRPOConfig):
-    """(completions, samples) -> ScoreTable, in process or through the reward server (use_rm_server)."""
+    """(completions, samples) -> ScoreTable over config.reward_functions: the rule functions in process or
+    through the reward server (use_rm_server), and `reward_model` in process."""
     names, weights = config.reward_functions, config.reward_function_weights
+    rules = [(name, weight) for name, weight in zip(names, weights) if name != REWARD_MODEL]
+    settings = config.reward_settings()
     if not config.use_rm_server:
-        return functools.partial(score_completions, names=names, weights=weights)
-    from alignment.rewards.remote import score_remote
+        score_rules = functools.partial(score_completions, settings=settings)
+    else:
+        from alignment.rewards.remote import score_remote
 
-    return functools.partial(
-        score_remote,
-        names=names,
-        weights=weights,
-        url=config.reward_server,
-        protocol=config.reward_server_protocol,
-        timeout=config.reward_server_timeout,
-        retries=config.reward_server_retries,
-        api_key=config.reward_server_api_key or os.environ.get("GRPO_REWARD_SERVER_API_KEY"),
-    )
+        score_rules = functools.partial(
+            score_remote,
+            url=config.reward_server,
+            protocol=config.reward_server_protocol,
+            timeout=config.reward_server_timeout,
+            retries=config.reward_server_retries,
+            api_key=config.reward_server_api_key or os.environ.get("GRPO_REWARD_SERVER_API_KEY"),
+            settings=settings,
+        )
+    reward_model = None
+    if config.reward_model_name_or_path:
+        from alignment.rewards.reward_model import RewardModel
+
+        reward_model = RewardModel.load(config.reward_model_name_or_path)
+
+    def score(completions: list, samples: list) -> ScoreTable:
+        table = score_rules(completions, samples, [n for n, _ in rules], [w for _, w in rules]) if rules else None
+        if reward_model is None:
+            return table
+        model_scores = reward_model.score(samples, completions).tolist()  # (B,)
+        model_weight = weights[names.index(REWARD_MODEL)]
+        if table is None:
+            return ScoreTable(totals=[model_weight * v for v in model_scores], columns={REWARD_MODEL: model_scores}, errors=[None] * len(completions))
+        totals = [None if t is None else t + model_weight * v for t, v in zip(table.totals, model_scores)]
+        return ScoreTable(totals=totals, columns={**table.columns, REWARD_MODEL: model_scores}, errors=table.errors)
+
+    return score
 
 
 def decode_completions(rollout: Rollout, tokenizer) -> list:
@@ -196,23 +307,24 @@ def decode_completions(rollout: Rollout, tokenizer) -> list:
 
 def score_rollout(prompts: list, rollout: Rollout, scorer, tokenizer, config: GRPOConfig) -> ScoredBatch:
     completions = decode_completions(rollout, tokenizer)
-    samples = [prompts[row // rollout.group_size].record.reward_sample() for row in range(len(completions))]
+    lengths = rollout.lengths
+    samples = [
+        {**prompts[row // rollout.group_size].record.reward_sample(), "completion_tokens": int(lengths[row])}
+        for row in range(len(completions))
+    ]
     table: ScoreTable = scorer(completions, samples)
     columns = {name: _as_array(values) for name, values in table.columns.items()}  # none from a PaddleNLP server
     if config.accuracy_function not in columns:  # the accuracy metric is computed here whatever scores the reward
-        accuracy = score_completions(completions, samples, [config.accuracy_function], [1.0])
+        accuracy = score_completions(completions, samples, [config.accuracy_function], [1.0], settings=config.reward_settings())
         columns[config.accuracy_function] = _as_array(accuracy.columns[config.accuracy_function])
-    rewards = _as_array(table.totals)
-    advantages, _ = group_advantages(rewards, rollout.group_size)
     return ScoredBatch(
         prompts=prompts,
         rollout=rollout,
         completions=completions,
-        rewards=rewards,
+        rewards=_as_array(table.totals),
         reward_columns={name: columns[name] for name in reported_reward_functions(config)},
         errors=table.errors,
         correct=np.nan_to_num(columns[config.accuracy_function]) > 0,
-        advantages=advantages,
     )
 
 
@@ -224,60 +336,109 @@ def _as_array(values: list) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
-def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int) -> dict:
-    """One optimizer step over the scored batch, in micro-batches of per_device_train_batch_size.
+def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, step: int) -> dict:
+    """num_iterations passes over the scored batch, each cut into mini-batches of mini_batch_size sequences
+    (one optimizer step each), run in micro-batches of per_device_train_batch_size.
 
-    With one policy update per rollout the old policy is the current one (ratio 1 in value, the usual
-    GRPO gradient A * grad log pi); the clip matters once a batch is reused."""
+    The old policy's log-probs are the current ones (ratio 1 in value: the usual GRPO gradient A grad log pi)
+    when the batch gets a single optimizer step; otherwise they are computed once, before the first step,
+    as are the reference model's. Each mini-batch's loss is normalised over the mini-batch's loss tokens or
+    sequences in all processes (loss_type), so the gradient does not depend on the micro-batch size."""
     rollout = scored.rollout
-    valid = np.isfinite(scored.rewards)  # completions whose reward failed stay out of the loss
-    loss_mask = rollout.completion_mask * valid[:, None]  # (B, T)
-    token_count = float(world.sum(np.array([loss_mask.sum()]))[0])
-    totals = defaultdict(float)
+    rows_total = len(rollout.prompt_ids)
+    loss_mask = rollout.completion_mask * np.isfinite(scored.rewards)[:, None]  # (B, T): failed rewards stay out
+    if config.overlong_filter:
+        loss_mask = loss_mask * np.array([reason != "length" for reason in rollout.finish_reasons])[:, None]
+    micro, mini = config.per_device_train_batch_size, config.mini_batch_size
+
+    def batch_of(rows: np.ndarray):
+        return make_token_batch([rollout.prompt_ids[r] for r in rows], rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
+
+    def fixed_logprobs(source) -> np.ndarray:  # (B, T) log-probs of a model that does not change during the update
+        with paddle.no_grad():
+            return np.concatenate([
+                policy_logprobs(source, batch_of(np.arange(start, min(start + micro, rows_total))), config)[0].numpy()
+                for start in range(0, rows_total, micro)
+            ])
+
     model.train()
-    micro = config.per_device_train_batch_size
-    for start in range(0, len(rollout.prompt_ids), micro):
-        rows = slice(start, start + micro)
-        batch = make_token_batch(rollout.prompt_ids[rows], rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
-        mask = paddle.to_tensor(loss_mask[rows].astype(np.float32))
-        # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
-        logprobs, entropy = policy_logprobs(model, batch, config)
-        ref_logprobs = None
-        if ref_model is not None:
-            with paddle.no_grad():
-                ref_logprobs, _ = policy_logprobs(ref_model, batch, config)
-        loss, sums = grpo_loss(
-            logprobs,
-            logprobs.detach(),
-            paddle.to_tensor(scored.advantages[rows]),
-            mask,
-            max(token_count, 1.0),
-            config.clip_range_ratio,
-            config.kl_loss_coeff,
-            ref_logprobs,
-        )
-        if token_count > 0:
-            loss.backward()
-        totals["entropy"] += float((entropy * mask).sum())
-        totals["loss"] += float(loss)
-        for key, value in sums.items():
-            totals[key] += value
-    world.sum_gradients(model.parameters())
-    grad_norm = global_grad_norm(model.parameters())
-    if token_count > 0:
-        optimizer.step()
-    optimizer.clear_grad()
+    several_updates = config.num_iterations > 1 or mini < rows_total
+    old_logprobs = fixed_logprobs(model) if several_updates else None
+    ref_logprobs = None
+    if config.kl_loss_coeff > 0:
+        with adapters_disabled(model) if ref_model is None else contextlib.nullcontext():  # LoRA: the base is the reference
+            ref_logprobs = fixed_logprobs(ref_model or model)
+    totals, updates = defaultdict(float), 0
+    global_tokens = float(world.sum(np.array([loss_mask.sum()]))[0])
+    for iteration in range(config.num_iterations):
+        order = np.arange(rows_total)
+        if config.shuffle_minibatch:
+            order = np.random.default_rng(seed_phase(config, step, world.rank, "shuffle", iteration + 1)).permutation(rows_total)
+        for mini_start in range(0, rows_total, mini):
+            rows = order[mini_start : mini_start + mini]
+            counts = world.sum(aggregation_counts(loss_mask[rows]))  # global tokens, live sequences, sequences
+            weights = loss_token_weights(loss_mask[rows], config.loss_type, config.max_dec_len, counts)  # (m, T)
+            for start in range(0, len(rows), micro):
+                chunk = rows[start : start + micro]
+                mask = paddle.to_tensor(loss_mask[chunk].astype(np.float32))
+                # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
+                logprobs, entropy = policy_logprobs(model, batch_of(chunk), config)
+                old = logprobs.detach() if old_logprobs is None else paddle.to_tensor(old_logprobs[chunk])
+                importance = None
+                if config.importance_sampling_correction:
+                    importance, capped = truncated_importance_weights(old, paddle.to_tensor(rollout.logprobs[chunk]), config.importance_sampling_cap)
+                    if iteration == 0:  # the weights depend only on the batch: count them once
+                        totals["is_weight"] += float((importance * mask).sum())
+                        totals["is_capped"] += float((capped.astype("float32") * mask).sum())
+                        totals["is_logprob_gap_max"] = max(totals["is_logprob_gap_max"], float(((old - paddle.to_tensor(rollout.logprobs[chunk])).abs() * mask).max()))
+                loss, sums = policy_loss(
+                    logprobs,
+                    old,
+                    paddle.to_tensor(scored.advantages[chunk]),
+                    paddle.to_tensor(weights[start : start + micro]),
+                    mask,
+                    config.clip_range_ratio_low,
+                    config.clip_range_ratio_high,
+                    config.dual_clip_ratio,
+                    importance,
+                    config.kl_loss_coeff,
+                    None if ref_logprobs is None else paddle.to_tensor(ref_logprobs[chunk]),
+                    config.kl_estimator,
+                )
+                if counts[0] > 0:
+                    loss.backward()
+                totals["entropy"] += float((entropy * mask).sum())
+                totals["loss"] += float(loss)
+                for key, value in sums.items():
+                    totals[key] += value
+            world.sum_gradients(model.parameters())
+            totals["grad_norm"] += global_grad_norm(model.parameters())
+            if counts[0] > 0:
+                optimizer.step()
+            optimizer.clear_grad()
+            updates += 1
+    gap_max = world.max(np.array([totals.pop("is_logprob_gap_max", 0.0)]))[0]
     keys = sorted(totals)
     summed = dict(zip(keys, world.sum(np.array([totals[k] for k in keys]))))
-    per_token = max(token_count, 1.0)
-    return {
-        "loss": summed["loss"],
+    per_token = max(global_tokens, 1.0) * config.num_iterations  # token sums over every update
+    metrics = {
+        "loss": summed["loss"] / updates,
         "entropy": summed["entropy"] / per_token,
         "clip_fraction": summed["clipped"] / per_token,
+        "clip_low_fraction": summed["clipped_low"] / per_token,
+        "clip_high_fraction": summed["clipped_high"] / per_token,
         "kl": summed["kl"] / per_token if "kl" in summed else None,
-        "grad_norm": grad_norm,
-        "loss_tokens": token_count,
+        "grad_norm": summed["grad_norm"] / world.size / updates,  # every process computed the same all-reduced norm
+        "loss_tokens": global_tokens,
+        "optimizer_steps": updates,
     }
+    if config.dual_clip_ratio is not None:
+        metrics["dual_clip_fraction"] = summed["dual_clipped"] / per_token
+    if config.importance_sampling_correction:
+        metrics["is/weight_mean"] = summed["is_weight"] / max(global_tokens, 1.0)
+        metrics["is/capped_fraction"] = summed["is_capped"] / max(global_tokens, 1.0)
+        metrics["is/logprob_gap_max"] = gap_max
+    return metrics
 
 
 def policy_logprobs(model, batch, config: GRPOConfig) -> tuple:
@@ -309,9 +470,7 @@ def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timing
         "reward_errors": int(count - n_valid),
         "accuracy": correct / count,
         "advantage_abs_mean": advantage_sum / max(n_valid, 1),
-        "kl": update["kl"],
-        "clip_fraction": update["clip_fraction"],
-        "entropy": update["entropy"],
+        **{key: value for key, value in update.items() if key not in ("loss", "grad_norm", "loss_tokens")},
         "response_length_mean": length_sum / count,
         "response_length_max": int(world.max(np.array([lengths.max()]))[0]),
         "truncated_fraction": truncated / count,

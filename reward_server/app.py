@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from alignment.rewards import ScoreTable, available_rewards
+from alignment.rewards import RewardSettings, ScoreTable, available_rewards
 
 from .middleware import PADDLENLP_PATH, AccessLog, LimitBody, RequireKey, error_response
 from .pool import ScoringPool
@@ -51,7 +51,12 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
     keyed = [Security(HTTPBearer(auto_error=False))] if settings.api_key else []
 
     async def score(
-        request: Request, completions: list[str], samples: list[dict], names: list[str], weights: list[float]
+        request: Request,
+        completions: list[str],
+        samples: list[dict],
+        names: list[str],
+        weights: list[float],
+        reward_settings: RewardSettings = RewardSettings(),
     ) -> ScoreTable:
         request.state.items = len(completions)
         if len(completions) > settings.max_items:
@@ -59,7 +64,7 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
                 422, f"{len(completions)} items; this server takes at most {settings.max_items} (--max_items)"
             )
         try:
-            table = await pool.score(completions, samples, names, weights)
+            table = await pool.score(completions, samples, names, weights, reward_settings)
         except ValueError as exc:  # unknown function (with the closest names), weights that do not match, ...
             raise HTTPException(422, str(exc)) from None
         request.state.item_errors = sum(error is not None for error in table.errors)
@@ -88,7 +93,8 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         weights = [1.0] * len(names) if body.reward_weights is None else body.reward_weights
         completions = [item.completion for item in body.items]
         samples = [{key: value for key, value in item if key != "completion"} for item in body.items]
-        table = await score(request, completions, samples, names, weights)
+        reward_settings = RewardSettings() if body.reward_settings is None else body.reward_settings.to_settings()
+        table = await score(request, completions, samples, names, weights, reward_settings)
         return {"scores": table.totals, "components": table.columns, "errors": table.errors}
 
     @app.get("/v1/reward_funcs", response_model=RewardFuncsResponse, dependencies=keyed)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from alignment.rewards import ScoreTable, score_completions
+from alignment.rewards import RewardSettings, ScoreTable, score_completions
 from alignment.rewards.plugins import load_plugins
 
 # Large enough that IPC is a small part of the cost (an item scores in ~30 us), small enough that a
@@ -39,15 +39,17 @@ def _serve(conn, plugins: list[str]) -> None:
     conn.send(None)  # ready
     try:
         while (job := conn.recv()) is not None:
-            names, weights, completions, samples = job
+            names, weights, settings, completions, samples = job
             for completion, sample in zip(completions, samples, strict=True):
-                conn.send(_score_one(completion, sample, names, weights))
+                conn.send(_score_one(completion, sample, names, weights, settings))
     except EOFError:  # the server is gone
         pass
 
 
-def _score_one(completion: str, sample: Mapping, names: list[str], weights: list[float]) -> ItemResult:
-    table = score_completions([completion], [sample], names, weights)
+def _score_one(
+    completion: str, sample: Mapping, names: list[str], weights: list[float], settings: RewardSettings
+) -> ItemResult:
+    table = score_completions([completion], [sample], names, weights, settings=settings)
     total, error = table.totals[0], table.errors[0]
     if total is not None and not math.isfinite(total):  # finite values, huge weights: JSON has no inf
         total, error = None, f"weighted total overflowed to {total}"
@@ -98,6 +100,7 @@ class _Worker:
 class _Chunk:
     names: list[str]
     weights: list[float]
+    settings: RewardSettings
     completions: list[str]
     samples: list[Mapping]
     future: Future
@@ -140,7 +143,12 @@ class ScoringPool:
         self._threads.clear()
 
     async def score(
-        self, completions: list[str], samples: list[Mapping], names: list[str], weights: list[float]
+        self,
+        completions: list[str],
+        samples: list[Mapping],
+        names: list[str],
+        weights: list[float],
+        settings: RewardSettings = RewardSettings(),
     ) -> ScoreTable:
         """Scores like score_completions, off the event loop; raises ValueError for a bad request."""
         score_completions([], [], names, weights)  # the same name and weight checks as in-process scoring
@@ -149,7 +157,7 @@ class ScoringPool:
         for start in range(0, len(completions), size):
             future: Future = Future()
             end = start + size
-            self._queue.put(_Chunk(names, weights, completions[start:end], samples[start:end], future))
+            self._queue.put(_Chunk(names, weights, settings, completions[start:end], samples[start:end], future))
             futures.append(asyncio.wrap_future(future))
         results = [result for chunk in await asyncio.gather(*futures) for result in chunk]
         return ScoreTable(
@@ -172,7 +180,8 @@ class ScoringPool:
         results: list[ItemResult] = []
         while len(results) < len(chunk.completions):
             done = len(results)
-            worker.conn.send((chunk.names, chunk.weights, chunk.completions[done:], chunk.samples[done:]))
+            job = (chunk.names, chunk.weights, chunk.settings, chunk.completions[done:], chunk.samples[done:])
+            worker.conn.send(job)
             while len(results) < len(chunk.completions):
                 try:
                     if worker.conn.poll(self.item_timeout):

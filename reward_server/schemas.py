@@ -1,8 +1,11 @@
 """Request and response bodies; FastAPI turns them into validation and the OpenAPI schema."""
 
+from dataclasses import fields
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, create_model, model_validator
+
+from alignment.rewards import RewardSettings
 
 Score = Annotated[float | None, Field(description="null where the item could not be scored")]
 
@@ -28,10 +31,35 @@ class Item(BaseModel):
     answer: str | int | float | None = Field(None, description="the reference answer (sample['answer'])")
 
 
+class _CheckedSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is a 422 naming it, not a silent default
+
+    @model_validator(mode="after")
+    def _in_range(self):
+        self.to_settings()  # RewardSettings' own checks; their ValueError names the field
+        return self
+
+    def to_settings(self) -> RewardSettings:
+        return RewardSettings(**self.model_dump())
+
+
+# RewardSettings' fields, types and defaults, generated so that the two cannot drift apart.
+RewardSettingsBody = create_model(
+    "RewardSettings",
+    __base__=_CheckedSettings,
+    **{field.name: (field.type, field.default) for field in fields(RewardSettings)},
+)
+
+
 class ScoreRequest(BaseModel):
     items: list[Item]
     reward_funcs: list[str] | None = Field(None, description="reward function names; default: the server's")
     reward_weights: list[FiniteFloat] | None = Field(None, description="one per function; default: all 1.0")
+    reward_settings: RewardSettingsBody | None = Field(
+        None,
+        description="parameters of the length and repetition rewards (cosine, repetition, soft_overlong); "
+        "default: RewardSettings' defaults, with cosine_max_len and soft_max_length unset",
+    )
 
 
 class ScoreResponse(BaseModel):

@@ -5,14 +5,18 @@ import paddle
 import pytest
 
 from alignment.algo import (
+    aggregation_counts,
     clipped_surrogate,
     group_advantages,
-    grpo_loss,
-    kl_k3,
+    groups_with_signal,
+    kl_estimate,
     learning_rate_factor,
+    loss_token_weights,
     mean_and_pass_at_k,
+    policy_loss,
     token_entropy,
     token_logprobs,
+    truncated_importance_weights,
 )
 
 
@@ -51,11 +55,53 @@ def test_vectorised_advantages_equal_a_slow_float64_loop():
             assert advantages[i] == pytest.approx(expected, abs=1e-5)
 
 
-def test_k3_hand_values():
+def test_batch_and_no_scaling_hand_computed():
+    rewards = np.array([1.0, 0, 0, 1, 2, 0, 0, 0])  # group means 0.5 and 0.5
+    centred = [0.5, -0.5, -0.5, 0.5, 1.5, -0.5, -0.5, -0.5]
+    none, _ = group_advantages(rewards, group_size=4, scale="none")
+    np.testing.assert_allclose(none, centred, atol=1e-7)
+    # batch std, ddof 1: mean .5, squares 4 x .25 + 2.25 + 3 x .25 = 4 -> sqrt(4 / 7)
+    batch, _ = group_advantages(rewards, group_size=4, scale="batch", eps=0.0)
+    np.testing.assert_allclose(batch, np.array(centred) / math.sqrt(4 / 7), atol=1e-6)
+    given, _ = group_advantages(rewards, group_size=4, scale="batch", batch_std=2.0, eps=0.0)  # the global std, from the trainer
+    np.testing.assert_allclose(given, np.array(centred) / 2.0, atol=1e-7)
+    flat, _ = group_advantages(np.array([3.0, 3.0, 1.0, 1.0]), group_size=2, scale="none")
+    np.testing.assert_array_equal(flat, 0.0)
+
+
+@pytest.mark.parametrize(
+    "rewards, min_std, expected",
+    [
+        ([1.0, 0.0, 1.0, 1.0], 1e-4, [True, False]),  # std .707 / 0
+        ([0.5, 0.50001, 0.2, 0.9], 1e-4, [False, True]),  # std 7e-6: nearly equal counts as no signal
+        ([0.5, 0.50001, 0.2, 0.9], 0.0, [True, True]),  # any spread at all
+        ([1.0, np.nan, 0.0, 1.0], 1e-4, [False, True]),  # one valid member is not a comparison
+    ],
+)
+def test_groups_with_signal_use_a_std_threshold(rewards, min_std, expected):
+    assert groups_with_signal(np.array(rewards), 2, min_std).tolist() == expected
+
+
+def test_kl_estimators_hand_values():
     logp = paddle.to_tensor([[-1.0, -2.0, -0.5]])
     ref = paddle.to_tensor([[-1.0, -1.0, -1.5]])
-    # d = ref - logp = 0, 1, -1 -> e^d - d - 1 = 0, e - 2, e^-1
-    np.testing.assert_allclose(kl_k3(logp, ref).numpy(), [[0.0, math.e - 2, math.exp(-1)]], rtol=1e-6)
+    # d = ref - logp = 0, 1, -1
+    np.testing.assert_allclose(kl_estimate(logp, ref, "k1").numpy(), [[0.0, -1.0, 1.0]], rtol=1e-6)
+    np.testing.assert_allclose(kl_estimate(logp, ref, "k2").numpy(), [[0.0, 0.5, 0.5]], rtol=1e-6)
+    np.testing.assert_allclose(kl_estimate(logp, ref, "k3").numpy(), [[0.0, math.e - 2, math.exp(-1)]], rtol=1e-6)
+    with pytest.raises(ValueError, match="k1, k2 or k3"):
+        kl_estimate(logp, ref, "k4")
+
+
+def test_kl_estimators_against_the_exact_kl_by_sampling():
+    # pi and pi_ref over 5 words: k1 and k3 are unbiased for KL(pi || pi_ref) on tokens drawn from pi
+    rng = np.random.default_rng(0)
+    pi, ref = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
+    exact = float((pi * np.log(pi / ref)).sum())
+    tokens = rng.choice(5, size=200_000, p=pi)
+    logp, ref_logp = paddle.to_tensor(np.log(pi)[tokens][None]), paddle.to_tensor(np.log(ref)[tokens][None])
+    for estimator in ("k1", "k3"):
+        assert float(kl_estimate(logp, ref_logp, estimator).mean()) == pytest.approx(exact, abs=0.01)
 
 
 def test_clipped_side_has_zero_gradient():
@@ -63,20 +109,92 @@ def test_clipped_side_has_zero_gradient():
     old = paddle.to_tensor([[0.0, 0.0, 0.0, 0.0]])
     logp = paddle.to_tensor([[0.5, 0.5, -0.5, -0.5]], stop_gradient=False)
     advantages = paddle.to_tensor([1.0])
-    loss, clipped = clipped_surrogate(logp, old, advantages, 0.2, 0.2)
+    loss, flags = clipped_surrogate(logp, old, advantages, 0.2, 0.2)
     loss.sum().backward()
     # A > 0: the high ratio is clipped (no gradient), the low ratio keeps its gradient -A * r
-    np.testing.assert_array_equal(clipped.numpy(), [[True, True, False, False]])
+    np.testing.assert_array_equal(flags["clipped"].numpy(), [[True, True, False, False]])
+    np.testing.assert_array_equal(flags["clipped_high"].numpy(), [[True, True, False, False]])
+    np.testing.assert_array_equal(flags["clipped_low"].numpy(), [[False, False, False, False]])
     np.testing.assert_allclose(logp.grad.numpy(), [[0.0, 0.0, -math.exp(-0.5), -math.exp(-0.5)]], rtol=1e-6)
     np.testing.assert_allclose(loss.numpy(), [[-1.2, -1.2, -math.exp(-0.5), -math.exp(-0.5)]], rtol=1e-6)
 
 
 def test_negative_advantage_clips_the_low_side():
     logp = paddle.to_tensor([[0.5, -0.5]], stop_gradient=False)
-    loss, clipped = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([-1.0]), 0.2, 0.2)
+    loss, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([-1.0]), 0.2, 0.2)
     loss.sum().backward()
-    np.testing.assert_array_equal(clipped.numpy(), [[False, True]])
+    np.testing.assert_array_equal(flags["clipped"].numpy(), [[False, True]])
+    np.testing.assert_array_equal(flags["clipped_low"].numpy(), [[False, True]])
     np.testing.assert_allclose(logp.grad.numpy(), [[math.exp(0.5), 0.0]], rtol=1e-6)
+
+
+def test_clip_higher_widens_only_the_upper_side():
+    # ratios 1.25 and 0.75 with low 0.2, high 0.28: 1.25 < 1.28 is not clipped for A > 0, 0.75 < 0.8 is for A < 0
+    logp = paddle.to_tensor([[math.log(1.25), math.log(0.75)]])
+    positive, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([1.0]), 0.2, 0.28)
+    np.testing.assert_allclose(positive.numpy(), [[-1.25, -0.75]], rtol=1e-6)
+    assert flags["clipped"].numpy().tolist() == [[False, False]]
+    negative, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([-1.0]), 0.2, 0.28)
+    np.testing.assert_allclose(negative.numpy(), [[1.25, 0.8]], rtol=1e-6)
+    assert flags["clipped_low"].numpy().tolist() == [[False, True]]
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+    # A = -2, ratios e^2 = 7.39 and 2.0: -A r = 14.78 and 4.0; with c = 3 the first is bounded at -A c = 6 (no gradient)
+    logp = paddle.to_tensor([[2.0, math.log(2.0)]], stop_gradient=False)
+    loss, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([-2.0]), 0.2, 0.2, dual_clip=3.0)
+    loss.sum().backward()
+    np.testing.assert_allclose(loss.numpy(), [[6.0, 4.0]], rtol=1e-6)
+    assert flags["dual_clipped"].numpy().tolist() == [[True, False]]
+    np.testing.assert_allclose(logp.grad.numpy(), [[0.0, 4.0]], rtol=1e-6)
+    # a positive advantage is never dual-clipped
+    loss, flags = clipped_surrogate(logp.detach(), paddle.zeros([1, 2]), paddle.to_tensor([2.0]), 0.2, 0.2, dual_clip=3.0)
+    np.testing.assert_allclose(loss.numpy(), [[-2.4, -2.4]], rtol=1e-6)
+    assert flags["dual_clipped"].numpy().tolist() == [[False, False]]
+
+
+def test_truncated_importance_weights_hand_values():
+    old = paddle.to_tensor([[-1.0, -1.0, -1.0]])
+    rollout = paddle.to_tensor([[-1.0, -1.5, -2.0]])  # pi_old / pi_rollout = 1, e^.5 = 1.65, e = 2.72
+    weights, capped = truncated_importance_weights(old, rollout, cap=2.0)
+    np.testing.assert_allclose(weights.numpy(), [[1.0, math.exp(0.5), 2.0]], rtol=1e-6)
+    assert capped.numpy().tolist() == [[False, False, True]]
+
+
+def test_loss_token_weights_hand_computed():
+    mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=np.float32)  # lengths 3, 1, 0 (a filtered row)
+    counts = aggregation_counts(mask)
+    assert counts.tolist() == [4, 2, 3]
+    np.testing.assert_allclose(loss_token_weights(mask, "dapo", 4, counts), mask / 4)
+    grpo = loss_token_weights(mask, "grpo", 4, counts)  # mean over each sequence's tokens, then over the 2 live sequences
+    np.testing.assert_allclose(grpo[0], [1 / 6, 1 / 6, 1 / 6, 0], rtol=1e-6)
+    np.testing.assert_allclose(grpo[1], [1 / 2, 0, 0, 0], rtol=1e-6)
+    np.testing.assert_array_equal(grpo[2], 0.0)
+    np.testing.assert_allclose(loss_token_weights(mask, "dr_grpo", 4, counts), mask / 12, rtol=1e-6)  # 3 sequences x max_dec_len 4
+
+
+@pytest.mark.parametrize("loss_type, expected", [("dapo", (-2 - 2 + 1) / 3), ("grpo", (-2 + 1) / 2), ("dr_grpo", (-2 - 2 + 1) / (2 * 5))])
+def test_policy_loss_aggregation_hand_computed(loss_type, expected):
+    logp = paddle.to_tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    mask = np.array([[1.0, 1.0], [1.0, 0.0]], dtype=np.float32)
+    weights = paddle.to_tensor(loss_token_weights(mask, loss_type, 5, aggregation_counts(mask)))
+    # ratio 1: each token's loss is -A
+    loss, sums = policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), 0.2, 0.2)
+    assert float(loss) == pytest.approx(expected)
+    assert sums == {"clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0}
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), 0.2, 0.2, kl_coeff=0.1)
+
+
+def test_importance_weights_scale_the_policy_term_only():
+    logp = paddle.to_tensor([[-1.0, -1.0]])
+    mask = paddle.to_tensor([[1.0, 1.0]])
+    weights = paddle.to_tensor([[0.5, 0.5]])
+    ref = paddle.to_tensor([[-2.0, -1.0]])  # k3: e^-1 - (-1) - 1 = e^-1, and 0
+    loss, sums = policy_loss(logp, logp, paddle.to_tensor([1.0]), weights, mask, 0.2, 0.2,
+                             importance_weights=paddle.to_tensor([[2.0, 0.5]]), kl_coeff=0.1, ref_logprobs=ref)
+    assert float(loss) == pytest.approx(0.5 * (-2.0 - 0.5) + 0.5 * 0.1 * math.exp(-1), rel=1e-6)
+    assert sums["kl"] == pytest.approx(math.exp(-1), rel=1e-6)
 
 
 def _policy(seed=0):
@@ -84,43 +202,44 @@ def _policy(seed=0):
     return paddle.nn.Sequential(paddle.nn.Embedding(11, 8), paddle.nn.Linear(8, 11))
 
 
-def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff):
-    """Sum of micro-batch losses, each normalised by the global token count -> gradient."""
-    token_count = float(mask.sum())
+def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff, loss_type="dapo", processes=1):
+    """Sum of micro-batch losses, the token weights fixed over the whole batch -> gradient. With processes > 1
+    the rows are split into contiguous slices, each weighted from its own mask and the summed counts, as
+    the trainer does across ranks. Clip-higher, dual clip and importance weights are on."""
+    rows_total = tokens.shape[0]
     ref = paddle.nn.functional.log_softmax(paddle.to_tensor(np.random.default_rng(1).normal(size=(6, 5, 11)).astype("float32")), -1)
     ref_logp = paddle.take_along_axis(ref, tokens.unsqueeze(-1), -1).squeeze(-1)
-    for start in range(0, tokens.shape[0], micro_batch):
+    importance = paddle.to_tensor(np.random.default_rng(2).uniform(0.5, 2.0, size=(6, 5)).astype("float32"))
+    mask_np = mask.numpy()
+    share = rows_total // processes
+    slices = [slice(r * share, (r + 1) * share) for r in range(processes)]
+    counts = sum(aggregation_counts(mask_np[s]) for s in slices)
+    weights = np.concatenate([loss_token_weights(mask_np[s], loss_type, 5, counts) for s in slices])
+    for start in range(0, rows_total, micro_batch):
         rows = slice(start, start + micro_batch)
         logp = token_logprobs(model(tokens[rows]), tokens[rows], temperature=0.7)
-        loss, _ = grpo_loss(logp, logp.detach() - 0.1, advantages[rows], mask[rows], token_count, 0.2, kl_coeff, ref_logp[rows])
+        loss, _ = policy_loss(
+            logp, logp.detach() - 0.1, advantages[rows], paddle.to_tensor(weights[rows]), mask[rows], 0.2, 0.28, 3.0,
+            importance[rows], kl_coeff, ref_logp[rows],
+        )
         loss.backward()
     gradient = [p.grad.numpy().copy() for p in model.parameters()]
     model.clear_gradients()
     return gradient
 
 
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 @pytest.mark.parametrize("kl_coeff", [0.0, 0.05])
-def test_gradient_does_not_depend_on_the_micro_batch_size(kl_coeff):
+def test_gradient_does_not_depend_on_the_micro_batch_size_or_processes(kl_coeff, loss_type):
     rng = np.random.default_rng(0)
     tokens = paddle.to_tensor(rng.integers(0, 11, size=(6, 5)))
     mask = paddle.to_tensor((rng.random((6, 5)) > 0.3).astype("float32"))  # ragged lengths
     advantages = paddle.to_tensor(rng.normal(size=6).astype("float32"))
     model = _policy()
-    whole = _batch_gradient(model, tokens, advantages, mask, 6, kl_coeff)
-    for micro in (1, 2, 3):
-        for a, b in zip(whole, _batch_gradient(model, tokens, advantages, mask, micro, kl_coeff)):
+    whole = _batch_gradient(model, tokens, advantages, mask, 6, kl_coeff, loss_type)
+    for micro, processes in ((1, 1), (2, 1), (3, 1), (1, 2), (3, 3)):
+        for a, b in zip(whole, _batch_gradient(model, tokens, advantages, mask, micro, kl_coeff, loss_type, processes)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-
-
-def test_grpo_loss_is_the_token_mean_over_the_batch():
-    logp = paddle.to_tensor([[-1.0, -1.0], [-1.0, -1.0]])
-    mask = paddle.to_tensor([[1.0, 1.0], [1.0, 0.0]])
-    loss, sums = grpo_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), mask, 3.0, 0.2)
-    # ratio 1: per token -A -> (-2 - 2 + 1) / 3 tokens
-    assert float(loss) == pytest.approx(-1.0)
-    assert sums == {"clipped": 0.0}
-    with pytest.raises(ValueError, match="ref_logprobs"):
-        grpo_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), mask, 3.0, 0.2, kl_coeff=0.1)
 
 
 def test_logprobs_and_entropy_against_float64():

@@ -22,6 +22,13 @@ def test_task_script_rewrites_the_committed_splits(tmp_path):
         assert (tmp_path / f"{split}.jsonl").read_bytes() == open(f"data/arith/{split}.jsonl", "rb").read()
 
 
+def test_kk_script_rewrites_the_committed_splits(tmp_path):
+    command = [sys.executable, "data/kk/make_kk.py", "--seed", "0", "--train", "2000", "--test", "200", "--out", str(tmp_path)]
+    subprocess.run(command, check=True, capture_output=True)
+    for split in ("train", "test"):
+        assert (tmp_path / f"{split}.jsonl").read_bytes() == open(f"data/kk/{split}.jsonl", "rb").read()
+
+
 def test_splits_are_disjoint_and_answers_are_right():
     rows = {split: [json.loads(line) for line in open(f"data/arith/{split}.jsonl")] for split in ("train", "test")}
     assert (len(rows["train"]), len(rows["test"])) == (4000, 200)

@@ -21,7 +21,7 @@ def test_paddlenlp_src_tgt(tmp_path):
     (record,) = read_prompt_records(jsonl(tmp_path, [{"src": "What is 2+3?", "tgt": "5", "level": 1}]))
     assert record.messages == ({"role": "user", "content": "What is 2+3?"},)
     assert record.answer == "5"
-    assert record.reward_sample() == {"tgt": "5", "level": 1, "prompt": "What is 2+3?", "answer": "5"}
+    assert record.reward_sample() == {"src": "What is 2+3?", "tgt": "5", "level": 1, "prompt": "What is 2+3?", "answer": "5"}
     assert record.source.endswith("data.jsonl:1")
 
 

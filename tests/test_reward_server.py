@@ -1,6 +1,7 @@
 """The reward server as users run it (`python reward_server/reward_server.py` in a subprocess on a free
 loopback port), driven over HTTP, and the trainer's client (score_remote) against it."""
 
+import dataclasses
 import http.server
 import json
 import re
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from openapi_spec_validator import validate as validate_openapi
 from schemathesis import GenerationMode
 
-from alignment.rewards import score_completions
+from alignment.rewards import RewardSettings, score_completions
 from alignment.rewards.plugins import load_plugins
 from alignment.rewards.remote import RewardServerError, score_remote
 from reward_servers import API_KEY_ENV, REPO, free_port, reward_server, server_command
@@ -84,9 +85,10 @@ def plugin_in_process():
     load_plugins([str(PLUGIN)])  # the same functions in this process, to compare with the server
 
 
-def in_process(items, names, weights=None):
+def in_process(items, names, weights=None, settings=RewardSettings()):
     samples = [{k: v for k, v in item.items() if k != "completion"} for item in items]
-    table = score_completions([item["completion"] for item in items], samples, names, weights or [1.0] * len(names))
+    completions = [item["completion"] for item in items]
+    table = score_completions(completions, samples, names, weights or [1.0] * len(names), settings=settings)
     return {"scores": table.totals, "components": table.columns, "errors": table.errors}
 
 
@@ -179,6 +181,57 @@ def test_unknown_reward_function_is_422_with_the_closest_names(client):
 def test_inconsistent_reward_functions_are_422(client, body, expected):
     answer = client.post("/v1/score", json=body)
     assert answer.status_code == 422 and expected in answer.json()["detail"]
+
+
+# Non-default settings and the token counts the trainer adds to each item.
+LENGTH_SETTINGS = RewardSettings(
+    cosine_min_len_value_wrong=-1.0,
+    cosine_max_len_value_correct=0.25,
+    cosine_max_len=40,
+    repetition_n_grams=2,
+    repetition_max_penalty=-0.5,
+    soft_max_length=40,
+    soft_cache_length=10,
+)
+LENGTH_ITEMS = [{**item, "completion_tokens": tokens} for item, tokens in zip(ITEMS[:4], [12, 33, 40, 7])]
+LENGTH_NAMES = ["cosine", "repetition", "soft_overlong"]
+
+
+def test_length_rewards_score_over_http_as_in_process_with_the_requests_settings(client):
+    body = {"items": LENGTH_ITEMS, "reward_funcs": LENGTH_NAMES, "reward_settings": dataclasses.asdict(LENGTH_SETTINGS)}
+    answer = client.post("/v1/score", json=body).json()
+    assert answer == in_process(LENGTH_ITEMS, LENGTH_NAMES, settings=LENGTH_SETTINGS)
+    assert answer["components"]["soft_overlong"] == [0.0, -0.3, -1.0, 0.0]  # punished from 31 tokens
+    assert answer["components"]["cosine"][2] == 0.25  # right at cosine_max_len (40)
+    # Without reward_settings, the defaults: cosine_max_len is unset, and each item says so.
+    defaults = post_v1(client, LENGTH_ITEMS[:1], ["cosine"]).json()
+    assert defaults == in_process(LENGTH_ITEMS[:1], ["cosine"])
+    assert defaults["errors"][0].startswith("cosine: ValueError: cosine_max_len is not set")
+    # Without completion_tokens the item fails alone, naming the missing column.
+    body |= {"items": [ITEMS[0], LENGTH_ITEMS[1]], "reward_funcs": ["soft_overlong"]}
+    missing = client.post("/v1/score", json=body).json()
+    assert missing["errors"][0].startswith("soft_overlong: ValueError: item has no 'completion_tokens'")
+    assert missing["errors"][1] is None
+
+
+@pytest.mark.parametrize(
+    "reward_settings, loc, message",
+    [
+        ({"cosine_max_lenn": 40}, ["body", "reward_settings", "cosine_max_lenn"], "Extra inputs are not permitted"),
+        ({"repetition_n_grams": 0}, ["body", "reward_settings"], "repetition_n_grams must be >= 1, got 0"),
+        (
+            {"soft_max_length": 40, "soft_cache_length": 40},
+            ["body", "reward_settings"],
+            "soft_cache_length (40) must be less than soft_max_length (40)",
+        ),
+        ({"cosine_max_len": "long"}, ["body", "reward_settings", "cosine_max_len"], "valid integer"),
+    ],
+)
+def test_bad_reward_settings_are_422_naming_the_field(client, reward_settings, loc, message):
+    answer = client.post("/v1/score", json={"items": LENGTH_ITEMS[:1], "reward_settings": reward_settings})
+    assert answer.status_code == 422
+    (error,) = answer.json()["detail"]
+    assert error["loc"] == loc and message in error["msg"]
 
 
 def test_too_many_items_is_422(client):
@@ -397,6 +450,13 @@ def test_score_remote_equals_in_process_through_v1(server):
     table = remote(ITEMS, ["accuracy", "format"], server.url)
     as_served = {"scores": table.totals, "components": table.columns, "errors": table.errors}
     assert as_served == in_process(ITEMS, ["accuracy", "format"])
+
+
+def test_score_remote_sends_the_reward_settings(server):
+    table = remote(LENGTH_ITEMS, LENGTH_NAMES, server.url, settings=LENGTH_SETTINGS)
+    as_served = {"scores": table.totals, "components": table.columns, "errors": table.errors}
+    assert as_served == in_process(LENGTH_ITEMS, LENGTH_NAMES, settings=LENGTH_SETTINGS)
+    assert all(error is None for error in table.errors)
 
 
 def test_score_remote_through_paddlenlp_has_totals_only_and_null_marked_errors(server):

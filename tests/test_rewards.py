@@ -15,7 +15,7 @@ from alignment.rewards import (
 )
 
 SOLVERS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
-BUILT_INS = ("accuracy", "correctness", "format", "int_answer", "soft_format", "strict_format", "xmlcount")
+BUILT_INS = ("accuracy", "correctness", "cosine", "format", "int_answer", "knights_knaves", "repetition", "soft_format", "soft_overlong", "strict_format", "xmlcount")
 
 
 def score(name, completion, answer):

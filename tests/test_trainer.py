@@ -15,6 +15,7 @@ from alignment.distributed import World
 from alignment.modeling import load_tokenizer
 from alignment.rewards import register_reward
 from alignment.rollout import EagerEngine, Rollout, SamplingParams
+from alignment.algo import group_advantages
 from alignment.trainer import build_scorer, score_rollout, step_metrics, update_policy
 
 
@@ -42,6 +43,7 @@ def setup():
 def test_failed_rewards_are_counted_and_left_out_of_their_group(setup):
     tokenizer, _, config, prompts, rollout = setup
     scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
+    scored.advantages = group_advantages(scored.rewards, rollout.group_size)[0]
     failed = np.array([len(c) % 2 == 1 for c in scored.completions])
     assert failed.any() and not failed.all(), "the seeded rollout should mix odd and even lengths"
     assert np.isnan(scored.rewards[failed]).all() and np.isfinite(scored.rewards[~failed]).all()
@@ -68,13 +70,14 @@ def _sgd_step(model, scored, config, tokenizer) -> list:
     """Parameter change of one plain SGD step with learning rate 1, i.e. minus the gradient."""
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
-    update_policy(model, None, paddle.optimizer.SGD(1.0, parameters=model.parameters()), scored, config, World(0, 1), tokenizer.pad_token_id)
+    update_policy(model, None, paddle.optimizer.SGD(1.0, parameters=model.parameters()), scored, config, World(0, 1), tokenizer.pad_token_id, step=1)
     return [p.numpy() - b for p, b in zip(model.parameters(), before)]
 
 
 def test_update_equals_one_without_the_failed_completions(setup):
     tokenizer, model, config, prompts, rollout = setup
     scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
+    scored.advantages = group_advantages(scored.rewards, rollout.group_size)[0]
     keep = np.isfinite(scored.rewards)
     # The same batch with the failed rows removed outright, keeping the advantages computed above.
     reduced = copy.copy(scored)

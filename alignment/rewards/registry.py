@@ -3,8 +3,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# (completion, sample) -> float; raises when the value cannot be computed (never a silent 0)
-RewardFn = Callable[[str, Mapping[str, Any]], float]
+from .settings import RewardSettings
+
+# (completion, sample) -> float, or (completion, sample, settings) -> float for a function registered
+# with uses_settings=True; raises when the value cannot be computed (never a silent 0)
+RewardFn = Callable[[str, Mapping[str, Any]], float] | Callable[[str, Mapping[str, Any], RewardSettings], float]
 
 
 @dataclass(frozen=True)
@@ -12,12 +15,13 @@ class RewardSpec:
     name: str
     fn: RewardFn
     description: str  # one line, served by GET /v1/reward_funcs
+    uses_settings: bool = False  # fn takes the RewardSettings as a third argument
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
 
 
-def register_reward(name: str, description: str) -> Callable[[RewardFn], RewardFn]:
+def register_reward(name: str, description: str, uses_settings: bool = False) -> Callable[[RewardFn], RewardFn]:
     description = description.strip()
     if not description or "\n" in description:
         raise ValueError(f"reward {name!r} needs a one-line description, got {description!r}")
@@ -28,7 +32,7 @@ def register_reward(name: str, description: str) -> Callable[[RewardFn], RewardF
         if existing is not None and existing.fn is not fn:
             where = f"{existing.fn.__module__}.{existing.fn.__qualname__}"
             raise ValueError(f"reward {name!r} is already registered to {where}")
-        _REGISTRY[name] = RewardSpec(name=name, fn=fn, description=description)
+        _REGISTRY[name] = RewardSpec(name=name, fn=fn, description=description, uses_settings=uses_settings)
         return fn
 
     return decorator

@@ -2,15 +2,18 @@
 
 protocol "v1" posts to /v1/score and gets each function's values and each item's error; "paddlenlp"
 posts PaddleNLP's {"src", "tgt", "response"} to / and gets totals only (columns is then empty): that
-server applies its own reward functions, and the other dataset columns do not travel.
+server applies its own reward functions with its own settings, and neither the other dataset columns
+(completion_tokens among them) nor the RewardSettings travel.
 """
 
+import dataclasses
 import time
 from collections.abc import Mapping
 
 import httpx
 
 from .scoring import ScoreTable
+from .settings import RewardSettings
 
 BACKOFF_S = 0.5  # first wait between attempts; doubled after each failure
 MAX_BACKOFF_S = 8.0
@@ -32,6 +35,7 @@ def score_remote(
     retries: int,
     api_key: str | None,
     backoff_s: float = BACKOFF_S,
+    settings: RewardSettings | None = None,
 ) -> ScoreTable:
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
@@ -39,8 +43,10 @@ def score_remote(
         endpoint = url.rstrip("/") + "/v1/score"
         items = [{**sample, "completion": completion} for completion, sample in zip(completions, samples, strict=True)]
         body = {"items": items, "reward_funcs": list(names), "reward_weights": list(weights)}
+        if settings is not None:  # else the server's defaults: cosine_max_len and soft_max_length unset
+            body["reward_settings"] = dataclasses.asdict(settings)
     elif protocol == "paddlenlp":
-        # The server applies its own --reward_funcs; names and weights cannot travel in this protocol.
+        # The server applies its own --reward_funcs; names, weights and settings cannot travel in this protocol.
         endpoint = url.rstrip("/") + "/"
         body = {
             "src": [_text(sample.get("prompt")) for sample in samples],

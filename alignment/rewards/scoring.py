@@ -3,6 +3,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .registry import get_reward
+from .settings import RewardSettings
 
 
 @dataclass
@@ -13,7 +14,12 @@ class ScoreTable:
 
 
 def score_completions(
-    completions: list[str], samples: list[Mapping], names: list[str], weights: list[float]
+    completions: list[str],
+    samples: list[Mapping],
+    names: list[str],
+    weights: list[float],
+    *,
+    settings: RewardSettings = RewardSettings(),
 ) -> ScoreTable:
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
@@ -36,7 +42,10 @@ def score_completions(
             # One item's failure (bad sample, timeout) must not cost the rest of the batch,
             # and must not pass for a score of 0 either.
             try:
-                value = float(spec.fn(completion, sample))
+                if spec.uses_settings:
+                    value = float(spec.fn(completion, sample, settings))
+                else:
+                    value = float(spec.fn(completion, sample))
                 if not math.isfinite(value):
                     raise ValueError(f"returned {value}")
             except Exception as exc:

@@ -3,7 +3,7 @@ and return a Rollout with token ids, the sampling log-probs, and finish reasons.
 
 import warnings
 
-from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, WeightSyncError
+from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, WeightSyncError, concat_rollouts
 from alignment.rollout.eager import EagerEngine
 
 
@@ -22,4 +22,4 @@ def build_engine(config, model, eos_token_ids: list, pad_token_id: int) -> Rollo
     return EagerEngine(model, eos_token_ids, pad_token_id)
 
 
-__all__ = ["EagerEngine", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine"]
+__all__ = ["EagerEngine", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine", "concat_rollouts"]

@@ -39,6 +39,35 @@ class Rollout:
     def lengths(self) -> np.ndarray:  # (B,)
         return self.completion_mask.sum(axis=1).astype(np.int64)
 
+    def groups(self, indices: list) -> "Rollout":
+        """The groups at `indices` (prompt positions), in that order."""
+        rows = [group * self.group_size + member for group in indices for member in range(self.group_size)]
+        return Rollout(
+            prompt_ids=[self.prompt_ids[row] for row in rows],
+            completion_ids=self.completion_ids[rows],
+            completion_mask=self.completion_mask[rows],
+            logprobs=self.logprobs[rows],
+            finish_reasons=[self.finish_reasons[row] for row in rows],
+            group_size=self.group_size,
+        )
+
+
+def concat_rollouts(rollouts: list, pad_token_id: int) -> Rollout:
+    """Rollouts of the same group size, one after the other; shorter completions are padded to the longest."""
+    width = max(r.completion_ids.shape[1] for r in rollouts)
+
+    def padded(array: np.ndarray, value) -> np.ndarray:
+        return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=value)
+
+    return Rollout(
+        prompt_ids=[ids for r in rollouts for ids in r.prompt_ids],
+        completion_ids=np.concatenate([padded(r.completion_ids, pad_token_id) for r in rollouts]),
+        completion_mask=np.concatenate([padded(r.completion_mask, 0.0) for r in rollouts]),
+        logprobs=np.concatenate([padded(r.logprobs, 0.0) for r in rollouts]),
+        finish_reasons=[reason for r in rollouts for reason in r.finish_reasons],
+        group_size=rollouts[0].group_size,
+    )
+
 
 class WeightSyncError(RuntimeError):
     """A rollout engine no longer computes the actor's policy (stale weights or wrong operators)."""

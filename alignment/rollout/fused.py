@@ -13,6 +13,8 @@ Weights: the o / down projections, norms, embedding and lm_head are the actor's 
 gate|up are concatenated copies (one matmul instead of three and two), so `sync()` rebuilds them after
 every optimizer step and then checks the engine against the actor on a fixed probe: the log-probs the
 engine computes must equal the actor's forward ones within `tolerance`, or the run stops (WeightSyncError).
+A projection with a LoRA adapter (alignment/lora.py) enters as its merged weight W + A @ B * scale, a copy
+that `sync()` rebuilds too: decoding then costs what it costs without adapters.
 """
 
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.algo import token_logprobs
+from alignment.lora import effective_weight
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream, WeightSyncError
 from alignment.rollout.eager import left_pad
 from alignment.runtime import contiguous_kernels
@@ -51,10 +54,10 @@ class LayerWeights:
     input_norm: paddle.Tensor  # (Hd,) the actor's
     qkv: paddle.Tensor  # (Hd, (H + 2 KVH) D) concatenated copy
     qkv_bias: Optional[paddle.Tensor]  # ((H + 2 KVH) D,) concatenated copy, None without biases
-    o_proj: paddle.Tensor  # (H D, Hd) the actor's
+    o_proj: paddle.Tensor  # (H D, Hd) the actor's (a merged copy with a LoRA adapter)
     post_norm: paddle.Tensor  # (Hd,) the actor's
     gate_up: paddle.Tensor  # (Hd, 2 I) concatenated copy
-    down_proj: paddle.Tensor  # (I, Hd) the actor's
+    down_proj: paddle.Tensor  # (I, Hd) the actor's (a merged copy with a LoRA adapter)
 
 
 def _fuse_layer(layer) -> LayerWeights:
@@ -63,12 +66,12 @@ def _fuse_layer(layer) -> LayerWeights:
     biases = [p.bias for p in projections]
     return LayerWeights(
         input_norm=layer.input_layernorm.weight,
-        qkv=paddle.concat([p.weight for p in projections], axis=1),
+        qkv=paddle.concat([effective_weight(p) for p in projections], axis=1),
         qkv_bias=paddle.concat(biases) if all(b is not None for b in biases) else None,
-        o_proj=attention.o_proj.weight,
+        o_proj=effective_weight(attention.o_proj),
         post_norm=layer.post_attention_layernorm.weight,
-        gate_up=paddle.concat([mlp.gate_proj.weight, mlp.up_proj.weight], axis=1),
-        down_proj=mlp.down_proj.weight,
+        gate_up=paddle.concat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)], axis=1),
+        down_proj=effective_weight(mlp.down_proj),
     )
 
 

@@ -1,0 +1,84 @@
+"""Rewards on a completion's length and repetition, parametrised by RewardSettings.
+
+Lengths are in tokens of the policy's tokenizer, which only the trainer knows: it puts each
+completion's token count into the sample as "completion_tokens" (and so into each reward server item).
+"""
+
+import math
+from collections.abc import Mapping
+from numbers import Integral
+from typing import Any
+
+from .math_rewards import accuracy
+from .registry import register_reward
+from .settings import RewardSettings
+
+
+def completion_tokens(sample: Mapping[str, Any]) -> int:
+    if "completion_tokens" not in sample:
+        raise ValueError(
+            "item has no 'completion_tokens' (the completion's length in tokens): the trainer adds it; "
+            "a reward server client must send it in each request item"
+        )
+    value = sample["completion_tokens"]
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"item 'completion_tokens' must be a whole number >= 0, got {value!r}")
+    return int(value)
+
+
+def _required(settings: RewardSettings, name: str) -> int:
+    value = getattr(settings, name)
+    if value is None:
+        raise ValueError(f"{name} is not set (the trainer sets it; a reward server client sends it in reward_settings)")
+    return value
+
+
+@register_reward(
+    "cosine",
+    "Length-scaled correctness (Demystifying Long CoT): a cosine from the *_min_len_value at 0 tokens to the "
+    "*_max_len_value at cosine_max_len, the correct or wrong pair by 'accuracy'",
+    uses_settings=True,
+)
+def cosine(completion: str, sample: Mapping[str, Any], settings: RewardSettings) -> float:
+    max_len = _required(settings, "cosine_max_len")
+    # Past cosine_max_len the value stays at the *_max_len_value: the cosine would rise again (ms-swift
+    # lets it; the paper gives such completions a separate exceed-length penalty instead).
+    length = min(completion_tokens(sample), max_len)
+    if accuracy(completion, sample) > 0:
+        at_zero, at_max = settings.cosine_min_len_value_correct, settings.cosine_max_len_value_correct
+    else:
+        at_zero, at_max = settings.cosine_min_len_value_wrong, settings.cosine_max_len_value_wrong
+    return at_max + 0.5 * (at_zero - at_max) * (1.0 + math.cos(math.pi * length / max_len))
+
+
+@register_reward(
+    "repetition",
+    "n-gram repetition penalty (open-r1, ms-swift): (1 - unique/total lower-cased word n-grams) * "
+    "repetition_max_penalty; 0.0 for fewer words than repetition_n_grams",
+    uses_settings=True,
+)
+def repetition(completion: str, sample: Mapping[str, Any], settings: RewardSettings) -> float:
+    words = completion.lower().split()  # lower-cased, as open-r1 and ms-swift do
+    n = settings.repetition_n_grams
+    if len(words) < n:  # no n-gram at all, so nothing repeats: a real 0.0, as in both references
+        return 0.0
+    ngrams = list(zip(*(words[i:] for i in range(n))))  # len(words) - n + 1 of them
+    return (1.0 - len(set(ngrams)) / len(ngrams)) * settings.repetition_max_penalty
+
+
+@register_reward(
+    "soft_overlong",
+    "DAPO's soft overlong punishment: 0 up to soft_max_length - soft_cache_length tokens, then linear to -1 "
+    "at soft_max_length, -1 beyond",
+    uses_settings=True,
+)
+def soft_overlong(completion: str, sample: Mapping[str, Any], settings: RewardSettings) -> float:
+    max_length = _required(settings, "soft_max_length")
+    cache = _required(settings, "soft_cache_length")
+    length = completion_tokens(sample)
+    expected = max_length - cache
+    if length <= expected:
+        return 0.0
+    if length <= max_length:
+        return (expected - length) / cache
+    return -1.0  # ms-swift goes on falling below -1 here; DAPO's formula stops at -1
