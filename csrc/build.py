@@ -48,6 +48,12 @@ def main() -> None:
     openmp = ["-fopenmp"]
     if (paddle_libs / "libiomp5.so").is_file():
         openmp = [f"-L{paddle_libs}", "-liomp5", f"-Wl,-rpath,{paddle_libs}"]
+    # The packed-weight matmul (grpo_gemm.cc) calls the MKL paddle ships; without it that file is empty.
+    if (paddle_libs / "libmklml_intel.so").is_file():
+        cxx_flags.append("-DGRPO_WITH_MKL")
+        openmp += [f"-L{paddle_libs}", "-lmklml_intel", f"-Wl,-rpath,{paddle_libs}"]
+    else:
+        print(f"no libmklml_intel.so in {paddle_libs}: building without the packed-weight matmul")
     load(
         name=NAME,
         sources=sources,

@@ -89,6 +89,13 @@ def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it():
     down = model.model.layers[0].mlp.down_proj.weight  # read in place: no copy to go stale
     down.set_value(down * 1.5)
     assert engine.check_weight_sync() < 1e-5
+    head = model.lm_head.weight  # tied to the embedding; packed into a copy where the operators have MKL
+    head.set_value(head * 1.1)
+    if hasattr(OPS, "grpo_pack_weight"):
+        with pytest.raises(WeightSyncError):
+            engine.check_weight_sync()
+        engine.sync()
+    assert engine.check_weight_sync() < 1e-5
 
 
 def test_build_engine_warns_and_falls_back_for_a_model_it_does_not_run():

@@ -225,6 +225,26 @@ def sample(ops, logits, presence=None, eos=(), seed=0, step=0, min_new=0, temper
     return tokens.numpy(), logprobs.numpy()
 
 
+@pytest.mark.parametrize("rows", [0, 1, 8, 32, 77])
+@pytest.mark.parametrize("K, N, transpose", [(64, 96, False), (96, 640, True), (33, 17, False)])
+def test_packed_matmul(ops, rng, rows, K, N, transpose):
+    if not hasattr(ops, "grpo_pack_weight"):
+        pytest.skip("the operators were built without MKL (no libmklml_intel.so in paddle's libs)")
+    weight = rng.standard_normal((N, K) if transpose else (K, N)).astype(np.float32)
+    x = rng.standard_normal((rows, 3, K)).astype(np.float32)  # any leading shape: (rows, 3) rows of K
+    packed = ops.grpo_pack_weight(t(weight), transpose)
+    expected = x.astype(np.float64) @ (weight.T if transpose else weight).astype(np.float64)
+    close(ops.grpo_packed_matmul(t(x), packed, N).numpy(), expected, rng, "packed matmul", rtol=1e-4, atol=1e-4)
+
+
+def test_packed_matmul_refuses_a_buffer_of_another_shape(ops):
+    if not hasattr(ops, "grpo_pack_weight"):
+        pytest.skip("the operators were built without MKL (no libmklml_intel.so in paddle's libs)")
+    packed = ops.grpo_pack_weight(paddle.ones([640, 96]), False)
+    with pytest.raises(OSError, match=r"grpo_packed_matmul: packed holds \d+ floats, not a packed \(32, 96\) matrix"):
+        ops.grpo_packed_matmul(paddle.ones([4, 32]), packed, 96)
+
+
 @pytest.mark.parametrize("rp,step,min_new", [(1.0, 0, 0), (1.3, 0, 4), (0.8, 5, 4)])
 def test_greedy_is_the_argmax_of_the_shaped_logits(ops, rng, rp, step, min_new):
     B, V = 16, 1000

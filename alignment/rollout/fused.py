@@ -9,10 +9,13 @@ What it changes against the eager engine (PaddleNLP's FusedMT idea):
 - sampling, stop handling and compaction in C++: finished rows leave the active batch, so a batch
   whose completions end early stops paying for them.
 
-Weights: the o / down projections, norms, embedding and lm_head are the actor's own tensors; q|k|v and
-gate|up are concatenated copies (one matmul instead of three and two), so `sync()` rebuilds them after
-every optimizer step and then checks the engine against the actor on a fixed probe: the log-probs the
-engine computes must equal the actor's forward ones within `tolerance`, or the run stops (WeightSyncError).
+Weights: the o / down projections, norms and embedding are the actor's own tensors; q|k|v and gate|up
+are concatenated copies (one matmul instead of three and two), and lm_head is held packed for MKL's
+packed GEMM where the operators have it (csrc/grpo_gemm.cc: plain sgemm re-packs the whole (V, Hd)
+weight on every call, which at a few rows per decode step costs as much as the multiplication). `sync()`
+rebuilds these copies after every optimizer step and then checks the engine against the actor on a fixed
+probe: the log-probs the engine computes must equal the actor's forward ones within `tolerance`, or the
+run stops (WeightSyncError).
 A projection with a LoRA adapter (alignment/lora.py) enters as its merged weight W + A @ B * scale, a copy
 that `sync()` rebuilds too: decoding then costs what it costs without adapters.
 """
@@ -47,6 +50,23 @@ def unsupported_reason(model) -> Optional[str]:
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
     return None
+
+
+class Projection:
+    """x (..., K) -> x @ W (..., N) for a (K, N) weight (or W^T of a (N, K) one, as lm_head's): through the
+    packed copy the csrc operators make on the CPU, or paddle.matmul on a GPU or where they were built
+    without MKL."""
+
+    def __init__(self, weight: paddle.Tensor, ops, transpose: bool = False):
+        self.n = weight.shape[0] if transpose else weight.shape[1]
+        packable = hasattr(ops, "grpo_pack_weight") and weight.place.is_cpu_place()
+        self.packed = ops.grpo_pack_weight(weight, transpose) if packable else None
+        self.weight, self.transpose, self.ops = (None if self.packed is not None else weight), transpose, ops
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        if self.packed is not None:
+            return self.ops.grpo_packed_matmul(x, self.packed, self.n)
+        return paddle.matmul(x, self.weight, transpose_y=self.transpose)
 
 
 @dataclass
@@ -95,8 +115,11 @@ class FusedEngine:
 
     @paddle.no_grad()
     def sync(self) -> None:
-        """Rebuild the concatenated weights from the actor, then check the engine against it."""
+        """Rebuild the concatenated and packed weights from the actor, then check the engine against it."""
         self.layers = [_fuse_layer(layer) for layer in self.model.model.layers]
+        # Only lm_head is packed: the layers' matrices are a few MB each, and packed copies of them (3x
+        # larger in MKL's layout) measured no faster (bench/RESULTS.md).
+        self.lm_head = Projection(self.model.lm_head.weight, self.ops, transpose=True)  # (V, Hd) weight
         self.check_weight_sync()
 
     @paddle.no_grad()
@@ -164,7 +187,7 @@ class FusedEngine:
 
     def _logits(self, hidden):
         """(..., Hd) -> (..., V) float32; lm_head's weight is (V, Hd), tied to the embedding or not."""
-        logits = paddle.matmul(hidden, self.model.lm_head.weight, transpose_y=True)
+        logits = self.lm_head(hidden)
         bias = getattr(self.model.lm_head, "bias", None)
         return logits + bias if bias is not None else logits
 

@@ -17,6 +17,8 @@ Inputs come first and attributes after them, positionally or by keyword:
     out = ops.grpo_rms_norm(x, weight, eps)                  # training operators, with backward kernels
     q, k, v = ops.grpo_rope_qkv(qkv, bias, cos, sin, num_heads, num_kv_heads)  # bias may be None
     probs = ops.grpo_masked_softmax(scores, mask, scale)
+    packed = ops.grpo_pack_weight(weight, transpose)          # where paddle ships MKL: x @ weight (or weight^T)
+    out = ops.grpo_packed_matmul(x, packed, n)                # through the packed copy, n output columns
 
 grpo_silu_mul has a backward kernel too. grpo_rope_kv_write, grpo_stop_update and grpo_compact_rows
 write their cache / presence / x argument in place and also return it. Shapes and semantics:
@@ -83,8 +85,17 @@ def grpo_masked_softmax(scores, mask, scale: float):
     return _run("grpo_masked_softmax", scores, mask, float(scale))
 
 
+def grpo_pack_weight(weight, transpose: bool):
+    return _run("grpo_pack_weight", weight, bool(transpose))
+
+
+def grpo_packed_matmul(x, packed, n: int):
+    return _run("grpo_packed_matmul", x, packed, int(n))
+
+
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
        grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax)
+MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
 
 
 def _stale() -> bool:
@@ -108,4 +119,4 @@ def load_ops():
     missing = [op.__name__ for op in OPS if op.__name__ not in registered]
     if missing:
         return None, f"the fused ops library lacks {', '.join(missing)}: rerun make ops"
-    return SimpleNamespace(**{op.__name__: op for op in OPS}), ""
+    return SimpleNamespace(**{op.__name__: op for op in OPS + MKL_OPS if op.__name__ in registered}), ""
