@@ -10,8 +10,11 @@ from alignment.runtime import configure_cpu_runtime, import_paddle
 configure_cpu_runtime()  # thread count, MKL path and paddle flags must be set before paddle loads
 import_paddle()
 
+from alignment.checkpoint import CheckpointError  # noqa: E402
 from alignment.config import ConfigError, load_config  # noqa: E402
 from alignment.data import DataError  # noqa: E402
+from alignment.distributed import DistributedError  # noqa: E402
+from alignment.optim import NonFiniteError  # noqa: E402
 from alignment.rewards.remote import RewardServerError  # noqa: E402
 from alignment.rollout import WeightSyncError  # noqa: E402
 
@@ -22,7 +25,7 @@ def main(argv: list | None = None) -> int:
         from alignment.trainer import train
 
         checkpoint = train(config)
-    except (ConfigError, DataError, RewardServerError, WeightSyncError) as e:
+    except (ConfigError, DataError, RewardServerError, WeightSyncError, NonFiniteError, DistributedError, CheckpointError) as e:
         print(f"run_grpo: error: {e}", file=sys.stderr)
         return 2
     if checkpoint is not None:

@@ -3,15 +3,19 @@
 
 Key names are PaddleNLP's; the names TRL and ms-swift users bring are accepted as aliases (ALIASES).
 An unknown key is an error naming the closest known key; values that disagree fail with a message
-naming the keys. The parsing itself is paddleformers' PdArgumentParser (argparse over dataclass
-fields), so `--key value` works exactly as in PaddleNLP's launchers.
+naming the keys. The file's values must have their key's JSON type ("4" is not an integer, 1 not a
+boolean); the command line is parsed by paddleformers' PdArgumentParser (argparse over dataclass fields),
+so `--key value` works exactly as in PaddleNLP's launchers (a list key takes the values up to the next
+--key). Every number must be finite and fit in int64.
 """
 
+import codecs
 import dataclasses
 import difflib
 import json
 import math
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -41,6 +45,7 @@ class GRPOConfig:
     response_key: Optional[str] = _key(None, "Column holding the reference answer; default: detected (tgt, answer, solution).")
     system_prompt: Optional[str] = _key(None, "System prompt (text or a file) put before every prompt without one.")
     max_prompt_len: int = _key(512, "Longest prompt in tokens, chat template included.")
+    skip_bad_rows: bool = _key(False, "Skip malformed data rows (bad JSON, missing or wrong-typed fields, invalid UTF-8), printing each one's file:line and the count, instead of stopping at the first.")
     prompt_truncation: str = _key("left", "Prompts over max_prompt_len: left (cut from the start) or drop.", choices=["left", "drop"])
     max_dec_len: int = _key(256, "Most tokens generated per completion.")
     min_dec_len: int = _key(0, "Fewest tokens generated before an eos token may end a completion.")
@@ -107,6 +112,7 @@ class GRPOConfig:
     adam_beta2: float = _key(0.999, "AdamW beta2.")
     adam_epsilon: float = _key(1e-8, "AdamW epsilon.")
     max_grad_norm: float = _key(1.0, "Clip the global gradient norm to this (0: no clipping).")
+    max_consecutive_skips: int = _key(3, "A step whose loss or gradients are not finite is skipped (no optimizer step) and counted; this many skipped in a row stop the run, naming the step and the phase.")
     max_steps: int = _key(-1, "Optimizer steps to run; -1: num_train_epochs over train_datasets.")
     num_train_epochs: float = _key(1.0, "Passes over the training prompts when max_steps is -1.")
     seed: int = _key(42, "Seed for data order, sampling and initialisation.")
@@ -189,11 +195,30 @@ ALIASES = {
 }
 
 KEYS = {f.name for f in dataclasses.fields(GRPOConfig)}
+_HINTS = typing.get_type_hints(GRPOConfig)  # the annotations as written: PdArgumentParser rewrites the fields' .type
+INT64 = 2**63  # integers reach numpy and paddle as int64
+
+
+def _value_type(key: str) -> tuple:
+    """-> (type, whether null is allowed): Optional[int] -> (int, True), list[str] -> (list[str], False)."""
+    args = typing.get_args(_HINTS[key])
+    if type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return _HINTS[key], False
+
+
+def _show(value) -> str:
+    """A JSON value as the file spells it, cut to 80 characters, for error messages."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class _Parser(PdArgumentParser):
+    def __init__(self):
+        super().__init__(GRPOConfig, add_help=False)  # -h would print argparse's help and exit; README has the table
+
     def error(self, message):  # argparse would print usage and exit; we raise with its message instead
-        raise ConfigError(message.replace("argument --", "key "))
+        raise ConfigError("command line: " + message.replace("argument --", "key "))
 
 
 def canonical_key(key: str, where: str) -> str:
@@ -207,74 +232,149 @@ def canonical_key(key: str, where: str) -> str:
 
 
 def read_json_config(path: str) -> dict:
+    """CONFIG.json -> {canonical key: value of the key's type}. Mistakes raise ConfigError naming the file and
+    the key as written (file:line:column where the text is not JSON)."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    body = data.removeprefix(codecs.BOM_UTF8)  # some Windows editors start UTF-8 files with one
     try:
-        raw = json.loads(text)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        start = e.start + len(data) - len(body)
+        line, column = data.count(b"\n", 0, start) + 1, start - data.rfind(b"\n", 0, start)
+        raise ConfigError(f"{path}:{line}:{column}: not valid UTF-8 ({e.reason})") from None
+    try:
+        raw = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, path))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid JSON for a config: arrays or objects nested too deeply") from None
+    except ConfigError:
+        raise
+    except ValueError as e:  # an integer longer than int() converts (sys.get_int_max_str_digits())
+        raise ConfigError(f"{path}: not valid JSON: {str(e).split(';')[0]}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a JSON object of key: value pairs")
-    config = {}
+        raise ConfigError(f"{path}: the top level must be a JSON object of key: value pairs, got {_show(raw)}")
+    config, written = {}, {}
     for key, value in raw.items():
         name = canonical_key(key, path)
         if name in config:
-            raise ConfigError(f"{path}: '{key}' and another key both set '{name}'; keep one")
-        config[name] = value
+            raise ConfigError(f"{path}: '{written[name]}' and '{key}' both set '{name}'; keep one")
+        written[name] = key
+        config[name] = _typed(name, value, f"{path}: key '{key}'" + (f" ({name})" if key != name else ""))
     return config
 
 
-def _as_argv(config: dict, path: str) -> list:
-    argv = []
-    for key, value in config.items():
-        if value is None:
-            if _default(key) is not None:
-                raise ConfigError(f"{path}: key '{key}' cannot be null")
-            continue
-        if isinstance(value, dict):
-            raise ConfigError(f"{path}: key '{key}' must not be an object")
-        if isinstance(value, list) and not _is_list(key):
-            raise ConfigError(f"{path}: key '{key}' takes one value, not a list")
-        values = value if isinstance(value, list) else [value]
-        argv += [f"--{key}", *[json.dumps(v) if isinstance(v, (list, dict)) else str(v) for v in values]]
-    return argv
+def _unique_keys(pairs: list, path: str) -> dict:
+    keys = [key for key, _ in pairs]
+    twice = next((key for i, key in enumerate(keys) if key in keys[:i]), None)
+    if twice is not None:  # json.loads would keep the last silently
+        raise ConfigError(f"{path}: key '{twice}' is given twice")
+    return dict(pairs)
 
 
-def _is_list(key: str) -> bool:
-    return "list" in str(GRPOConfig.__dataclass_fields__[key].type)
+def _typed(key: str, value, where: str):
+    """A JSON value for key -> the value, checked against the key's type. JSON's types are taken as written:
+    "4" is not an integer nor 1 a boolean (text becomes a number on the command line only); numbers are finite."""
+    kind, nullable = _value_type(key)
+    if value is None:
+        if nullable:
+            return None
+        raise ConfigError(f"{where} cannot be null")
+    if isinstance(value, dict):
+        raise ConfigError(f"{where} must not be an object")
+    if typing.get_origin(kind) is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} takes a list, got {_show(value)}")
+        (item,) = typing.get_args(kind)
+        return [_scalar(item, v, key, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, list):
+        raise ConfigError(f"{where} takes one value, not a list")
+    return _scalar(kind, value, key, where)
 
 
-def _default(key: str):
-    f = GRPOConfig.__dataclass_fields__[key]
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+def _scalar(kind: type, value, key: str, where: str):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok, expected = {
+        bool: (isinstance(value, bool), "true or false"),
+        int: (number and isinstance(value, int), "an integer"),
+        float: (number and _finite(value), "a finite number"),
+        str: (isinstance(value, str), "a string"),
+    }[kind]
+    if not ok:
+        raise ConfigError(f"{where} must be {expected}, got {_show(value)}")
+    choices = GRPOConfig.__dataclass_fields__[key].metadata.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{where}: invalid choice {_show(value)} (choose from {', '.join(map(json.dumps, choices))})")
+    return float(value) if kind is float else value
 
 
-def _canonical_cli(args: list) -> list:
-    out = []
-    for arg in args:
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            if name.startswith("no_") and name[3:] in KEYS:  # PdArgumentParser's --no_<bool key>
-                out.append(arg)
-                continue
-            arg = f"--{canonical_key(name, 'command line')}" + (eq + value)
-        out.append(arg)
-    return out
+def _finite(number) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an integer past float's range
+        return False
+
+
+def _canonical_cli(args: list) -> tuple:
+    """`--key value` overrides -> (argparse's tokens, {list key: values}). The tokens have canonical names,
+    `--key=value` for one-value keys (so a value may start with '-') and `--key=false` for `--no_<bool key>`.
+    A list key takes the values up to the next --key, converted here: argparse would take a value starting
+    with '-' for an option. A value that follows no key, a key without its value or with one too many, is
+    an error naming them. A key given twice keeps its last value, as in argparse."""
+    out, lists, i = [], {}, 0
+    while i < len(args):
+        if not args[i].startswith("--"):
+            raise ConfigError(f"command line: {args[i]!r} follows no --key (overrides are --key value; see the option table in README.md)")
+        written, eq, attached = args[i][2:].partition("=")
+        i += 1
+        values = [attached] if eq else []
+        while i < len(args) and not args[i].startswith("--"):
+            values.append(args[i])
+            i += 1
+        negated = written.startswith("no_") and written[3:] in KEYS | set(ALIASES)
+        name = canonical_key(written[3:] if negated else written, "command line")
+        kind, _ = _value_type(name)
+        shown = f"--{written}" + (f" ({name})" if written not in (name, f"no_{name}") else "")
+        if negated and kind is not bool:
+            raise ConfigError(f"command line: {shown}: only a true/false key can be negated with --no_")
+        if negated or kind is bool:
+            if len(values) > (0 if negated else 1):
+                raise ConfigError(f"command line: {shown} takes {'no value' if negated else 'true or false at most'}; left over: {values}")
+            out.append(f"--{name}=false" if negated else f"--{name}" + "".join(f"={v}" for v in values))
+        elif typing.get_origin(kind) is list:
+            if not values:
+                raise ConfigError(f"command line: {shown} takes one or more values, got none")
+            (item,) = typing.get_args(kind)
+            lists[name] = [_from_text(item, v, f"command line: {shown}") for v in values]
+        else:
+            if len(values) != 1:
+                raise ConfigError(f"command line: {shown} takes one value" + (f"; left over: {values[1:]}" if values else ", got none"))
+            out.append(f"--{name}={values[0]}")
+    return out, lists
+
+
+def _from_text(kind: type, text: str, where: str):
+    if kind is str:
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{where}: invalid {kind.__name__} value: {text!r}") from None
 
 
 def load_config(argv: list) -> GRPOConfig:
-    """argv = [CONFIG.json, --key, value, ...] -> validated, frozen config (no model is loaded)."""
+    """argv = [CONFIG.json, --key, value, ...] -> validated, frozen config (no model is loaded). Any mistake
+    raises ConfigError naming the key and where it was given (the file, or the command line)."""
     if not argv or not argv[0].endswith(".json"):
         raise ConfigError("usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file)")
-    path = argv[0]
-    file_args = _as_argv(read_json_config(path), path)
-    parser = _Parser(GRPOConfig)
-    try:
-        (config,) = parser.parse_args_into_dataclasses(args=file_args + _canonical_cli(argv[1:]), look_for_args_file=False)
-    except ValueError as e:  # PdArgumentParser: values left over, e.g. "--max_steps 3 4"
-        raise ConfigError(f"command line: {e}") from None
+    file_values = read_json_config(argv[0])
+    overrides, lists = _canonical_cli(argv[1:])
+    parser = _Parser()
+    parser.set_defaults(**{**file_values, **lists})  # the file's values replace the defaults, the command line's replace those
+    (config,) = parser.parse_args_into_dataclasses(args=overrides, look_for_args_file=False)
     return validate(config)
 
 
@@ -289,18 +389,29 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     from alignment.rewards import REWARD_MODEL, get_reward
     from alignment.rewards.plugins import load_plugins
 
+    for f in dataclasses.fields(c):  # from the file or the command line: no key gives inf or NaN a meaning
+        value = getattr(c, f.name)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float):
+                _check(math.isfinite(v), f"{f.name} = {v}: must be a finite number")
+            elif isinstance(v, int) and not -INT64 <= v < INT64:
+                raise ConfigError(f"{f.name} = {_show(v)}: must fit in a 64-bit integer (magnitude below 2^63)")
     for key in ("actor_model_name_or_path", "tokenizer_name_or_path"):
         folder = getattr(c, key)
         _check(
-            folder is None or (Path(folder) / "config.json").is_file() or (key == "tokenizer_name_or_path" and Path(folder).is_dir()),
+            folder is None or _exists(Path.is_file, Path(folder) / "config.json") or (key == "tokenizer_name_or_path" and _exists(Path.is_dir, folder)),
             f"{key}: '{folder}' is not a local model folder (no config.json there); download the model first, "
             f"e.g. huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct",
         )
     for key in ("train_datasets", "eval_datasets"):
-        for path in (getattr(c, key) or "").split(","):
-            _check(not path or Path(path.strip()).is_file(), f"{key}: no such file '{path.strip()}'")
+        paths = getattr(c, key) or ""
+        _check(key == "eval_datasets" and not paths or any(p.strip() for p in paths.split(",")), f"{key} = '{paths}' names no file")
+        for path in paths.split(","):
+            _check(not path or _exists(Path.is_file, path.strip()), f"{key}: no such file '{path.strip()}'")
     _check(c.rollout_n >= 2, f"rollout_n = {c.rollout_n}: a group needs at least 2 completions to compare")
     _check(c.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
+    for key in ("per_device_prompt_batch_size", "gradient_accumulation_steps", "mini_batch_size", "max_seq_len"):
+        _check(getattr(c, key) is None or getattr(c, key) >= 1, f"{key} = {getattr(c, key)}: must be at least 1 (or null: derived)")
     prompt_batch, accumulation = c.per_device_prompt_batch_size, c.gradient_accumulation_steps
     if prompt_batch is None and accumulation is not None and c.mini_batch_size is None:
         sequences = accumulation * c.per_device_train_batch_size
@@ -313,14 +424,15 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     prompt_batch = 8 if prompt_batch is None else prompt_batch
     _check(prompt_batch >= 1, "per_device_prompt_batch_size must be at least 1")
     sequences = prompt_batch * c.rollout_n
+    _check(sequences < INT64, f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step: too many")
     _check(
         sequences % c.per_device_train_batch_size == 0,
         f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step "
         f"does not divide into micro-batches of per_device_train_batch_size ({c.per_device_train_batch_size})",
     )
-    mini_batch = c.mini_batch_size or sequences
+    mini_batch = sequences if c.mini_batch_size is None else c.mini_batch_size
     _check(
-        mini_batch >= 1 and sequences % mini_batch == 0 and mini_batch % c.per_device_train_batch_size == 0,
+        sequences % mini_batch == 0 and mini_batch % c.per_device_train_batch_size == 0,
         f"mini_batch_size ({mini_batch}) must divide the {sequences} sequences per step (per_device_prompt_batch_size "
         f"{prompt_batch} x rollout_n {c.rollout_n}) and be a multiple of per_device_train_batch_size ({c.per_device_train_batch_size})",
     )
@@ -335,9 +447,9 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(c.max_prompt_len >= 1 and c.max_dec_len >= 1, "max_prompt_len and max_dec_len must be at least 1")
     _check(0 <= c.min_dec_len <= c.max_dec_len, f"min_dec_len ({c.min_dec_len}) must lie in [0, max_dec_len ({c.max_dec_len})]")
     model_limit = _model_max_positions(c.actor_model_name_or_path)
-    max_seq_len = c.max_seq_len or model_limit
+    max_seq_len = model_limit if c.max_seq_len is None else c.max_seq_len
     if max_seq_len is not None:
-        source = "max_seq_len" if c.max_seq_len else f"the model's max_position_embeddings ({c.actor_model_name_or_path}/config.json)"
+        source = "max_seq_len" if c.max_seq_len is not None else f"the model's max_position_embeddings ({c.actor_model_name_or_path}/config.json)"
         _check(
             c.max_prompt_len + c.max_dec_len <= max_seq_len,
             f"max_prompt_len ({c.max_prompt_len}) + max_dec_len ({c.max_dec_len}) = {c.max_prompt_len + c.max_dec_len} "
@@ -353,7 +465,8 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     clip_low = c.clip_range_ratio if c.clip_range_ratio_low is None else c.clip_range_ratio_low
     clip_high = c.clip_range_ratio if c.clip_range_ratio_high is None else c.clip_range_ratio_high
     _check(c.clip_range_ratio > 0, f"clip_range_ratio = {c.clip_range_ratio}: must be > 0")
-    _check(0 < clip_low < 1, f"clip_range_ratio_low = {clip_low}: must lie in (0, 1) (the ratio is kept above 1 - low)")
+    low_source = "clip_range_ratio_low" if c.clip_range_ratio_low is not None else "clip_range_ratio (the lower clip, clip_range_ratio_low not given)"
+    _check(0 < clip_low < 1, f"{low_source} = {clip_low}: must lie in (0, 1) (the ratio is kept above 1 - low)")
     _check(clip_high > 0, f"clip_range_ratio_high = {clip_high}: must be > 0")
     _check(c.dual_clip_ratio is None or c.dual_clip_ratio > 1, f"dual_clip_ratio = {c.dual_clip_ratio}: must be > 1 (or null: off)")
     _check(c.num_iterations >= 1, f"num_iterations = {c.num_iterations}: must be at least 1")
@@ -364,7 +477,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(len(c.reward_functions) > 0, "reward_functions is empty: name at least one reward function")
     try:
         load_plugins(c.external_plugins)
-    except (OSError, ImportError) as e:
+    except (OSError, ImportError, ValueError) as e:  # ValueError: a path with a NUL byte
         raise ConfigError(f"external_plugins: {e}") from None
     for name in c.reward_functions + [c.accuracy_function]:
         if name == REWARD_MODEL and name != c.accuracy_function:
@@ -379,25 +492,28 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         f"reward_model_name_or_path is {c.reward_model_name_or_path or 'not set'}: give both or neither",
     )
     _check(
-        c.reward_model_name_or_path is None or (Path(c.reward_model_name_or_path) / "config.json").is_file(),
+        c.reward_model_name_or_path is None or _exists(Path.is_file, Path(c.reward_model_name_or_path) / "config.json"),
         f"reward_model_name_or_path: '{c.reward_model_name_or_path}' is not a local model folder (no config.json there)",
     )
     _check(not (c.use_rm_server and REWARD_MODEL in c.reward_functions and c.reward_server_protocol == "paddlenlp"),
            f"{REWARD_MODEL} cannot be combined with a paddlenlp-protocol reward server, which answers totals only")
     try:  # RewardSettings checks its own ranges; the two lengths default to max_dec_len
-        reward_settings = dataclasses.replace(c, cosine_max_len=c.cosine_max_len or c.max_dec_len, soft_max_length=c.soft_max_length or c.max_dec_len).reward_settings()
+        reward_settings = dataclasses.replace(
+            c,
+            cosine_max_len=c.max_dec_len if c.cosine_max_len is None else c.cosine_max_len,
+            soft_max_length=c.max_dec_len if c.soft_max_length is None else c.soft_max_length,
+        ).reward_settings()
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _check(
         "soft_overlong" not in c.reward_functions or reward_settings.soft_cache_length is not None,
         "reward_functions names soft_overlong but soft_cache_length is not set (DAPO used 4096 of a 20480 soft_max_length)",
     )
-    weights = c.reward_function_weights or [1.0] * len(c.reward_functions)
+    weights = [1.0] * len(c.reward_functions) if c.reward_function_weights is None else c.reward_function_weights
     _check(
         len(weights) == len(c.reward_functions),
         f"reward_function_weights has {len(weights)} values but reward_functions names {len(c.reward_functions)} functions",
     )
-    _check(all(math.isfinite(w) for w in weights), "reward_function_weights must be finite numbers")
 
     if c.use_rm_server:
         _check(bool(c.reward_server), "use_rm_server is true but reward_server (http://host:port) is not set")
@@ -416,8 +532,11 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(c.warmup_steps >= 0, f"warmup_steps = {c.warmup_steps}: must be >= 0")
     _check(not (c.warmup_ratio > 0 and c.warmup_steps > 0), "give warmup_ratio or warmup_steps, not both")
     _check(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1, "adam_beta1 and adam_beta2 must lie in [0, 1)")
+    _check(c.adam_epsilon > 0, f"adam_epsilon = {c.adam_epsilon}: must be > 0 (AdamW divides by sqrt(v) + epsilon)")
     _check(c.weight_decay >= 0 and c.max_grad_norm >= 0, "weight_decay and max_grad_norm must be >= 0")
     _check(c.max_steps > 0 or (c.max_steps == -1 and c.num_train_epochs > 0), "set max_steps > 0, or max_steps = -1 with num_train_epochs > 0")
+    _check(c.seed >= 0, f"seed = {c.seed}: must be >= 0")
+    _check(c.max_consecutive_skips >= 1, f"max_consecutive_skips = {c.max_consecutive_skips}: must be at least 1")
     _check(c.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens = {c.logprob_chunk_tokens}: must be at least 1")
     _check(
         not c.recompute or c.recompute_granularity == "full",
@@ -449,7 +568,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(c.max_evaluate_steps == -1 or c.max_evaluate_steps >= 1, f"max_evaluate_steps = {c.max_evaluate_steps}: must be -1 (all) or at least 1")
     resume = c.resume_from_checkpoint
     _check(
-        resume in (None, "auto") or is_complete_checkpoint(Path(resume)),
+        resume in (None, "auto") or _exists(is_complete_checkpoint, resume),
         f"resume_from_checkpoint: '{resume}' is not a complete checkpoint folder (one holding trainer_state.json, "
         f"written by save_steps); give such a folder or auto",
     )
@@ -466,7 +585,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(c.save_total_limit is None or c.save_total_limit >= 1, "save_total_limit must be at least 1 (or null: keep all)")
 
     system_prompt = c.system_prompt
-    if system_prompt and len(system_prompt) < 4096 and Path(system_prompt).is_file():
+    if system_prompt and len(system_prompt) < 4096 and _exists(Path.is_file, system_prompt):
         system_prompt = Path(system_prompt).read_text()
     return dataclasses.replace(
         c,
@@ -480,6 +599,14 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         reward_function_weights=[float(w) for w in weights],
         system_prompt=system_prompt,
     )
+
+
+def _exists(test, path) -> bool:
+    """test(Path(path)) (Path.is_file, Path.is_dir, ...), False for a name the system refuses (too long, a NUL byte)."""
+    try:
+        return test(Path(path))
+    except (OSError, ValueError):
+        return False
 
 
 def _model_max_positions(path: str) -> Optional[int]:

@@ -1,6 +1,6 @@
 """Prompt datasets: jsonl rows in three layouts, chat templates, truncation, and the step -> prompts map.
 
-Layouts (detected per file from its first row unless prompt_key / response_key say otherwise):
+Layouts (detected per file from its first good row unless prompt_key / response_key say otherwise):
 - PaddleNLP src/tgt: {"src": "question" | ["user turn", ...], "tgt": "reference" | ["reply", ..., "reference"]}
 - question/answer:   {"question": "...", "answer": "... #### 72"}   (GSM8K; rewards read the number after ####)
 - chat messages:     {"messages": [{"role": ..., "content": ...}, ...], "solution": "..."}; without a reference
@@ -8,15 +8,22 @@ Layouts (detected per file from its first row unless prompt_key / response_key s
 Every other column of a row travels with it to the reward functions.
 """
 
+import codecs
 import json
+import math
+import sys
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
 RESPONSE_KEYS = ("tgt", "answer", "solution", "response")
 ROLES = ("system", "user", "assistant")
+# A longer line is a bad row, read past in 1 MiB pieces, never held whole: a file that is not jsonl (no newlines)
+# must not be read into memory as one line. Rows with long reference solutions or test cases fit well within it.
+MAX_LINE_BYTES = 64 * 2**20
+SKIPPED_SHOWN = 20  # skipped rows printed per file; the count covers them all
 
 
 class DataError(ValueError):
@@ -45,27 +52,54 @@ class EncodedPrompt:
     ids: tuple  # prompt token ids, chat template applied, at most max_prompt_len
 
 
-def read_jsonl(path: str):
-    """Yields (line_number, row) for each non-blank line; a line that is not a JSON object is an error."""
+def read_jsonl(path: str, on_error: Optional[Callable[[DataError], None]] = None):
+    """Yields (line_number, row) for each non-blank line. A line that is not one JSON object (not UTF-8, not JSON,
+    another JSON value, over MAX_LINE_BYTES) raises DataError "file:line: what", or, given on_error, is passed to
+    it and left out."""
     try:
         handle = open(path, "rb")  # decoded line by line, so a bad byte is reported on its own line
     except OSError as e:
         raise DataError(f"{path}: cannot open: {e.strerror}") from None
     with handle:
-        for line_number, raw in enumerate(handle, start=1):
+        line_number = 0
+        while raw := handle.readline(MAX_LINE_BYTES + 1):
+            line_number += 1
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{line_number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            if not line.strip():
+                row = _json_object(raw, handle, first=line_number == 1)
+            except ValueError as e:
+                if on_error is None:
+                    raise DataError(f"{path}:{line_number}: {e}") from None
+                on_error(DataError(f"{path}:{line_number}: {e}"))
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{line_number}: not valid JSON: {e.msg} (column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
-            yield line_number, row
+            if row is not None:
+                yield line_number, row
+
+
+def _json_object(raw: bytes, handle, first: bool) -> Optional[dict]:
+    """One line's bytes -> its JSON object, None for a blank line; ValueError saying what is wrong."""
+    if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+        while (rest := handle.readline(2**20)) and not rest.endswith(b"\n"):
+            pass
+        raise ValueError(f"longer than {MAX_LINE_BYTES // 2**20} MiB (MAX_LINE_BYTES)")
+    if first:
+        raw = raw.removeprefix(codecs.BOM_UTF8)  # some Windows tools start UTF-8 files with one
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON for a row: arrays or objects nested too deeply") from None
+    except ValueError as e:  # an integer longer than int() converts (sys.get_int_max_str_digits())
+        raise ValueError(f"not valid JSON: {str(e).split(';')[0]}") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    return row
 
 
 def _detect(row: dict, prompt_key: Optional[str], response_key: Optional[str], where: str) -> tuple:
@@ -130,7 +164,7 @@ def parse_row(row: dict, prompt_key: str, response_key: Optional[str], where: st
                     if text is not None
                 ]
             answer = reference[-1]
-        elif isinstance(reference, (int, float)) and not isinstance(reference, bool):
+        elif isinstance(reference, int) and not isinstance(reference, bool) or isinstance(reference, float) and math.isfinite(reference):
             answer = str(reference)
         else:
             answer = _text(reference, f"'{response_key}'", where)
@@ -142,17 +176,32 @@ def parse_row(row: dict, prompt_key: str, response_key: Optional[str], where: st
     return PromptRecord(messages=tuple(turns), answer=answer, columns=columns, source=where)
 
 
-def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_key: Optional[str] = None) -> list:
-    """Comma-separated jsonl paths -> PromptRecords. The first bad row stops loading with file:line."""
+def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_key: Optional[str] = None, skip_bad_rows: bool = False) -> list:
+    """Comma-separated jsonl paths -> PromptRecords, each file's layout that of its first good row. The first bad
+    row stops loading with DataError "file:line: what"; with skip_bad_rows it is left out, and each file's skipped
+    rows are printed to stderr ("skipped file:line: what", the first SKIPPED_SHOWN) with their count. A file with
+    no rows, or none left, is an error either way."""
     records = []
     for path in [p.strip() for p in paths.split(",") if p.strip()]:
-        keys = None
-        for line_number, row in read_jsonl(path):
+        keys, kept, skipped = None, 0, []
+        for line_number, row in read_jsonl(path, skipped.append if skip_bad_rows else None):
             where = f"{path}:{line_number}"
-            keys = keys or _detect(row, prompt_key, response_key, where)
-            records.append(parse_row(row, *keys, where))
-        if keys is None:
-            raise DataError(f"{path}: the file has no rows")
+            try:
+                row_keys = keys or _detect(row, prompt_key, response_key, where)
+                records.append(parse_row(row, *row_keys, where))
+            except DataError as e:
+                if not skip_bad_rows:
+                    raise
+                skipped.append(e)
+                continue
+            keys, kept = row_keys, kept + 1
+        for error in skipped[:SKIPPED_SHOWN]:
+            print(f"skipped {error}", file=sys.stderr)
+        if skipped:
+            hidden = len(skipped) - SKIPPED_SHOWN
+            print(f"{path}: skipped {len(skipped)} bad rows (skip_bad_rows), kept {kept}" + (f"; {hidden} not shown" if hidden > 0 else ""), file=sys.stderr)
+        if kept == 0:
+            raise DataError(f"{path}: no rows left, all {len(skipped)} are bad; the first: {skipped[0]}" if skipped else f"{path}: the file has no rows")
     return records
 
 

@@ -12,6 +12,10 @@ import paddle
 import paddle.distributed as dist
 
 
+class DistributedError(RuntimeError):
+    """A collective operation failed because another process stopped; the message names this process."""
+
+
 @dataclass(frozen=True)
 class World:
     rank: int
@@ -32,8 +36,19 @@ class World:
         if self.size == 1:
             return values
         tensor = paddle.to_tensor(values.astype(np.float64))
-        dist.all_reduce(tensor, op=op)
+        self._collective(dist.all_reduce, tensor, op=op)
         return tensor.numpy()
+
+    def _collective(self, operation, tensor, **kwargs) -> None:
+        try:
+            operation(tensor, **kwargs)
+        except Exception as e:  # gloo's timeout or a reset connection, raised as paddle's own error types
+            cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise DistributedError(
+                f"process {self.rank} of {self.size}: an all-reduce with the other processes failed ({cause}); another "
+                f"process has stopped (it died, or fell more than gloo's 30 s timeout behind): its own log "
+                f"(<log_dir>/workerlog.<rank>) says why"
+            ) from None
 
     def sum_gradients(self, parameters: list) -> None:
         """Each rank's gradient is its share of a loss already normalised by the global token count,
@@ -42,7 +57,7 @@ class World:
             return
         for parameter in parameters:
             if parameter.grad is not None:
-                dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+                self._collective(dist.all_reduce, parameter.grad, op=dist.ReduceOp.SUM)
 
 
 def init_world() -> World:

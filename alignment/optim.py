@@ -5,6 +5,10 @@ import paddle
 from alignment.algo import learning_rate_factor
 
 
+class NonFiniteError(RuntimeError):
+    """The loss or the gradients stayed NaN or infinite for max_consecutive_skips steps in a row."""
+
+
 def build_optimizer(model, config, total_steps: int):
     """-> (optimizer, scheduler) over the model's trainable parameters (with LoRA, the adapters only: no
     moments for frozen weights). Weight decay skips biases and norm weights (the usual convention)."""

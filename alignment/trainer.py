@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import os
+import signal
 import time
 import warnings
 from collections import defaultdict
@@ -47,8 +48,9 @@ from alignment.modeling import (
     output_head,
     stop_token_ids,
 )
-from alignment.optim import build_optimizer, global_grad_norm
+from alignment.optim import NonFiniteError, build_optimizer, global_grad_norm
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
+from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
 from alignment.runtime import contiguous_kernels
 
@@ -146,42 +148,109 @@ def train(config: GRPOConfig) -> Path:
         f"rollout with the {type(engine).__name__}" + (f"; resuming from {resume} after step {first_step}" if resume else "")
     )
     if eval_prompts and config.eval_on_start and first_step == 0:
-        logger.log_eval(0, evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, 0))
+        results, failure = evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, 0)
+        if failure:
+            raise failure
+        logger.log_eval(0, results)
 
-    checkpoint = resume
-    for step in range(first_step + 1, total_steps + 1):
-        prompts = [train_prompts[i] for i in schedule.indices(step - 1, world.rank)]
-        scored, timings = sample_and_score(engine, scorer, prompts, tokenizer, config, world, sampling, step, "train")
-        sampling_metrics = {}
-        if config.dynamic_sampling:
-            scored, sampling_metrics = keep_groups_with_signal(scored, engine, scorer, train_prompts, tokenizer, config, world, sampling, step, timings)
-        batch_std = global_reward_std(scored, world) if config.scale_rewards == "batch" else None
-        scored.advantages = group_advantages(scored.rewards, config.rollout_n, config.scale_rewards, batch_std)[0]
-        rewarded = time.perf_counter()
-        learning_rate = scheduler.get_lr()
-        with contiguous_kernels():
-            update = update_policy(model, ref_model, optimizer, scored, config, world, tokenizer.pad_token_id, step)
-        scheduler.step()
-        updated = time.perf_counter()
-        engine.sync()  # the fused engine refreshes its weight layout and checks itself against the actor
-        finished = time.perf_counter()
+    checkpoint, skipped_steps, skipped_in_a_row = resume, state.get("skipped_steps", 0), 0
 
-        timings.update(train=updated - rewarded, sync=finished - updated)
-        logger.log_step(step, {**step_metrics(scored, update, learning_rate, timings, world), **sampling_metrics})
-        logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
-        last = step == total_steps
-        if eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
-            logger.log_eval(step, evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, step))
-        if world.is_main and (last or (config.save_steps and step % config.save_steps == 0)):
-            state = {"total_steps": total_steps, "log_offsets": logger.offsets()}
-            checkpoint = save_checkpoint(
-                config.output_dir, step, model, tokenizer, optimizer, config.to_json(), state, config.save_total_limit
-            )
-            logger.print(f"saved {checkpoint}")
+    def save(step: int) -> Path:
+        state = {"total_steps": total_steps, "log_offsets": logger.offsets(), "skipped_steps": skipped_steps}
+        path = save_checkpoint(config.output_dir, step, model, tokenizer, optimizer, config.to_json(), state, config.save_total_limit)
+        logger.print(f"saved {path}")
+        return path
+
+    def stop_saving(error: RewardServerError, finished_step: int) -> RewardServerError:
+        """Scoring failed after the client's retries: keep what the finished steps learned, then stop. Only
+        the main process writes; in a multi-process run every rank scores against the same server."""
+        saved = checkpoint if checkpoint and checkpoint.name == f"checkpoint-{finished_step}" else None
+        if world.is_main and saved is None and finished_step > 0:
+            saved = save(finished_step)
+        where = f"{saved} holds the state after step {finished_step}" if saved else "no step had finished, nothing to resume"
+        return RewardServerError(f"{error}\n{where}; once the reward server answers again, rerun with --resume_from_checkpoint auto")
+
+    with TerminationRequest() as terminate:
+        for step in range(first_step + 1, total_steps + 1):
+            prompts = [train_prompts[i] for i in schedule.indices(step - 1, world.rank)]
+            failure = counts = None
+            try:
+                scored, timings = sample_and_score(engine, scorer, prompts, tokenizer, config, world, sampling, step, "train")
+                if config.dynamic_sampling:
+                    scored, counts = keep_groups_with_signal(scored, engine, scorer, train_prompts, tokenizer, config, world, sampling, step, timings)
+            except RewardServerError as error:
+                failure = error
+            if failure := any_failed(failure, world):  # every process stops after the same step, the main one saving it
+                raise stop_saving(failure, step - 1) from None
+            sampling_metrics = dynamic_sampling_metrics(counts, world) if counts else {}
+            batch_std = global_reward_std(scored, world) if config.scale_rewards == "batch" else None
+            scored.advantages = group_advantages(scored.rewards, config.rollout_n, config.scale_rewards, batch_std)[0]
+            rewarded = time.perf_counter()
+            learning_rate = scheduler.get_lr()
+            with contiguous_kernels():
+                update = update_policy(model, ref_model, optimizer, scored, config, world, tokenizer.pad_token_id, step)
+            scheduler.step()
+            updated = time.perf_counter()
+            engine.sync()  # the fused engine refreshes its weight layout and checks itself against the actor
+            finished = time.perf_counter()
+
+            skipped = update.pop("skipped_phase")
+            skipped_steps, skipped_in_a_row = skipped_steps + bool(skipped), (skipped_in_a_row + 1) if skipped else 0
+            timings.update(train=updated - rewarded, sync=finished - updated)
+            metrics = step_metrics(scored, update, learning_rate, timings, world)
+            logger.log_step(step, {**metrics, **sampling_metrics, "step_skipped": int(bool(skipped)), "skipped_steps": skipped_steps})
+            logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
+            if skipped:
+                logger.print(f"step {step} skipped: {skipped} not finite ({skipped_in_a_row} in a row; the weights are those before the step)")
+                if skipped_in_a_row >= config.max_consecutive_skips:
+                    raise NonFiniteError(
+                        f"step {step}: {skipped} not finite for {skipped_in_a_row} consecutive steps (max_consecutive_skips); "
+                        f"the run stops with the weights of step {step - skipped_in_a_row}" + (f"; last checkpoint {checkpoint}" if checkpoint else "")
+                    )
+            last = step == total_steps
+            if eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
+                results, failure = evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, step)
+                if failure:
+                    raise stop_saving(failure, step) from None
+                logger.log_eval(step, results)
+            if world.is_main and (last or (config.save_steps and step % config.save_steps == 0)):
+                checkpoint = save(step)
+            if terminate.agreed(world):
+                if world.is_main and (checkpoint is None or checkpoint.name != f"checkpoint-{step}"):
+                    checkpoint = save(step)
+                logger.print(f"stopped by SIGTERM after step {step}; resume with --resume_from_checkpoint auto")
+                break
     logger.close()
     if world.is_main:
         plot_curves(config.output_dir)
     return checkpoint
+
+
+class TerminationRequest:
+    """SIGTERM (a scheduler's preemption, `kill`, the launcher stopping its workers) only sets a flag: the
+    step under way finishes, every process agrees at its end, and the run saves and stops cleanly."""
+
+    def __enter__(self):
+        self.requested = False
+        self.previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self, world: World) -> bool:
+        return bool(world.max(np.array([float(self.requested)]))[0])  # every rank stops after the same step
+
+
+def any_failed(failure: Exception | None, world: World) -> RewardServerError | None:
+    """Whether scoring failed in any process (every process calls this at the same point of a step). A
+    process whose own scoring worked gets an error pointing at the others' logs."""
+    if not world.max(np.array([float(failure is not None)]))[0]:
+        return None
+    return failure or RewardServerError("another process's reward scoring failed: its log (<log_dir>/workerlog.<rank>) names the server and the cause")
 
 
 PHASES = ("train", "eval", "resample", "shuffle")
@@ -216,7 +285,8 @@ def keep_groups_with_signal(scored: ScoredBatch, engine, scorer, train_prompts: 
     other prompts, sampled and scored in up to max_resample_times further rounds; if the rounds run out,
     dropped groups fill the gap (they add no policy gradient) and are counted. Refill prompts are a seeded
     draw from the whole training set per (step, round, process), so resuming draws them again exactly and
-    the epoch's data order is left alone. -> (the batch to train on, metrics summed over processes)."""
+    the epoch's data order is left alone. No collective runs here, so a process whose scoring fails cannot
+    leave the others waiting. -> (the batch to train on, this process's counts)."""
     wanted = len(scored.prompts)
     kept, dropped = [], []  # (batch, group) pairs
     batches = [scored]
@@ -236,14 +306,15 @@ def keep_groups_with_signal(scored: ScoredBatch, engine, scorer, train_prompts: 
             timings[phase] += seconds
     chosen = (kept + dropped)[:wanted]
     parts = [batch.groups([g for b, g in chosen if b is batch]) for batch in batches]
-    dropped_total, unfilled = world.sum(np.array([len(dropped), max(0, wanted - len(kept))], dtype=np.float64))
-    rounds_max = world.max(np.array([rounds], dtype=np.float64))[0]
-    metrics = {
-        "dynamic_sampling/dropped_groups": int(dropped_total),
-        "dynamic_sampling/unfilled_groups": int(unfilled),
-        "dynamic_sampling/rounds": int(rounds_max),
-    }
-    return concat_scored([part for part in parts if part.prompts], tokenizer.pad_token_id), metrics
+    counts = {"dropped_groups": len(dropped), "unfilled_groups": max(0, wanted - len(kept)), "rounds": rounds}
+    return concat_scored([part for part in parts if part.prompts], tokenizer.pad_token_id), counts
+
+
+def dynamic_sampling_metrics(counts: dict, world: World) -> dict:
+    """keep_groups_with_signal's counts of this process -> summed over processes (rounds: the most any took)."""
+    dropped, unfilled = world.sum(np.array([counts["dropped_groups"], counts["unfilled_groups"]], dtype=np.float64))
+    rounds = world.max(np.array([counts["rounds"]], dtype=np.float64))[0]
+    return {"dynamic_sampling/dropped_groups": int(dropped), "dynamic_sampling/unfilled_groups": int(unfilled), "dynamic_sampling/rounds": int(rounds)}
 
 
 def global_reward_std(scored: ScoredBatch, world: World) -> float:
@@ -254,7 +325,7 @@ def global_reward_std(scored: ScoredBatch, world: World) -> float:
 
 
 def load_prompts(paths: str, tokenizer, config: GRPOConfig):
-    records = read_prompt_records(paths, config.prompt_key, config.response_key)
+    records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows)
     return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt)
 
 
@@ -267,8 +338,6 @@ def build_scorer(config: GRPOConfig):
     if not config.use_rm_server:
         score_rules = functools.partial(score_completions, settings=settings)
     else:
-        from alignment.rewards.remote import score_remote
-
         score_rules = functools.partial(
             score_remote,
             url=config.reward_server,
@@ -368,9 +437,11 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
     if config.kl_loss_coeff > 0:
         with adapters_disabled(model) if ref_model is None else contextlib.nullcontext():  # LoRA: the base is the reference
             ref_logprobs = fixed_logprobs(ref_model or model)
-    totals, updates = defaultdict(float), 0
+    totals, updates, nonfinite, skipped_phase = defaultdict(float), 0, None, None
     global_tokens = float(world.sum(np.array([loss_mask.sum()]))[0])
     for iteration in range(config.num_iterations):
+        if skipped_phase:
+            break
         order = np.arange(rows_total)
         if config.shuffle_minibatch:
             order = np.random.default_rng(seed_phase(config, step, world.rank, "shuffle", iteration + 1)).permutation(rows_total)
@@ -407,21 +478,36 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
                 )
                 if counts[0] > 0:
                     loss.backward()
+                if not math.isfinite(float(loss)) and nonfinite is None:  # which input made it so, for the message
+                    nonfinite = next(
+                        (name for name, values in [
+                            ("the policy's log-probs", logprobs.numpy()),
+                            ("the reference model's log-probs", None if ref_logprobs is None else ref_logprobs[chunk]),
+                            ("the importance weights (the rollout engine's log-probs)", None if importance is None else importance.numpy()),
+                        ] if values is not None and not np.isfinite(values).all()),
+                        "the loss",
+                    )
                 totals["entropy"] += float((entropy * mask).sum())
                 totals["loss"] += float(loss)
                 for key, value in sums.items():
                     totals[key] += value
             world.sum_gradients(model.parameters())
-            totals["grad_norm"] += global_grad_norm(model.parameters())
+            grad_norm = global_grad_norm(model.parameters())  # of the all-reduced gradients: every rank decides alike
+            totals["grad_norm"] += grad_norm
+            updates += 1
+            if not math.isfinite(grad_norm):  # no optimizer step on NaN or infinite gradients: the step is skipped
+                optimizer.clear_grad()
+                skipped_phase = nonfinite or "the gradients"
+                break
             if counts[0] > 0:
                 optimizer.step()
             optimizer.clear_grad()
-            updates += 1
     gap_max = world.max(np.array([totals.pop("is_logprob_gap_max", 0.0)]))[0]
     keys = sorted(totals)
     summed = dict(zip(keys, world.sum(np.array([totals[k] for k in keys]))))
     per_token = max(global_tokens, 1.0) * config.num_iterations  # token sums over every update
     metrics = {
+        "skipped_phase": skipped_phase,  # None, or what was not finite when the step was skipped
         "loss": summed["loss"] / updates,
         "entropy": summed["entropy"] / per_token,
         "clip_fraction": summed["clipped"] / per_token,
@@ -438,7 +524,7 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
         metrics["is/weight_mean"] = summed["is_weight"] / max(global_tokens, 1.0)
         metrics["is/capped_fraction"] = summed["is_capped"] / max(global_tokens, 1.0)
         metrics["is/logprob_gap_max"] = gap_max
-    return metrics
+    return {key: _finite_or_none(value) if isinstance(value, float) else value for key, value in metrics.items()}
 
 
 def policy_logprobs(model, batch, config: GRPOConfig) -> tuple:
@@ -500,11 +586,12 @@ def completion_rows(scored: ScoredBatch, limit: int) -> list:
     return rows
 
 
-def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int) -> dict:
+def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int) -> tuple:
     """Greedy decoding of the evaluation prompts (a contiguous slice per rank, at most max_evaluate_steps
     batches each), scored like training. With eval_rollout_n = k, also k samples per prompt at the training
     sampling settings: mean@k is the samples' mean accuracy, pass@k the fraction of prompts with at least
-    one correct sample."""
+    one correct sample. -> (metrics, None), or (None, the error) when scoring failed in any process: the
+    failure travels in the one all-reduce, so no process is left waiting."""
     sampling = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, "eval"))
     share = -(-len(prompts) // world.size)
     first, end = world.rank * share, min((world.rank + 1) * share, len(prompts))  # this rank's prompts
@@ -513,24 +600,32 @@ def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world
     starts = starts[: config.max_evaluate_steps] if config.max_evaluate_steps > 0 else starts
     greedy = SamplingParams(max_new_tokens=config.max_dec_len, greedy=True)
     columns = reported_reward_functions(config)
-    sums = np.zeros(8 + len(columns))  # count, correct, length, truncated, reward sum, valid rewards, mean@k, pass@k, per function
+    # count, correct, length, truncated, reward sum, valid rewards, mean@k, pass@k, failed processes, per function
+    sums, failure = np.zeros(9 + len(columns)), None
     for start in starts:
         chunk = prompts[start : min(start + size, end)]
         ids = [p.ids for p in chunk]
-        scored = score_rollout(chunk, engine.generate(ids, 1, greedy), scorer, tokenizer, config)
         mean_at_k = pass_at_k = np.zeros(len(chunk))
-        if k:
-            samples = engine.generate(ids, k, dataclasses.replace(sampling, first_row=start * k))
-            sampled = score_rollout(chunk, samples, scorer, tokenizer, config)
-            mean_at_k, pass_at_k = mean_and_pass_at_k(sampled.correct.reshape(len(chunk), k))
-        sums += [
+        try:
+            scored = score_rollout(chunk, engine.generate(ids, 1, greedy), scorer, tokenizer, config)
+            if k:
+                samples = engine.generate(ids, k, dataclasses.replace(sampling, first_row=start * k))
+                sampled = score_rollout(chunk, samples, scorer, tokenizer, config)
+                mean_at_k, pass_at_k = mean_and_pass_at_k(sampled.correct.reshape(len(chunk), k))
+        except RewardServerError as error:
+            failure = error
+            sums[8] = 1
+            break
+        sums[:8] += [
             len(chunk), scored.correct.sum(), scored.rollout.lengths.sum(),
             sum(r == "length" for r in scored.rollout.finish_reasons),
             np.nansum(scored.rewards), np.isfinite(scored.rewards).sum(),
             mean_at_k.sum(), pass_at_k.sum(),
-            *[np.nansum(scored.reward_columns[c]) for c in columns],
         ]
-    count, correct, length, truncated, reward_sum, valid, mean_at_k, pass_at_k, *per_function = world.sum(sums)
+        sums[9:] += [np.nansum(scored.reward_columns[c]) for c in columns]
+    count, correct, length, truncated, reward_sum, valid, mean_at_k, pass_at_k, failed, *per_function = world.sum(sums)
+    if failed:
+        return None, failure or RewardServerError("another process's reward scoring failed during evaluation: its log names the cause")
     count = max(count, 1)
     return {
         "eval_accuracy": correct / count,
@@ -540,7 +635,7 @@ def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world
         "eval_response_length_mean": length / count,
         "eval_truncated_fraction": truncated / count,
         "eval_samples": int(count),
-    }
+    }, None
 
 
 def reported_reward_functions(config: GRPOConfig) -> list:

@@ -22,6 +22,7 @@ API_KEY_ENV = "GRPO_REWARD_SERVER_API_KEY"
 class Server:
     url: str
     log: Path
+    process: subprocess.Popen  # for a test that kills the server
 
 
 def free_port() -> int:
@@ -50,7 +51,7 @@ def reward_server(folder: Path, *flags: str, env: dict | None = None, port: int 
         try:
             url = f"http://127.0.0.1:{port}"
             wait_until_healthy(url, process, output)
-            yield Server(url, log)
+            yield Server(url, log, process)
         finally:
             stop(process, timeout=30)
 

@@ -4,7 +4,7 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.checkpoint import complete_checkpoints, load_training_state, resolve_resume, save_checkpoint
+from alignment.checkpoint import CheckpointError, complete_checkpoints, load_training_state, resolve_resume, save_checkpoint
 from alignment.modeling import load_causal_lm, load_tokenizer
 
 
@@ -36,7 +36,7 @@ def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
 def test_save_total_limit_keeps_the_newest(tmp_path, parts):
     for step in (1, 2, 3, 4):
         save(tmp_path, step, parts, keep=2)
-    assert [p.name for p in complete_checkpoints(str(tmp_path))] == ["checkpoint-3", "checkpoint-4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-4"]  # nothing set aside is left
 
 
 class DiskFullTokenizer:
@@ -48,13 +48,37 @@ class DiskFullTokenizer:
 
 def test_interrupted_save_leaves_nothing_that_looks_complete(tmp_path, parts):
     save(tmp_path, 1, parts)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(CheckpointError) as failure:
         save(tmp_path, 2, parts, tokenizer=DiskFullTokenizer())
-    assert not (tmp_path / "checkpoint-2").exists()
+    assert str(failure.value) == (
+        f"could not save checkpoint {tmp_path}/checkpoint-2: OSError: [Errno 28] No space left on device; the newest "
+        f"complete checkpoint is {tmp_path}/checkpoint-1 (untouched): resume_from_checkpoint auto continues from it"
+    )
+    assert not (tmp_path / "checkpoint-2").exists() and not list(tmp_path.glob(".checkpoint-*"))  # staging removed
     assert [p.name for p in complete_checkpoints(str(tmp_path))] == ["checkpoint-1"]
-    save(tmp_path, 2, parts)  # the next save of that step replaces the leftover staging folder
+    save(tmp_path, 2, parts)
     assert [p.name for p in complete_checkpoints(str(tmp_path))] == ["checkpoint-1", "checkpoint-2"]
-    assert not list(tmp_path.glob(".checkpoint-*"))
+
+
+def test_a_failed_first_save_says_there_is_nothing_to_resume(tmp_path, parts):
+    with pytest.raises(CheckpointError, match="there is no complete checkpoint in this output_dir yet"):
+        save(tmp_path, 1, parts, tokenizer=DiskFullTokenizer())
+
+
+def test_leftovers_of_a_save_cut_short_are_removed_by_the_next(tmp_path, parts):
+    for leftover in (".checkpoint-3.tmp", ".checkpoint-2.old"):  # a SIGKILL while staging, and while replacing
+        (tmp_path / leftover).mkdir()
+        (tmp_path / leftover / "model.safetensors").write_bytes(b"partial")
+    save(tmp_path, 4, parts)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
+
+
+def test_saving_a_step_again_replaces_its_checkpoint_whole(tmp_path, parts):
+    # A run resumed from an earlier checkpoint saves a step that a later one already holds.
+    save(tmp_path, 2, parts)
+    (tmp_path / "checkpoint-2" / "stale-file").write_text("from the first run")
+    save(tmp_path, 2, parts)
+    assert not (tmp_path / "checkpoint-2" / "stale-file").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]
 
 
 def test_resume_auto_takes_the_newest_complete_checkpoint(tmp_path, parts):

@@ -493,7 +493,7 @@ def test_score_remote_names_the_server_when_retries_are_exhausted():
 
 
 def test_score_remote_retries_a_request_that_timed_out(server):
-    with pytest.raises(RewardServerError, match=r"failed 2 attempt\(s\); last: ReadTimeout"):
+    with pytest.raises(RewardServerError, match=r"failed 2 attempt\(s\); last: no complete answer within reward_server_timeout = 0.3 s"):
         remote([{"completion": "HANG"}], ["hang_on_marker"], server.url, timeout=0.3, retries=1, backoff_s=0.01)
 
 

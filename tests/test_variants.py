@@ -137,8 +137,8 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
         timings = {"rollout": 0.0, "reward": 0.0}
         return keep_groups_with_signal(first, engine, build_scorer(config), prompts, tokenizer, config, World(0, 1), sampling, 3, timings)
 
-    kept, metrics = refill()
-    assert metrics["dynamic_sampling/dropped_groups"] >= 1 and metrics["dynamic_sampling/unfilled_groups"] == 0
+    kept, counts = refill()
+    assert counts["dropped_groups"] >= 1 and counts["unfilled_groups"] == 0
     assert len(kept.prompts) == 2 and len(kept.completions) == 8 and kept.rollout.completion_ids.shape[0] == 8
     for group in range(2):
         assert np.ptp(kept.rewards[group * 4 : (group + 1) * 4]) > 0
@@ -148,8 +148,8 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
 
     no_rounds = dataclasses.replace(config, max_resample_times=0)
     timings = {"rollout": 0.0, "reward": 0.0}
-    filled, metrics = keep_groups_with_signal(first, engine, build_scorer(no_rounds), prompts, tokenizer, no_rounds, World(0, 1), sampling, 3, timings)
-    assert metrics == {"dynamic_sampling/dropped_groups": 1, "dynamic_sampling/unfilled_groups": 1, "dynamic_sampling/rounds": 0}
+    filled, counts = keep_groups_with_signal(first, engine, build_scorer(no_rounds), prompts, tokenizer, no_rounds, World(0, 1), sampling, 3, timings)
+    assert counts == {"dropped_groups": 1, "unfilled_groups": 1, "rounds": 0}
     assert filled.completions[:4] == first.completions[4:] and filled.completions[4:] == first.completions[:4]  # kept first, then the filler
 
 

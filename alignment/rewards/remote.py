@@ -1,4 +1,5 @@
-"""The trainer's client for the reward server: one request per step, retried, never silently zero.
+"""The trainer's client for the reward server: one request per step, retried, never silently zero; each
+attempt, from connecting to the last byte of the answer, ends after reward_server_timeout seconds.
 
 protocol "v1" posts to /v1/score and gets each function's values and each item's error; "paddlenlp"
 posts PaddleNLP's {"src", "tgt", "response"} to / and gets totals only (columns is then empty): that
@@ -7,9 +8,9 @@ server applies its own reward functions with its own settings, and neither the o
 """
 
 import dataclasses
-import time
 from collections.abc import Mapping
 
+import anyio
 import httpx
 
 from .scoring import ScoreTable
@@ -75,19 +76,28 @@ def _text(value) -> str:
 
 
 def _post(endpoint: str, body: dict, headers: dict, *, timeout: float, retries: int, backoff_s: float) -> dict:
+    return anyio.run(_post_retried, endpoint, body, headers, timeout, retries, backoff_s)
+
+
+async def _post_retried(endpoint: str, body: dict, headers: dict, timeout: float, retries: int, backoff_s: float) -> dict:
     attempts = retries + 1
-    with httpx.Client(timeout=timeout, headers=headers) as client:
+    # No httpx timeout: it bounds each network operation alone, so a server that trickles its answer out
+    # would hold the step for ever. The limit is on the whole exchange, connecting to the last byte.
+    async with httpx.AsyncClient(timeout=None, headers=headers) as client:
         for attempt in range(1, attempts + 1):
             try:
-                response = client.post(endpoint, json=body)
-            except httpx.TransportError as exc:  # refused, reset, timed out: the server may be restarting
+                with anyio.fail_after(timeout):
+                    response = await client.post(endpoint, json=body)
+            except TimeoutError:
+                cause = f"no complete answer within reward_server_timeout = {timeout:g} s"
+            except httpx.TransportError as exc:  # refused, reset: the server may be restarting
                 cause = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 500:
                     return _answer(endpoint, response)
                 cause = f"HTTP {response.status_code}: {_message(response)}"
             if attempt < attempts:
-                time.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
+                await anyio.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
     raise RewardServerError(f"reward server {endpoint} failed {attempts} attempt(s); last: {cause}")
 
 

@@ -1,0 +1,307 @@
+"""The faults a long run meets, each provoked for real on the tiny run: a full disk and an unwritable
+output_dir during a save, a slow and a dead reward server, SIGTERM, and a rank that dies in a two-process
+run. Each run must stop with a clear message (or finish), lose at most what its message says, and leave a
+checkpoint that resume_from_checkpoint auto continues from. SIGKILL is tests/test_resume.py's."""
+
+import ctypes
+import hashlib
+import http.server
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from reward_servers import free_port, reward_server
+
+from alignment.checkpoint import resolve_resume
+from alignment.rewards.remote import RewardServerError, score_remote
+
+PLUGINS = "tests/plugins/fault_rewards.py"
+RUN = [
+    "run_grpo.py", "config/tiny/grpo_argument.json", "--max_dec_len", "16", "--per_device_prompt_batch_size", "2",
+    "--rollout_n", "4", "--per_device_train_batch_size", "4", "--eval_datasets", "",
+]
+# Above what a run appends to its logs (a few kB), below model.safetensors (13.5 MB): only the save fails.
+FILE_SIZE_LIMIT = 2**20
+RUN_TIMEOUT_S = 300
+
+
+def run(out: Path, *flags: str, preexec_fn=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *RUN, "--output_dir", str(out), *flags],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, preexec_fn=preexec_fn,
+    )
+
+
+def start(out: Path, *flags: str) -> subprocess.Popen:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{out.name}-output.txt", "w") as output:  # a file, not a pipe nobody reads while it runs
+        return subprocess.Popen([sys.executable, *RUN, "--output_dir", str(out), *flags], stdout=output, stderr=subprocess.STDOUT, text=True)
+
+
+def output_of(out: Path) -> str:
+    return (out.parent / f"{out.name}-output.txt").read_text()
+
+
+def logged_steps(out: Path) -> list:
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return [json.loads(line)["step"] for line in lines if line.endswith("}")]
+
+
+def wait_for_step(out: Path, step: int, process: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while step not in logged_steps(out):
+        assert process.poll() is None, f"the run ended ({process.returncode}) before step {step}:\n{output_of(out)[-3000:]}"
+        assert time.monotonic() < deadline, f"no step {step} within {timeout} s"
+        time.sleep(0.02)
+
+
+def contents(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def assert_complete(checkpoint: Path, step: int) -> None:
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == step
+    assert {"model.safetensors", "config.json", "optimizer.pdopt", "tokenizer.json", "grpo_config.json"} <= set(contents(checkpoint))
+
+
+def assert_resumes_to_the_end(out: Path, resumed_after: int, max_steps: int, *flags: str) -> None:
+    done = run(out, "--max_steps", str(max_steps), "--resume_from_checkpoint", "auto", *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {out}/checkpoint-{resumed_after} after step {resumed_after}" in done.stdout + done.stderr
+    assert logged_steps(out) == list(range(1, max_steps + 1))  # the steps after the checkpoint replaced, none repeated
+    assert_complete(out / f"checkpoint-{max_steps}", max_steps)
+
+
+@pytest.fixture(scope="module")
+def saved_at_2(tmp_path_factory) -> Path:
+    """A run that saved checkpoint-2 and ended; each test continues a copy of it."""
+    out = tmp_path_factory.mktemp("saved") / "out"
+    done = run(out, "--max_steps", "2", "--save_steps", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def a_copy(saved: Path, tmp_path: Path) -> tuple[Path, dict]:
+    out = tmp_path / "out"
+    shutil.copytree(saved, out)
+    return out, contents(out / "checkpoint-2")
+
+
+def assert_save_failed_cleanly(done: subprocess.CompletedProcess, out: Path, before: dict, cause: str) -> None:
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"run_grpo: error: could not save checkpoint {out}/checkpoint-4: " in done.stderr, done.stderr[-3000:]
+    assert cause in done.stderr, done.stderr[-3000:]
+    assert f"the newest complete checkpoint is {out}/checkpoint-2 (untouched): resume_from_checkpoint auto continues from it" in done.stderr
+    assert contents(out / "checkpoint-2") == before  # every file, trainer_state.json included, as it was
+    assert not (out / "checkpoint-4").exists() and not list(out.glob(".checkpoint-*"))  # no partial folder left
+    assert resolve_resume("auto", str(out)) == out / "checkpoint-2"
+
+
+def limit_file_size() -> None:
+    # A full disk without filling one: writes past RLIMIT_FSIZE fail as on a full disk (EFBIG instead of
+    # ENOSPC). Ignoring SIGXFSZ keeps it from killing the process first (CPython ignores it too).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+
+
+def test_a_disk_full_during_a_save_keeps_the_previous_checkpoint(saved_at_2, tmp_path):
+    out, before = a_copy(saved_at_2, tmp_path)
+    done = run(out, "--max_steps", "4", "--resume_from_checkpoint", "auto", preexec_fn=limit_file_size)
+    assert_save_failed_cleanly(done, out, before, "File too large")
+    assert_resumes_to_the_end(out, 2, 4)  # with room again, the same command carries on from checkpoint-2
+
+
+PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2  # <linux/prctl.h>, <linux/capability.h>
+
+
+def as_an_ordinary_user() -> None:
+    """Root writes through permission bits (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH). Dropped from the
+    bounding set, they are gone from the program exec'd next, for which the kernel then checks the bits
+    as for anyone. (Switching to an unprivileged uid does not work here: the interpreter lives under
+    /root, mode 700.)"""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {capability})")
+
+
+def test_an_unwritable_output_dir_fails_the_save_clearly(saved_at_2, tmp_path):
+    out, before = a_copy(saved_at_2, tmp_path)
+    out.chmod(0o555)  # no new entries: the logs, already there, still take their lines
+    try:
+        try:
+            probe = subprocess.run([sys.executable, "-c", f"open({str(out / 'probe')!r}, 'w')"], preexec_fn=as_an_ordinary_user, capture_output=True)
+        except subprocess.SubprocessError as exc:  # prctl refused: a container without CAP_SETPCAP
+            pytest.skip(f"cannot take root's permission override away from the trainer here: {exc}")
+        if probe.returncode == 0:
+            pytest.skip("a mode 555 folder is writable here even without CAP_DAC_OVERRIDE (a filesystem that ignores modes)")
+        done = run(out, "--max_steps", "4", "--resume_from_checkpoint", "auto", preexec_fn=as_an_ordinary_user)
+    finally:
+        out.chmod(0o755)
+    assert_save_failed_cleanly(done, out, before, "PermissionError: [Errno 13] Permission denied")
+
+
+def test_a_slow_reward_server_times_out_and_stops_the_run(tmp_path):
+    with reward_server(tmp_path, "--workers", "1", "--plugins", PLUGINS, "--item_timeout", "60") as server:
+        started = time.monotonic()
+        done = run(
+            tmp_path / "out", "--max_steps", "2", "--use_rm_server", "true", "--reward_server", server.url,
+            "--reward_server_timeout", "2", "--reward_server_retries", "1", "--external_plugins", PLUGINS,
+            "--reward_functions", "slow_one", "--reward_function_weights", "1.0",
+        )
+        elapsed = time.monotonic() - started
+        server.process.kill()  # not SIGTERM: the server would first finish the abandoned requests' items (16 s)
+    assert done.returncode == 2, done.stderr[-3000:]
+    # Two attempts of 2 s and a 0.5 s pause after ~10 s of start-up, against 8 s a request would take.
+    assert elapsed < 45, f"the run took {elapsed:.0f} s to give up"
+    assert (
+        f"run_grpo: error: reward server {server.url}/v1/score failed 2 attempt(s); "
+        "last: no complete answer within reward_server_timeout = 2 s"
+    ) in done.stderr, done.stderr[-3000:]
+    assert "no step had finished, nothing to resume" in done.stderr
+
+
+@pytest.fixture
+def trickling_server():
+    """A server that answers 200 at once and then its body one byte every 0.2 s: no single read waits
+    long, so only a limit on the whole exchange stops the wait."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            body = json.dumps({"scores": [1.0], "components": {"format": [1.0]}, "errors": [None]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            try:
+                for byte in body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up, as it should
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        finally:
+            httpd.shutdown()
+
+
+def test_a_trickling_answer_is_held_to_the_timeout_as_a_whole(trickling_server):
+    started = time.monotonic()
+    with pytest.raises(RewardServerError, match=r"failed 2 attempt\(s\); last: no complete answer within reward_server_timeout = 1 s"):
+        score_remote(["x"], [{}], ["format"], [1.0], url=trickling_server, protocol="v1", timeout=1.0, retries=1, api_key=None, backoff_s=0.01)
+    assert time.monotonic() - started < 4  # 2 x 1 s, where the ~60-byte answer alone takes 12 s
+
+
+def test_a_reward_server_killed_mid_run_stops_with_a_checkpoint_and_resume_continues(tmp_path):
+    port = free_port()
+    flags = ["--max_steps", "5", "--use_rm_server", "true", "--reward_server", f"http://127.0.0.1:{port}", "--reward_server_retries", "2"]
+    out = tmp_path / "out"
+    with reward_server(tmp_path, "--workers", "1", port=port) as server:
+        process = start(out, *flags)  # save_steps 0: the only save would be at the end
+        wait_for_step(out, 2, process)
+        server.process.kill()  # SIGKILL: no goodbye to the client
+        process.wait(timeout=RUN_TIMEOUT_S)
+    output = output_of(out)
+    assert process.returncode == 2, output[-3000:]
+    finished = logged_steps(out)[-1]  # 2, or 3 when step 3 had been scored before the kill
+    assert f"run_grpo: error: reward server {server.url}/v1/score failed 3 attempt(s); last: ConnectError" in output, output[-3000:]
+    assert f"{out}/checkpoint-{finished} holds the state after step {finished}" in output
+    assert "rerun with --resume_from_checkpoint auto" in output
+    assert_complete(out / f"checkpoint-{finished}", finished)
+
+    with reward_server(tmp_path, "--workers", "1", port=port):  # the same address, as a restarted server would have
+        assert_resumes_to_the_end(out, finished, 5, *flags[2:])
+
+
+def test_sigterm_saves_and_exits_cleanly_and_resume_continues(tmp_path):
+    out = tmp_path / "out"
+    process = start(out, "--max_steps", "8")
+    wait_for_step(out, 2, process)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=RUN_TIMEOUT_S)
+    output = output_of(out)
+    assert process.returncode == 0, output[-3000:]
+    finished = logged_steps(out)[-1]  # the step under way when the signal came is finished first
+    assert finished < 8
+    assert f"stopped by SIGTERM after step {finished}; resume with --resume_from_checkpoint auto" in output
+    assert f"checkpoint: {out}/checkpoint-{finished}" in output
+    assert_complete(out / f"checkpoint-{finished}", finished)
+    assert_resumes_to_the_end(out, finished, 8)
+
+
+def launch_two(tmp_path: Path, *flags: str) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
+        *RUN, "--output_dir", str(tmp_path / "out"), *flags,
+    ]
+    with open(tmp_path / "out-output.txt", "w") as output:  # output_of(tmp_path / "out") reads it
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigterm_to_the_launcher_saves_and_stops_both_ranks(tmp_path):
+    out = tmp_path / "out"
+    launcher = launch_two(tmp_path, "--max_steps", "8")
+    wait_for_step(out, 2, launcher)
+    launcher.send_signal(signal.SIGTERM)  # it passes SIGTERM on to its workers and gives them 30 s
+    launcher.wait(timeout=120)
+    output = output_of(out)
+    rank_0 = (tmp_path / "log" / "workerlog.0").read_text()
+    finished = logged_steps(out)[-1]
+    assert launcher.returncode == signal.SIGTERM  # the launcher's own convention: exit code = the signal's number
+    assert "Terminating with signal 15" in output
+    assert f"stopped by SIGTERM after step {finished}" in rank_0 and finished < 8
+    assert_complete(out / f"checkpoint-{finished}", finished)
+
+
+@pytest.mark.parametrize("death", ["rank_1_killed", "rank_1_exits"])
+def test_a_rank_that_dies_ends_the_launch_without_a_hang(tmp_path, death):
+    started = time.monotonic()
+    launcher = launch_two(tmp_path, "--max_steps", "4", "--external_plugins", PLUGINS, "--reward_functions", death, "--reward_function_weights", "1.0")
+    launcher.wait(timeout=RUN_TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    output = output_of(tmp_path / "out")
+    logs = {rank: (tmp_path / "log" / f"workerlog.{rank}").read_text() for rank in (0, 1)}
+    assert launcher.returncode != 0, output[-3000:]
+    assert elapsed < 90, f"the launch took {elapsed:.0f} s to end after rank 1 died"
+    assert logged_steps(tmp_path / "out") == [1]  # step 1 finished on both ranks; rank 1 died in step 2
+    # Rank 0 fails at once in its next collective and says so in one line quoting gloo's cause ("Connection
+    # reset by peer", or "TIMEOUT ... pair_rank = 1": the lost peer). The launcher reports whichever failed
+    # container it saw first (rank 1 with code -9, or rank 0 with code 1), so the workerlogs are where to look.
+    assert "run_grpo: error: process 0 of 2: an all-reduce with the other processes failed" in logs[0]
+    assert re.search(r"Container rank [01] status failed .* code -?\d+ log ", output), output[-3000:]
+    if death == "rank_1_exits":  # rank 1's own log says why it died, where it had anything to say
+        assert "rank 1: simulated fatal error in step 2" in logs[1]
+
+
+@pytest.mark.slow
+def test_a_rank_that_hangs_ends_the_launch_after_the_collective_timeout(tmp_path):
+    """Alive but silent: rank 0 waits in its next collective for gloo's timeout, which paddle fixes at 30 s
+    on CPU (ProcessGroupGloo takes no timeout; PADDLE_PG_TIMEOUT does not reach it), then fails, and the
+    launcher stops rank 1. The same limit ends a run whose ranks drift more than 30 s apart."""
+    started = time.monotonic()
+    launcher = launch_two(tmp_path, "--max_steps", "4", "--external_plugins", PLUGINS, "--reward_functions", "rank_1_hangs", "--reward_function_weights", "1.0")
+    launcher.wait(timeout=RUN_TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    assert launcher.returncode != 0 and 30 < elapsed < 120, (launcher.returncode, elapsed)
+    assert "TIMEOUT" in (tmp_path / "log" / "workerlog.0").read_text()
+    assert logged_steps(tmp_path / "out") == [1]
