@@ -14,6 +14,7 @@ from alignment.checkpoint import CheckpointError  # noqa: E402
 from alignment.config import ConfigError, load_config  # noqa: E402
 from alignment.data import DataError  # noqa: E402
 from alignment.distributed import DistributedError  # noqa: E402
+from alignment.logger import LogWriteError  # noqa: E402
 from alignment.optim import NonFiniteError  # noqa: E402
 from alignment.rewards.remote import RewardServerError  # noqa: E402
 from alignment.rollout import WeightSyncError  # noqa: E402
@@ -25,7 +26,7 @@ def main(argv: list | None = None) -> int:
         from alignment.trainer import train
 
         checkpoint = train(config)
-    except (ConfigError, DataError, RewardServerError, WeightSyncError, NonFiniteError, DistributedError, CheckpointError) as e:
+    except (ConfigError, DataError, RewardServerError, WeightSyncError, NonFiniteError, DistributedError, CheckpointError, LogWriteError) as e:
         print(f"run_grpo: error: {e}", file=sys.stderr)
         return 2
     if checkpoint is not None:

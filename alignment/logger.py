@@ -7,6 +7,7 @@ A fresh run starts both files anew. A resumed run cuts them back to the sizes it
 (`offsets()` at save time) and appends, so records of steps after that checkpoint, written before a
 crash, are replaced rather than repeated."""
 
+import contextlib
 import json
 import math
 import os
@@ -15,6 +16,21 @@ from tqdm import tqdm
 
 METRICS, COMPLETIONS = "metrics.jsonl", "completions.jsonl"
 CONSOLE_KEYS = ("reward_mean", "accuracy", "loss", "kl", "entropy", "response_length_mean", "lr", "time/step")
+
+
+class LogWriteError(RuntimeError):
+    """metrics.jsonl, completions.jsonl or the VisualDL log could not be written (disk full, no permission)."""
+
+
+@contextlib.contextmanager
+def _writing(what: str):
+    try:
+        yield
+    except OSError as e:
+        raise LogWriteError(
+            f"could not write {what}: {e.strerror or e}; the run stops here, and checkpoints already saved are "
+            f"intact: free the space, then rerun with --resume_from_checkpoint auto"
+        ) from None
 
 
 def _jsonable(value):
@@ -38,13 +54,15 @@ class RunLogger:
         self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True)
 
     def _write(self, record: dict, prefix: str, step: int) -> None:
-        self.metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
-        self.metrics.flush()
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                tag = key.removeprefix("eval_") if prefix == "eval" else key  # eval/accuracy, train/accuracy
-                self.vdl.add_scalar(tag=f"{prefix}/{tag}", value=float(value), step=step)
-        self.vdl.flush()
+        with _writing(self.metrics.name):
+            self.metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+            self.metrics.flush()
+        with _writing(f"the VisualDL log in {self.vdl.logdir}"):
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    tag = key.removeprefix("eval_") if prefix == "eval" else key  # eval/accuracy, train/accuracy
+                    self.vdl.add_scalar(tag=f"{prefix}/{tag}", value=float(value), step=step)
+            self.vdl.flush()
 
     def log_step(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -66,9 +84,10 @@ class RunLogger:
     def log_completions(self, step: int, rows: list) -> None:
         if not self.enabled:
             return
-        for row in rows:
-            self.completions.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in row.items()}}) + "\n")
-        self.completions.flush()
+        with _writing(self.completions.name):
+            for row in rows:
+                self.completions.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in row.items()}}) + "\n")
+            self.completions.flush()
 
     def offsets(self) -> dict:
         """Bytes written so far to each jsonl file, recorded in a checkpoint for resume_offsets."""

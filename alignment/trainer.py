@@ -218,7 +218,7 @@ def train(config: GRPOConfig) -> Path:
             if terminate.agreed(world):
                 if world.is_main and (checkpoint is None or checkpoint.name != f"checkpoint-{step}"):
                     checkpoint = save(step)
-                logger.print(f"stopped by SIGTERM after step {step}; resume with --resume_from_checkpoint auto")
+                logger.print(f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto")
                 break
     logger.close()
     if world.is_main:
@@ -227,22 +227,31 @@ def train(config: GRPOConfig) -> Path:
 
 
 class TerminationRequest:
-    """SIGTERM (a scheduler's preemption, `kill`, the launcher stopping its workers) only sets a flag: the
-    step under way finishes, every process agrees at its end, and the run saves and stops cleanly."""
+    """SIGTERM (a scheduler's preemption, `kill`, the launcher stopping its workers) and a first Ctrl-C only
+    set a flag: the step under way finishes, every process agrees at its end, and the run saves and stops
+    cleanly. A second Ctrl-C stops at once (KeyboardInterrupt), losing the steps since the last save."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __enter__(self):
-        self.requested = False
-        self.previous = signal.signal(signal.SIGTERM, self._handle)
+        self.requested = None  # the name of the first signal
+        self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
         return self
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGTERM, self.previous)
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
-    def _handle(self, signum, frame):
-        self.requested = True
+    def _handle(self, number, frame):
+        if number == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
+        if self.requested is None:
+            self.requested = signal.Signals(number).name
+            if number == signal.SIGINT:
+                print("\nCtrl-C: the run saves and stops after this step (Ctrl-C again stops at once)", flush=True)
 
     def agreed(self, world: World) -> bool:
-        return bool(world.max(np.array([float(self.requested)]))[0])  # every rank stops after the same step
+        return bool(world.max(np.array([float(self.requested is not None)]))[0])  # every rank stops after the same step
 
 
 def any_failed(failure: Exception | None, world: World) -> RewardServerError | None:

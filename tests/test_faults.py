@@ -124,6 +124,22 @@ def test_a_disk_full_during_a_save_keeps_the_previous_checkpoint(saved_at_2, tmp
 PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2  # <linux/prctl.h>, <linux/capability.h>
 
 
+def test_a_disk_full_while_logging_stops_the_run_clearly(tmp_path):
+    """metrics.jsonl and completions.jsonl grow by about 3 kB a step: a 16 kB file limit stops the run within
+    a few steps with one line naming the file, never a traceback from inside the logger."""
+
+    def limit_logs():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 2**10, 16 * 2**10))
+
+    out = tmp_path / "out"
+    done = run(out, "--max_steps", "40", "--save_steps", "0", "--log_completions_per_step", "8", preexec_fn=limit_logs)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert re.search(r"run_grpo: error: could not write .*(metrics|completions)\.jsonl: File too large; the run stops here", done.stderr), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert 1 <= len(logged_steps(out)) < 40
+
+
 def as_an_ordinary_user() -> None:
     """Root writes through permission bits (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH). Dropped from the
     bounding set, they are gone from the program exec'd next, for which the kernel then checks the bits
@@ -233,17 +249,18 @@ def test_a_reward_server_killed_mid_run_stops_with_a_checkpoint_and_resume_conti
         assert_resumes_to_the_end(out, finished, 5, *flags[2:])
 
 
-def test_sigterm_saves_and_exits_cleanly_and_resume_continues(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])  # SIGINT: a first Ctrl-C does the same
+def test_sigterm_saves_and_exits_cleanly_and_resume_continues(tmp_path, stop):
     out = tmp_path / "out"
     process = start(out, "--max_steps", "8")
     wait_for_step(out, 2, process)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop)
     process.wait(timeout=RUN_TIMEOUT_S)
     output = output_of(out)
     assert process.returncode == 0, output[-3000:]
     finished = logged_steps(out)[-1]  # the step under way when the signal came is finished first
     assert finished < 8
-    assert f"stopped by SIGTERM after step {finished}; resume with --resume_from_checkpoint auto" in output
+    assert f"stopped by {stop.name} after step {finished}; resume with --resume_from_checkpoint auto" in output
     assert f"checkpoint: {out}/checkpoint-{finished}" in output
     assert_complete(out / f"checkpoint-{finished}", finished)
     assert_resumes_to_the_end(out, finished, 8)
