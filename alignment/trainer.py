@@ -466,11 +466,12 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
                 old = logprobs.detach() if old_logprobs is None else paddle.to_tensor(old_logprobs[chunk])
                 importance = None
                 if config.importance_sampling_correction:
-                    importance, capped = truncated_importance_weights(old, paddle.to_tensor(rollout.logprobs[chunk]), config.importance_sampling_cap)
+                    rollout_logprobs = paddle.to_tensor(rollout.logprobs[chunk])  # (b, T) the engine's
+                    importance, capped = truncated_importance_weights(old, rollout_logprobs, config.importance_sampling_cap)
                     if iteration == 0:  # the weights depend only on the batch: count them once
                         totals["is_weight"] += float((importance * mask).sum())
                         totals["is_capped"] += float((capped.astype("float32") * mask).sum())
-                        totals["is_logprob_gap_max"] = max(totals["is_logprob_gap_max"], float(((old - paddle.to_tensor(rollout.logprobs[chunk])).abs() * mask).max()))
+                        totals["is_logprob_gap_max"] = max(totals["is_logprob_gap_max"], float(((old - rollout_logprobs).abs() * mask).max()))
                 loss, sums = policy_loss(
                     logprobs,
                     old,

@@ -21,31 +21,28 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
+from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
 
 import numpy as np  # noqa: E402
 
-from bench_memory import peak_mb, scored_batch  # noqa: E402
+from bench_memory import peak_mb, scored_batch, timed_update  # noqa: E402
 
 
 def measure(mode: str, recompute: bool, shape: str, sequences: int, length: int) -> dict:
     from bench_rollout import build_model
 
     from alignment.config import GRPOConfig, validate
-    from alignment.distributed import World
     from alignment.lora import apply_lora
     from alignment.modeling import enable_recompute
     from alignment.optim import build_optimizer
-    from alignment.trainer import update_policy
 
     config = validate(dataclasses.replace(
         GRPOConfig(), per_device_train_batch_size=sequences, mini_batch_size=sequences, learning_rate=1e-6, recompute=recompute,
@@ -57,12 +54,7 @@ def measure(mode: str, recompute: bool, shape: str, sequences: int, length: int)
     if recompute:
         enable_recompute(model, "full")
     optimizer, _ = build_optimizer(model, config, total_steps=10)
-    scored = scored_batch(model.config.vocab_size, sequences, length)
-    loaded = peak_mb()
-    started = time.perf_counter()
-    with contiguous_kernels():
-        update = update_policy(model, None, optimizer, scored, config, World(0, 1), pad_token_id=0, step=1)
-    seconds = time.perf_counter() - started
+    loaded, seconds, update = timed_update(model, None, optimizer, scored_batch(model.config.vocab_size, sequences, length), config)
     parameters = sum(int(np.prod(p.shape)) for p in model.parameters())
     trainable = sum(int(np.prod(p.shape)) for p in model.parameters() if not p.stop_gradient)
     return {

@@ -66,22 +66,32 @@ def scored_batch(vocab: int, sequences: int, length: int):
     )
 
 
+def timed_update(model, reference, optimizer, scored, config) -> tuple:
+    """The trainer's update_policy once, in one process -> (peak MB before it, its seconds, its metrics)."""
+    from alignment.distributed import World
+    from alignment.trainer import update_policy
+
+    loaded = peak_mb()
+    started = time.perf_counter()
+    with contiguous_kernels():
+        update = update_policy(model, reference, optimizer, scored, config, World(0, 1), pad_token_id=0, step=1)
+    return loaded, time.perf_counter() - started, update
+
+
 def measure(shape: str, length: int, recompute: bool, kl: bool) -> dict:
     from bench_rollout import build_model
 
-    from alignment.config import GRPOConfig
-    from alignment.distributed import World
+    from alignment.config import GRPOConfig, validate
     from alignment.modeling import enable_recompute
     from alignment.optim import build_optimizer
-    from alignment.trainer import update_policy
 
     model = build_model(shape, seed=0)
     if recompute:
         enable_recompute(model, "full")
-    config = dataclasses.replace(
+    config = validate(dataclasses.replace(
         GRPOConfig(), per_device_train_batch_size=SEQUENCES, mini_batch_size=SEQUENCES, learning_rate=1e-6, recompute=recompute,
-        kl_loss_coeff=0.01 if kl else 0.0, importance_sampling_correction=False, clip_range_ratio_low=0.2, clip_range_ratio_high=0.2,
-    )
+        kl_loss_coeff=0.01 if kl else 0.0, importance_sampling_correction=False,
+    ))
     reference = None
     if kl:  # as the trainer builds it: a second copy of the weights, frozen
         reference = build_model(shape, seed=1)
@@ -89,12 +99,7 @@ def measure(shape: str, length: int, recompute: bool, kl: bool) -> dict:
         for parameter in reference.parameters():
             parameter.stop_gradient = True
     optimizer, _ = build_optimizer(model, config, total_steps=10)
-    scored = scored_batch(model.config.vocab_size, SEQUENCES, length)
-    loaded = peak_mb()
-    started = time.perf_counter()
-    with contiguous_kernels():
-        update = update_policy(model, reference, optimizer, scored, config, World(0, 1), pad_token_id=0, step=1)
-    seconds = time.perf_counter() - started
+    loaded, seconds, update = timed_update(model, reference, optimizer, scored_batch(model.config.vocab_size, SEQUENCES, length), config)
     parameters = sum(int(np.prod(p.shape)) for p in model.parameters())
     static = parameters * 16 / 2**20
     return {

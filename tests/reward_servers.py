@@ -1,10 +1,13 @@
 """Starting the real reward server for a test: `python reward_server/reward_server.py` on a free
 loopback port, waited for through /health, stopped afterwards."""
 
+import http.server
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,3 +72,29 @@ def wait_until_healthy(url: str, process: subprocess.Popen, output, timeout: flo
             pass
         time.sleep(0.1)
     pytest.fail(f"reward server at {url} did not answer /health within {timeout:g} s")
+
+
+@contextmanager
+def foreign_server(answer: dict, write_body=None):
+    """A server on loopback that is not ours (PaddleNLP's own, a broken or a slow one): every POST gets 200
+    and `answer` as JSON, written by write_body(wfile, body) (default: all at once). Yields its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            (write_body or type(self.wfile).write)(self.wfile, body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        finally:
+            httpd.shutdown()

@@ -5,7 +5,6 @@ checkpoint that resume_from_checkpoint auto continues from. SIGKILL is tests/tes
 
 import ctypes
 import hashlib
-import http.server
 import json
 import os
 import re
@@ -14,12 +13,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from reward_servers import free_port, reward_server
+from reward_servers import foreign_server, free_port, reward_server
 
 from alignment.checkpoint import resolve_resume
 from alignment.rewards.remote import RewardServerError, score_remote
@@ -194,31 +192,17 @@ def trickling_server():
     """A server that answers 200 at once and then its body one byte every 0.2 s: no single read waits
     long, so only a limit on the whole exchange stops the wait."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["content-length"]))
-            body = json.dumps({"scores": [1.0], "components": {"format": [1.0]}, "errors": [None]}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            try:
-                for byte in body:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                    time.sleep(0.2)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up, as it should
-                pass
-
-        def log_message(self, *args):
+    def trickle(wfile, body: bytes) -> None:
+        try:
+            for byte in body:
+                wfile.write(bytes([byte]))
+                wfile.flush()
+                time.sleep(0.2)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up, as it should
             pass
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{httpd.server_address[1]}"
-        finally:
-            httpd.shutdown()
+    with foreign_server({"scores": [1.0], "components": {"format": [1.0]}, "errors": [None]}, trickle) as url:
+        yield url
 
 
 def test_a_trickling_answer_is_held_to_the_timeout_as_a_whole(trickling_server):

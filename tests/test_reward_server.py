@@ -2,14 +2,12 @@
 loopback port), driven over HTTP, and the trainer's client (score_remote) against it."""
 
 import dataclasses
-import http.server
 import json
 import re
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -22,7 +20,7 @@ from schemathesis import GenerationMode
 from alignment.rewards import RewardSettings, score_completions
 from alignment.rewards.plugins import load_plugins
 from alignment.rewards.remote import RewardServerError, score_remote
-from reward_servers import API_KEY_ENV, REPO, free_port, reward_server, server_command
+from reward_servers import API_KEY_ENV, REPO, foreign_server, free_port, reward_server, server_command
 
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"
 KEY = "s3cret-key-for-tests"
@@ -512,40 +510,15 @@ def test_score_remote_waits_for_a_server_that_is_starting(tmp_path):
     assert scored["table"].totals == [1.0, 1.0]
 
 
-@contextmanager
-def canned_server(answer: dict):
-    """A foreign server (PaddleNLP's own, or a broken one) that answers every POST with `answer`."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["content-length"]))
-            body = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{httpd.server_address[1]}"
-        finally:
-            httpd.shutdown()
-
-
 def test_score_remote_refuses_paddlenlps_zeros_for_a_failed_batch():
     # PaddleNLP's reward_server.py answers an exception with error_code 500 and a score of 0 per item.
-    with canned_server({"error_code": 500, "error_msg": "boom", "score": [0, 0]}) as url:
+    with foreign_server({"error_code": 500, "error_msg": "boom", "score": [0, 0]}) as url:
         with pytest.raises(RewardServerError, match="error_code 500: boom"):
             remote(ITEMS[:2], ["accuracy"], url, protocol="paddlenlp")
 
 
 def test_score_remote_refuses_an_answer_of_the_wrong_length():
-    with canned_server({"scores": [1.0], "components": {"format": [1.0]}, "errors": [None]}) as url:
+    with foreign_server({"scores": [1.0], "components": {"format": [1.0]}, "errors": [None]}) as url:
         with pytest.raises(RewardServerError, match="different number of items than the 2 sent"):
             remote(ITEMS[:2], ["format"], url)
 
