@@ -75,9 +75,13 @@ def load_training_state(path: Path, optimizer) -> dict:
     return json.loads((path / STATE_FILE).read_text())
 
 
-def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer, config_json: str, state: dict, keep: int | None) -> Path:
+def checkpoint_path(output_dir: str, step: int) -> Path:
+    return Path(output_dir) / f"checkpoint-{step}"
+
+
+def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer_state: dict, config_json: str, state: dict, keep: int | None) -> Path:
     root = Path(output_dir)
-    final = root / f"checkpoint-{step}"
+    final = checkpoint_path(output_dir, step)
     staging = root / f".checkpoint-{step}.tmp"
     try:
         _remove_leftovers(root)
@@ -88,7 +92,7 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer, con
             save_model(model, str(staging))
         tokenizer.save_pretrained(str(staging))
         (staging / "grpo_config.json").write_text(config_json)
-        paddle.save(optimizer.state_dict(), str(staging / "optimizer.pdopt"))
+        paddle.save(optimizer_state, str(staging / "optimizer.pdopt"))
         for path in staging.iterdir():
             _fsync(path)
         _write_synced(staging / STATE_FILE, json.dumps({"step": step, **state}, indent=2))

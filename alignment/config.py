@@ -124,9 +124,9 @@ class GRPOConfig:
     target_modules: list[str] = _key(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "Linear layers that get adapters: a module matches when its dotted name equals a listed name or ends in .name.")
     recompute: bool = _key(False, "Recompute each decoder layer's activations in the backward pass instead of storing them (less memory; measured: the update took about as long).")
     recompute_granularity: str = _key("full", "What is recomputed: full (each decoder layer); core_attn and full_attn exist only for paddleformers' MoE models.", choices=["full", "full_attn", "core_attn"])
-    sharding: str = _key("", "PaddleNLP's optimizer-state sharding (stage1, stage2): validated, not run yet (GPU only); empty: plain data parallel.", choices=["", "stage1", "stage2", "stage3"])
-    sharding_parallel_degree: int = _key(1, "Processes sharing one copy of the optimizer state (with sharding); not run yet.")
-    tensor_parallel_degree: int = _key(1, "Processes splitting each weight matrix (tensor parallel, GPU only); not run yet: 1.")
+    sharding: str = _key("", "stage1: each process keeps the AdamW state of its share of the parameters only (paddle's DygraphShardingOptimizer, ZeRO-1), with the same update as plain data parallel; empty: every process keeps all of it. stage2 and stage3 are refused (paddle runs them in GPU builds only; not run here).", choices=["", "stage1", "stage2", "stage3"])
+    sharding_parallel_degree: int = _key(-1, "With sharding: the processes that share one copy of the optimizer state; -1 (or the number of processes): all of them; 1: no sharding. Groups of fewer processes are refused (paddle's sub-groups for them fail over gloo; not run on GPUs).")
+    tensor_parallel_degree: int = _key(1, "Processes splitting each weight matrix: 1 only (paddle's tensor parallel layers run in GPU builds only; not run here).")
     bf16: bool = _key(False, "bfloat16 weights and compute (GPU only).")
     fp16: bool = _key(False, "float16 weights and compute (GPU only).")
     # Evaluation, logging, checkpoints
@@ -543,13 +543,23 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         f"recompute_granularity = {c.recompute_granularity}: paddleformers 1.0.0 recomputes Qwen2, Qwen3 and Llama "
         f"layer by layer only (full); core_attn and full_attn exist only for its MoE models",
     )
-    _check(c.sharding_parallel_degree >= 1 and c.tensor_parallel_degree >= 1, "sharding_parallel_degree and tensor_parallel_degree must be at least 1")
     _check(
-        not c.sharding and c.sharding_parallel_degree == 1 and c.tensor_parallel_degree == 1,
-        f"sharding = '{c.sharding}', sharding_parallel_degree = {c.sharding_parallel_degree}, tensor_parallel_degree = "
-        f"{c.tensor_parallel_degree}: this trainer runs data parallel only so far (paddle's group-sharded and "
-        f"tensor-parallel training run on GPUs only, and no GPU run has been made); drop these keys and scale with "
-        f"python -m paddle.distributed.launch --nproc_per_node N",
+        c.sharding not in ("stage2", "stage3"),
+        f"sharding = '{c.sharding}': not supported; paddle's group-sharded stage2 and stage3 run only in its GPU builds "
+        f"and this trainer has not been run on a GPU; stage1 shards the optimizer state (the largest part)",
+    )
+    _check(
+        c.sharding_parallel_degree == -1 or c.sharding_parallel_degree >= 1,
+        f"sharding_parallel_degree = {c.sharding_parallel_degree}: must be -1 (all processes) or at least 1",
+    )
+    _check(
+        c.sharding or c.sharding_parallel_degree in (-1, 1),
+        f"sharding_parallel_degree = {c.sharding_parallel_degree} without sharding: set sharding to stage1",
+    )
+    _check(
+        c.tensor_parallel_degree == 1,
+        f"tensor_parallel_degree = {c.tensor_parallel_degree}: not supported; paddle's tensor-parallel layers run only in "
+        f"its GPU builds and this trainer has not been run on a GPU; scale out with data parallel (and sharding: stage1)",
     )
     _check(c.lora_rank >= 1 and c.lora_alpha > 0, f"lora_rank = {c.lora_rank}, lora_alpha = {c.lora_alpha}: the rank must be at least 1 and alpha > 0")
     _check(0 <= c.lora_dropout < 1, f"lora_dropout = {c.lora_dropout}: must lie in [0, 1)")

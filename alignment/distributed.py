@@ -1,15 +1,20 @@
 """The process group as the trainer sees it: rank, world size, and sums across ranks.
 
 paddle.distributed.launch starts one process per device and sets PADDLE_TRAINER_ID and
-PADDLE_TRAINERS_NUM; a plain `python run_grpo.py` is a world of one.
+PADDLE_TRAINERS_NUM; a plain `python run_grpo.py` is a world of one. With sharding, fleet's hybrid
+communicate group holds the sharding and data-parallel groups (alignment/sharding.py).
 """
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from paddle.distributed import fleet
+
+from alignment.config import ConfigError
 
 
 class DistributedError(RuntimeError):
@@ -20,6 +25,7 @@ class DistributedError(RuntimeError):
 class World:
     rank: int
     size: int
+    sharding_degree: int = 1  # processes sharing one copy of the optimizer state (sharding: stage1); 1: none
 
     @property
     def is_main(self) -> bool:
@@ -36,16 +42,24 @@ class World:
         if self.size == 1:
             return values
         tensor = paddle.to_tensor(values.astype(np.float64))
-        self._collective(dist.all_reduce, tensor, op=op)
+        with self.collective("an all-reduce"):
+            dist.all_reduce(tensor, op=op)
         return tensor.numpy()
 
-    def _collective(self, operation, tensor, **kwargs) -> None:
+    def broadcast(self, tensor, source: int) -> None:
+        with self.collective("a broadcast"):
+            dist.broadcast(tensor, src=source)
+
+    @contextmanager
+    def collective(self, what: str):
+        """Names this process when a collective in the block fails (gloo's timeout or a reset connection,
+        raised as paddle's own error types): the other process's log says why it stopped."""
         try:
-            operation(tensor, **kwargs)
-        except Exception as e:  # gloo's timeout or a reset connection, raised as paddle's own error types
+            yield
+        except Exception as e:
             cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise DistributedError(
-                f"process {self.rank} of {self.size}: an all-reduce with the other processes failed ({cause}); another "
+                f"process {self.rank} of {self.size}: {what} with the other processes failed ({cause}); another "
                 f"process has stopped (it died, or fell more than gloo's 30 s timeout behind): its own log "
                 f"(<log_dir>/workerlog.<rank>) says why"
             ) from None
@@ -57,11 +71,25 @@ class World:
             return
         for parameter in parameters:
             if parameter.grad is not None:
-                self._collective(dist.all_reduce, parameter.grad, op=dist.ReduceOp.SUM)
+                with self.collective("an all-reduce"):
+                    dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
 
 
-def init_world() -> World:
+def init_world(sharding: str = "", sharding_parallel_degree: int = -1) -> World:
     size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-    if size > 1:
+    degree = (size if sharding_parallel_degree == -1 else sharding_parallel_degree) if sharding else 1
+    if degree not in (1, size):
+        raise ConfigError(
+            f"sharding_parallel_degree = {degree} with {size} processes (the launcher's --nproc_per_node times --nnodes): "
+            f"the optimizer state is sharded over all processes or none (-1: all); groups of processes sharing a copy, "
+            f"data parallel with one another, need paddle sub-groups that fail to connect over gloo (CPU) and have not "
+            f"been run on GPUs"
+        )
+    if degree > 1:
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": degree}
+        strategy.hybrid_configs["sharding_configs"].use_reduce_avg = paddle.is_compiled_with_cuda()  # gloo has no AVG reduce
+        fleet.init(is_collective=True, strategy=strategy)
+    elif size > 1:
         dist.init_parallel_env()
-    return World(rank=int(os.environ.get("PADDLE_TRAINER_ID", "0")), size=size)
+    return World(rank=int(os.environ.get("PADDLE_TRAINER_ID", "0")), size=size, sharding_degree=degree)

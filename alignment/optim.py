@@ -1,17 +1,21 @@
 """AdamW with warmup and a constant, linear or cosine schedule, and gradient-norm clipping."""
 
+import math
+
 import paddle
 
 from alignment.algo import learning_rate_factor
+from alignment.distributed import World
 
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradients stayed NaN or infinite for max_consecutive_skips steps in a row."""
 
 
-def build_optimizer(model, config, total_steps: int):
+def build_optimizer(model, config, total_steps: int, world: World = World(0, 1)):
     """-> (optimizer, scheduler) over the model's trainable parameters (with LoRA, the adapters only: no
-    moments for frozen weights). Weight decay skips biases and norm weights (the usual convention)."""
+    moments for frozen weights). Weight decay skips biases and norm weights (the usual convention).
+    With sharding, a ShardedOptimizer that keeps this process's share of the moments."""
     warmup = config.warmup_steps or int(config.warmup_ratio * total_steps)
     floor = config.min_learning_rate / config.learning_rate if config.learning_rate > 0 else 0.0
     scheduler = paddle.optimizer.lr.LambdaDecay(
@@ -19,22 +23,41 @@ def build_optimizer(model, config, total_steps: int):
         lambda step: learning_rate_factor(step, total_steps, warmup, config.lr_scheduler_type, floor),
     )
     no_decay = {p.name for n, p in model.named_parameters() if n.endswith("bias") or "norm" in n}
+    parameters = [p for p in model.parameters() if not p.stop_gradient]
     optimizer = paddle.optimizer.AdamW(
         learning_rate=scheduler,
-        parameters=[p for p in model.parameters() if not p.stop_gradient],
+        parameters=parameters,
         beta1=config.adam_beta1,
         beta2=config.adam_beta2,
         epsilon=config.adam_epsilon,
         weight_decay=config.weight_decay,
         apply_decay_param_fun=lambda name: name not in no_decay,
-        grad_clip=paddle.nn.ClipGradByGlobalNorm(config.max_grad_norm) if config.max_grad_norm > 0 else None,
+        # sharded: ShardedOptimizer clips with the norm over every process's share
+        grad_clip=paddle.nn.ClipGradByGlobalNorm(config.max_grad_norm) if config.max_grad_norm > 0 and world.sharding_degree == 1 else None,
         multi_precision=config.bf16 or config.fp16,  # fp32 master weights and moments for half-precision weights
     )
+    if world.sharding_degree > 1:
+        from alignment.sharding import ShardedOptimizer
+
+        return ShardedOptimizer(optimizer, parameters, world, config.max_grad_norm), scheduler
     return optimizer, scheduler
 
 
+def sum_gradients(optimizer, parameters: list, world: World) -> float:
+    """Sums each gradient over the processes (each holds its share of a loss already divided by the
+    global token count) -> the global gradient norm, the same on every process."""
+    if world.sharding_degree > 1:
+        return optimizer.reduce_gradients()  # to the processes that own each parameter
+    world.sum_gradients(parameters)
+    return global_grad_norm(parameters)
+
+
 @paddle.no_grad()
-def global_grad_norm(parameters: list) -> float:
+def squared_grad_norm(parameters: list) -> float:
     # paddle.square, not ** 2: paddle's CPU pow kernel took 86 ms over the tiny model's 50 gradients, square 2 ms
     squares = [paddle.square(p.grad.astype("float32")).sum() for p in parameters if p.grad is not None]
-    return float(paddle.sqrt(paddle.add_n(squares))) if squares else 0.0
+    return float(paddle.add_n(squares)) if squares else 0.0
+
+
+def global_grad_norm(parameters: list) -> float:
+    return math.sqrt(squared_grad_norm(parameters))

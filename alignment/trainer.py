@@ -31,7 +31,7 @@ from alignment.algo import (
     policy_loss,
     truncated_importance_weights,
 )
-from alignment.checkpoint import load_training_state, resolve_resume, save_checkpoint
+from alignment.checkpoint import checkpoint_path, load_training_state, resolve_resume, save_checkpoint
 from alignment.config import GRPOConfig
 from alignment.curves import plot_curves
 from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
@@ -48,7 +48,7 @@ from alignment.modeling import (
     output_head,
     stop_token_ids,
 )
-from alignment.optim import NonFiniteError, build_optimizer, global_grad_norm
+from alignment.optim import NonFiniteError, build_optimizer, sum_gradients
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
 from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
@@ -95,7 +95,7 @@ def concat_scored(parts: list, pad_token_id: int) -> ScoredBatch:
 
 
 def train(config: GRPOConfig) -> Path:
-    world = init_world()
+    world = init_world(config.sharding, config.sharding_parallel_degree)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     tokenizer = load_tokenizer(config.tokenizer_name_or_path or config.actor_model_name_or_path, config.chat_template)
     train_prompts, truncated, dropped = load_prompts(config.train_datasets, tokenizer, config)
@@ -123,7 +123,7 @@ def train(config: GRPOConfig) -> Path:
             parameter.stop_gradient = True
     engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
     scorer = build_scorer(config)
-    optimizer, scheduler = build_optimizer(model, config, total_steps)
+    optimizer, scheduler = build_optimizer(model, config, total_steps, world)
     state = load_training_state(resume, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
     first_step = state["step"]
     sampling = SamplingParams(
@@ -145,7 +145,8 @@ def train(config: GRPOConfig) -> Path:
     logger.print(
         f"{len(train_prompts)} training prompts ({truncated} truncated, {dropped} dropped over max_prompt_len), "
         f"{len(eval_prompts)} evaluation prompts; {total_steps} steps of {schedule.global_batch} prompts x {config.rollout_n}; "
-        f"rollout with the {type(engine).__name__}" + (f"; resuming from {resume} after step {first_step}" if resume else "")
+        f"rollout with the {type(engine).__name__}" + (f"; AdamW state sharded over {world.sharding_degree} processes (stage1)" if world.sharding_degree > 1 else "")
+        + (f"; resuming from {resume} after step {first_step}" if resume else "")
     )
     if eval_prompts and config.eval_on_start and first_step == 0:
         results, failure = evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, 0)
@@ -156,16 +157,20 @@ def train(config: GRPOConfig) -> Path:
     checkpoint, skipped_steps, skipped_in_a_row = resume, state.get("skipped_steps", 0), 0
 
     def save(step: int) -> Path:
+        """Every process calls it (with sharding, the optimizer state is gathered from all); the main one writes."""
+        optimizer_state = optimizer.state_dict()
+        if not world.is_main:
+            return checkpoint_path(config.output_dir, step)
         state = {"total_steps": total_steps, "log_offsets": logger.offsets(), "skipped_steps": skipped_steps}
-        path = save_checkpoint(config.output_dir, step, model, tokenizer, optimizer, config.to_json(), state, config.save_total_limit)
+        path = save_checkpoint(config.output_dir, step, model, tokenizer, optimizer_state, config.to_json(), state, config.save_total_limit)
         logger.print(f"saved {path}")
         return path
 
     def stop_saving(error: RewardServerError, finished_step: int) -> RewardServerError:
         """Scoring failed after the client's retries: keep what the finished steps learned, then stop. Only
-        the main process writes; in a multi-process run every rank scores against the same server."""
+        the main process writes; every rank learns of the failure at the same point."""
         saved = checkpoint if checkpoint and checkpoint.name == f"checkpoint-{finished_step}" else None
-        if world.is_main and saved is None and finished_step > 0:
+        if saved is None and finished_step > 0:
             saved = save(finished_step)
         where = f"{saved} holds the state after step {finished_step}" if saved else "no step had finished, nothing to resume"
         return RewardServerError(f"{error}\n{where}; once the reward server answers again, rerun with --resume_from_checkpoint auto")
@@ -213,10 +218,10 @@ def train(config: GRPOConfig) -> Path:
                 if failure:
                     raise stop_saving(failure, step) from None
                 logger.log_eval(step, results)
-            if world.is_main and (last or (config.save_steps and step % config.save_steps == 0)):
+            if last or (config.save_steps and step % config.save_steps == 0):
                 checkpoint = save(step)
             if terminate.agreed(world):
-                if world.is_main and (checkpoint is None or checkpoint.name != f"checkpoint-{step}"):
+                if checkpoint is None or checkpoint.name != f"checkpoint-{step}":
                     checkpoint = save(step)
                 logger.print(f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto")
                 break
@@ -501,8 +506,7 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
                 totals["loss"] += float(loss)
                 for key, value in sums.items():
                     totals[key] += value
-            world.sum_gradients(model.parameters())
-            grad_norm = global_grad_norm(model.parameters())  # of the all-reduced gradients: every rank decides alike
+            grad_norm = sum_gradients(optimizer, model.parameters(), world)  # every rank decides alike
             totals["grad_norm"] += grad_norm
             updates += 1
             if not math.isfinite(grad_norm):  # no optimizer step on NaN or infinite gradients: the step is skipped

@@ -18,7 +18,7 @@ def parts():
 
 def save(out, step, parts, keep=None, tokenizer=None):
     model, real_tokenizer, optimizer = parts
-    return save_checkpoint(str(out), step, model, tokenizer or real_tokenizer, optimizer, '{"max_steps": 9}', {"total_steps": 9}, keep)
+    return save_checkpoint(str(out), step, model, tokenizer or real_tokenizer, optimizer.state_dict(), '{"max_steps": 9}', {"total_steps": 9}, keep)
 
 
 def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
@@ -102,7 +102,7 @@ def test_optimizer_state_comes_back(tmp_path, parts):
         optimizer.step()
         optimizer.clear_grad()
         scheduler.step()
-    path = save_checkpoint(str(tmp_path), 3, model, tokenizer, optimizer, "{}", {"total_steps": 9}, None)
+    path = save_checkpoint(str(tmp_path), 3, model, tokenizer, optimizer.state_dict(), "{}", {"total_steps": 9}, None)
 
     fresh_scheduler = paddle.optimizer.lr.LambdaDecay(0.1, schedule)
     fresh = paddle.optimizer.AdamW(fresh_scheduler, parameters=model.parameters())

@@ -1,5 +1,6 @@
-"""Data parallel over processes and nodes with paddle.distributed.launch (gloo on CPU): the update does
-not change when the same global batch is spread over more processes."""
+"""Data parallel over processes and nodes with paddle.distributed.launch (gloo on CPU), with and without
+sharding stage1: the update does not change when the same global batch is spread over more processes,
+nor when the optimizer state is split among them."""
 
 import json
 import subprocess
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import paddle
 import pytest
 from reward_servers import free_port
 from safetensors.numpy import load_file
@@ -18,12 +20,13 @@ GLOBAL_PROMPTS = 4
 # sampled evaluation split across ranks. Truncated importance sampling is off: its weights are
 # pi_old / pi_rollout, and the fused engine's log-probs differ in their last bits with the rows decoded
 # together (16 in one process, 8 in each of two: other matmul shapes), which a learning rate of 1e-2
-# turns into differences of up to 5e-5 in weights whose gradient is near zero.
+# turns into differences of up to 5e-5 in weights whose gradient is near zero. max_grad_norm 0.3 clips
+# step 2 (norm about 0.6): sharding clips the owned shares by hand with the norm over all processes.
 RUN = [
     "run_grpo.py", "config/tiny/grpo_argument.json", "--max_steps", "2", "--max_dec_len", "16", "--rollout_n", "4",
     "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--warmup_steps", "0", "--kl_loss_coeff", "0.05",
     "--per_device_eval_batch_size", "3", "--eval_rollout_n", "2", "--log_completions_per_step", "0",
-    "--importance_sampling_correction", "false",
+    "--importance_sampling_correction", "false", "--max_grad_norm", "0.3",
 ]
 WALL_CLOCK = ("time/", "tokens_per_second")
 
@@ -43,11 +46,11 @@ def eval_file(tmp_path_factory) -> str:
     return str(path)
 
 
-def launch(out: Path, launcher_flags: list, processes: int, eval_file: str, log_dir: Path) -> subprocess.Popen:
+def launch(out: Path, launcher_flags: list, processes: int, eval_file: str, log_dir: Path, *flags: str) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "paddle.distributed.launch", *launcher_flags, "--log_dir", str(log_dir), *RUN,
         "--per_device_prompt_batch_size", str(GLOBAL_PROMPTS // processes), "--eval_datasets", eval_file,
-        "--output_dir", str(out),
+        "--output_dir", str(out), *flags,
     ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -68,6 +71,11 @@ def weights(out: Path) -> dict:
     return load_file(str(out / "checkpoint-2" / "model.safetensors"))
 
 
+def optimizer_state(checkpoint: Path) -> dict:
+    state = paddle.load(str(checkpoint / "optimizer.pdopt"))
+    return {key: value if key == "LR_Scheduler" else value.numpy() for key, value in state.items()}
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, eval_file) -> Path:
     tmp = tmp_path_factory.mktemp("one")
@@ -75,7 +83,7 @@ def one_process(tmp_path_factory, eval_file) -> Path:
     return tmp / "out"
 
 
-def assert_same_run(out: Path, reference: Path) -> None:
+def assert_same_run(out: Path, reference: Path, checkpoints: tuple = ("checkpoint-2",)) -> None:
     base = load_file("data/tiny-qwen2/model.safetensors")
     expected, got = weights(reference), weights(out)
     moved = max(float(np.abs(expected[k] - base[k]).max()) for k in base)
@@ -89,7 +97,7 @@ def assert_same_run(out: Path, reference: Path) -> None:
         assert row.keys() == reference_row.keys()
         for key, value in row.items():
             assert value == pytest.approx(reference_row[key], rel=1e-5, abs=1e-6), (row["step"], key)
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == list(checkpoints)
 
 
 def test_two_processes_train_exactly_like_one(tmp_path, one_process, eval_file):
@@ -109,3 +117,47 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path, one_process, eva
     for i, node in enumerate(nodes):
         finish(node, tmp_path / f"node{i}")
     assert_same_run(tmp_path / "out", one_process)
+
+
+# ---- sharding: stage1 (paddle's DygraphShardingOptimizer): each process keeps the AdamW moments of its
+# share of the parameters; checkpoints gather the whole state onto the main process.
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, eval_file) -> Path:
+    tmp = tmp_path_factory.mktemp("sharded")
+    flags = ["--sharding", "stage1", "--save_steps", "1"]
+    finish(launch(tmp / "out", ["--nproc_per_node", "2"], 2, eval_file, tmp / "log", *flags), tmp / "log")
+    log = (tmp / "log" / "workerlog.0").read_text()
+    assert "AdamW state sharded over 2 processes (stage1)" in log and "saved" in log and "nccl reduce_avg" not in log
+    return tmp / "out"
+
+
+def test_sharded_stage1_trains_exactly_like_one_process(sharded, one_process):
+    assert_same_run(sharded, one_process, checkpoints=("checkpoint-1", "checkpoint-2"))
+    assert max(row.get("grad_norm", 0) for row in metrics(sharded)) > 0.3  # max_grad_norm clipped a step
+    # the gathered optimizer state is the whole state, entry for entry: a checkpoint does not depend on sharding
+    expected, got = optimizer_state(one_process / "checkpoint-2"), optimizer_state(sharded / "checkpoint-2")
+    assert got.keys() == expected.keys() and len(got) > 100
+    assert got["LR_Scheduler"] == expected["LR_Scheduler"]
+    for key in expected.keys() - {"LR_Scheduler"}:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-4, atol=1e-12, err_msg=key)
+
+
+@pytest.mark.parametrize("layout", [["--nproc_per_node", "1"], ["--nproc_per_node", "2", "--sharding", "stage1"]], ids=["one-process", "sharded"])
+def test_a_sharded_checkpoint_resumes_in_any_layout(tmp_path, sharded, eval_file, layout):
+    processes = int(layout[1])
+    flags = ["--resume_from_checkpoint", str(sharded / "checkpoint-1"), *layout[2:]]
+    finish(launch(tmp_path / "out", layout[:2], processes, eval_file, tmp_path / "log", *flags), tmp_path / "log")
+    expected, got = weights(sharded), weights(tmp_path / "out")
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_a_sharding_degree_other_than_all_processes_is_refused(tmp_path, eval_file):
+    flags = ["--sharding", "stage1", "--sharding_parallel_degree", "4"]
+    process = launch(tmp_path / "out", ["--nproc_per_node", "2"], 2, eval_file, tmp_path / "log", *flags)
+    process.communicate(timeout=300)
+    assert process.returncode != 0
+    log = (tmp_path / "log" / "workerlog.0").read_text()
+    assert "run_grpo: error: sharding_parallel_degree = 4 with 2 processes" in log and "-1: all" in log

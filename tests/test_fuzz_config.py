@@ -38,7 +38,7 @@ AT_LEAST = {
     "mini_batch_size": 1, "max_prompt_len": 1, "max_dec_len": 1, "max_seq_len": 1, "min_dec_len": 0, "top_k": 0,
     "num_iterations": 1, "max_resample_times": 0, "cosine_max_len": 1, "repetition_n_grams": 1, "soft_max_length": 1,
     "soft_cache_length": 1, "reward_server_retries": 0, "warmup_steps": 0, "max_consecutive_skips": 1, "seed": 0,
-    "logprob_chunk_tokens": 1, "lora_rank": 1, "sharding_parallel_degree": 1, "tensor_parallel_degree": 1, "eval_steps": 0,
+    "logprob_chunk_tokens": 1, "lora_rank": 1, "sharding_parallel_degree": -1, "tensor_parallel_degree": 1, "eval_steps": 0,
     "per_device_eval_batch_size": 1, "eval_rollout_n": 0, "logging_steps": 1, "log_completions_per_step": 0, "save_steps": 0,
     "save_total_limit": 1, "max_evaluate_steps": -1, "max_steps": -1,
     "min_p": 0.0, "kl_loss_coeff": 0.0, "dynamic_sampling_min_std": 0.0, "learning_rate": 0.0, "min_learning_rate": 0.0,

@@ -113,7 +113,7 @@ def test_an_exported_checkpoint_loads_in_transformers_with_our_logits(transforme
     optimizer.step()  # every weight moves: the export must carry trained weights, not the starting ones
     trained = paddle_logits(model, batch)
     assert np.abs(trained - before).max() > 1e-2
-    checkpoint = save_checkpoint(str(tmp_path / "run"), 1, model, tokenizer, optimizer, "{}", {}, keep=None)
+    checkpoint = save_checkpoint(str(tmp_path / "run"), 1, model, tokenizer, optimizer.state_dict(), "{}", {}, keep=None)
 
     done = export_command(checkpoint, tmp_path / "exported")
     assert done.returncode == 0, done.stderr
