@@ -3,6 +3,7 @@ sharding stage1: the update does not change when the same global batch is spread
 nor when the optimizer state is split among them."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import paddle
 import pytest
 from reward_servers import free_port
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from alignment.rollout.ops import load_ops
 
@@ -152,6 +153,28 @@ def test_a_sharded_checkpoint_resumes_in_any_layout(tmp_path, sharded, eval_file
     expected, got = weights(sharded), weights(tmp_path / "out")
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_sharded_processes_skip_nan_steps_together_and_stop(tmp_path, sharded, eval_file):
+    """A reference model gone bad (a NaN norm weight) behind the sharded checkpoint-1: the norm summed over
+    both shares is NaN, so both processes skip steps 2 and 3 and stop at max_consecutive_skips."""
+    base = tmp_path / "base"
+    shutil.copytree("data/tiny-qwen2", base)
+    weights = load_file(str(base / "model.safetensors"))
+    weights[next(n for n in weights if n.endswith("model.norm.weight"))][0] = np.nan
+    save_file(weights, str(base / "model.safetensors"), metadata={"format": "np"})
+    out = tmp_path / "out"
+    shutil.copytree(sharded / "checkpoint-1", out / "checkpoint-1")
+    flags = ["--sharding", "stage1", "--actor_model_name_or_path", str(base),
+             "--resume_from_checkpoint", "auto", "--max_steps", "5", "--max_consecutive_skips", "2"]
+    process = launch(out, ["--nproc_per_node", "2"], 2, eval_file, tmp_path / "log", *flags)
+    process.communicate(timeout=300)
+    logs = [(tmp_path / "log" / f"workerlog.{rank}").read_text() for rank in (0, 1)]
+    assert process.returncode != 0
+    for log in logs:  # each process stops by itself, with the same reason: no collective is left waiting
+        assert "run_grpo: error: step 3: the reference model's log-probs not finite for 2 consecutive steps" in log, log[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"step_skipped"' in line]
+    assert [(r["step"], r["step_skipped"], r["skipped_steps"]) for r in records] == [(2, 1, 1), (3, 1, 2)]
 
 
 def test_a_sharding_degree_other_than_all_processes_is_refused(tmp_path, eval_file):
