@@ -1,8 +1,8 @@
 """The process group as the trainer sees it: rank, world size, and sums across ranks.
 
 paddle.distributed.launch starts one process per device and sets PADDLE_TRAINER_ID and
-PADDLE_TRAINERS_NUM; a plain `python run_grpo.py` is a world of one. With sharding, fleet's hybrid
-communicate group holds the sharding and data-parallel groups (alignment/sharding.py).
+PADDLE_TRAINERS_NUM; a plain `python run_grpo.py` is a world of one. With sharding, fleet.init makes
+all processes one sharding group (alignment/sharding.py).
 """
 
 import os

@@ -12,7 +12,8 @@ import numpy as np
 import paddle
 import pytest
 from reward_servers import free_port
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
+from tiny_models import put_a_nan_in_the_final_norm
 
 from alignment.rollout.ops import load_ops
 
@@ -160,9 +161,7 @@ def test_sharded_processes_skip_nan_steps_together_and_stop(tmp_path, sharded, e
     both shares is NaN, so both processes skip steps 2 and 3 and stop at max_consecutive_skips."""
     base = tmp_path / "base"
     shutil.copytree("data/tiny-qwen2", base)
-    weights = load_file(str(base / "model.safetensors"))
-    weights[next(n for n in weights if n.endswith("model.norm.weight"))][0] = np.nan
-    save_file(weights, str(base / "model.safetensors"), metadata={"format": "np"})
+    put_a_nan_in_the_final_norm(base)
     out = tmp_path / "out"
     shutil.copytree(sharded / "checkpoint-1", out / "checkpoint-1")
     flags = ["--sharding", "stage1", "--actor_model_name_or_path", str(base),

@@ -11,13 +11,13 @@ import shutil
 import numpy as np
 import paddle
 import pytest
-from safetensors.numpy import load_file, save_file
 
 from alignment.config import load_config
 from alignment.distributed import World
 from alignment.optim import NonFiniteError
 from alignment.trainer import train, update_policy
 from test_variants import _config, _scored, setup  # noqa: F401  (the module fixture)
+from tiny_models import put_a_nan_in_the_final_norm
 
 
 def _update(model, scored, config):
@@ -44,13 +44,6 @@ def test_a_nan_rollout_logprob_skips_the_update_and_names_it(setup):  # noqa: F8
     assert metrics["loss"] is None and metrics["grad_norm"] is None  # logged as null, never NaN in the JSON
 
 
-def _nan_in_base(folder):
-    weights = load_file(str(folder / "model.safetensors"))
-    name = next(n for n in weights if n.endswith("model.norm.weight"))
-    weights[name][0] = np.nan
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "np"})
-
-
 def test_a_reference_model_gone_bad_skips_steps_then_stops_naming_step_and_phase(tmp_path):
     base = tmp_path / "base"
     shutil.copytree("data/tiny-qwen2", base)
@@ -60,7 +53,7 @@ def test_a_reference_model_gone_bad_skips_steps_then_stops_naming_step_and_phase
     ]
     train(load_config(["config/tiny/grpo_argument.json", *common, "--max_steps", "1"]))
     # The run resumes from its healthy checkpoint; the reference model, read from the base folder, now has a NaN.
-    _nan_in_base(base)
+    put_a_nan_in_the_final_norm(base)
     resumed = load_config([
         "config/tiny/grpo_argument.json", *common, "--max_steps", "6", "--resume_from_checkpoint", "auto",
         "--kl_loss_coeff", "0.01", "--max_consecutive_skips", "2",

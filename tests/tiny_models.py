@@ -1,7 +1,12 @@
-"""Small random Qwen2 and Llama models for engine tests: grouped KV heads, tied and untied embeddings."""
+"""Small random Qwen2 and Llama models for engine tests: grouped KV heads, tied and untied embeddings; and
+a model folder gone bad, for the NaN tests."""
 
+from pathlib import Path
+
+import numpy as np
 import paddle
 from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from safetensors.numpy import load_file, save_file
 
 PAD, VOCAB = 0, 97
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -20,3 +25,11 @@ def qwen2_tied():
 def llama_untied():
     paddle.seed(12)
     return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **SHAPE))
+
+
+
+def put_a_nan_in_the_final_norm(folder: Path) -> None:
+    """A model folder gone bad: its final norm's first weight becomes NaN."""
+    weights = load_file(str(folder / "model.safetensors"))
+    weights[next(n for n in weights if n.endswith("model.norm.weight"))][0] = np.nan
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "np"})
