@@ -1,31 +1,46 @@
-# make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run.
+# make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
+#             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
 # make test:  the same environment -> the whole test suite (CI runs this through .ci/run).
 # make test-hf: the checks against transformers in PyTorch (a separate .venv-torch).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+OUTPUT ?= output/tiny
+ARGS ?=
+SHELL := /bin/bash
 
 .PHONY: venv train test test-hf data ops
 
+# paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
+# project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
+# warnings pass), and setuptools' notice about editable installs is dropped.
 $(INSTALLED): setup.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $@
+	@echo "make: setting up $(VENV) with $$($(PYTHON) --version)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo "make: installing paddle-grpo with paddlepaddle (CPU) and the test tools into $(VENV): about 1 GB of wheels"
+	@set -o pipefail; PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --progress-bar off -e '.[cpu,test]' \
+		| sed -un 's/^ *\(Downloading\|Using cached\) /  /p'
+	@touch $@
+	@echo "make: $(VENV) is ready"
 
-# The fused rollout operators, rebuilt whenever csrc/ changes (about 25 s on 2 cores).
+# The fused rollout operators, rebuilt whenever csrc/ changes (about 25 s on 2 cores). The compile step imports
+# paddle again in a subprocess: one thread and no ccache warning there.
 OPS := csrc/build/grpo_ops/grpo_ops.so
 $(OPS): $(INSTALLED) $(wildcard csrc/*.cc csrc/*.h csrc/*.cu csrc/build.py)
-	$(PY) csrc/build.py
+	@echo "make: building the compiled operators (csrc/, about 25 s on 2 cores)"
+	@OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore:No ccache found" $(PY) csrc/build.py
 
 venv: $(INSTALLED) $(OPS)
 
 ops: $(OPS)
 
+# -W: the launcher's own process imports paddle, which warns that it finds no ccache (it would only speed up
+# compiling csrc/); run_grpo.py's processes drop that warning themselves (alignment/runtime.py).
 train: $(INSTALLED) $(OPS)
-	$(PY) -m paddle.distributed.launch --nproc_per_node 1 --log_dir output/tiny/launch_log \
-		run_grpo.py config/tiny/grpo_argument.json
+	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
+		run_grpo.py config/tiny/grpo_argument.json --output_dir $(OUTPUT) --overwrite_output_dir $(ARGS)
 
 test: $(INSTALLED) $(OPS)
 	$(PY) -m pytest
@@ -36,6 +51,7 @@ VENV_TORCH := .venv-torch
 TORCH_INSTALLED := $(VENV_TORCH)/.installed
 
 $(TORCH_INSTALLED):
+	@echo "make: creating $(VENV_TORCH) with torch and transformers (about 1 GB)"
 	$(PYTHON) -m venv $(VENV_TORCH)
 	$(VENV_TORCH)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_TORCH)/bin/python -m pip install --quiet torch==2.13.0 transformers==4.57.6

@@ -1,9 +1,14 @@
 """Train a causal LM with GRPO from one JSON file:
 
     python -m paddle.distributed.launch --nproc_per_node 1 run_grpo.py config/tiny/grpo_argument.json [--key value ...]
+    python run_grpo.py --help        # every key, with its type, default, aliases and meaning
 """
 
+import os
+import shlex
+import shutil
 import sys
+from pathlib import Path
 
 from alignment.runtime import configure_cpu_runtime, import_paddle
 
@@ -11,32 +16,56 @@ configure_cpu_runtime()  # thread count, MKL path and paddle flags must be set b
 import_paddle()
 
 from alignment.checkpoint import CheckpointError  # noqa: E402
-from alignment.config import ConfigError, load_config  # noqa: E402
+from alignment.config import ConfigError, GRPOConfig, help_text, load_config, wants_help  # noqa: E402
 from alignment.data import DataError  # noqa: E402
 from alignment.distributed import DistributedError  # noqa: E402
 from alignment.logger import LogWriteError  # noqa: E402
+from alignment.modeling import ModelLoadError  # noqa: E402
 from alignment.optim import NonFiniteError  # noqa: E402
 from alignment.rewards.remote import RewardServerError  # noqa: E402
 from alignment.rollout import WeightSyncError  # noqa: E402
+from alignment.trainer import RewardsFailedError, train  # noqa: E402
 
 
 def main(argv: list | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print(help_text())
+        return 0
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
-        from alignment.trainer import train
-
+        config = load_config(argv)
         checkpoint = train(config)
-    except (ConfigError, DataError, RewardServerError, WeightSyncError, NonFiniteError, DistributedError, CheckpointError, LogWriteError) as e:
+    except (
+        ConfigError, ModelLoadError, DataError, RewardServerError, RewardsFailedError, WeightSyncError, NonFiniteError, DistributedError,
+        CheckpointError, LogWriteError,
+    ) as e:
         print(f"run_grpo: error: {e}", file=sys.stderr)
         return 2
-    if checkpoint is not None:
-        print(
-            f"\ncheckpoint: {checkpoint}\n"
-            f"metrics:    {config.output_dir}/metrics.jsonl (completions: {config.output_dir}/completions.jsonl)\n"
-            f"curves:     {config.output_dir}/curves.png\n"
-            f"dashboard:  visualdl --logdir {config.resolved_logging_dir}"
-        )
+    if checkpoint is not None and os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # the main process says it once
+        print(end_message(config, checkpoint))
     return 0
+
+
+def end_message(config: GRPOConfig, checkpoint) -> str:
+    """Where everything went, and commands that work as printed: the tools of the interpreter that trained
+    (.venv/bin/... after make train), so nothing needs activating first."""
+    python = _shown(sys.executable)
+    visualdl = Path(sys.executable).parent / "visualdl"  # a console script installed beside the interpreter
+    visualdl = _shown(visualdl) if visualdl.is_file() else shutil.which("visualdl") or "visualdl"
+    return (
+        f"\ncheckpoint: {checkpoint}\n"
+        f"metrics:    {config.output_dir}/metrics.jsonl (completions: {config.output_dir}/completions.jsonl)\n"
+        f"curves:     {config.output_dir}/curves.png\n"
+        f"dashboard:  {shlex.join([visualdl, '--logdir', config.resolved_logging_dir, '--port', '8040', '--language', 'en'])}"
+        f"    # then open http://localhost:8040/app/scalar\n"
+        f"chat:       {shlex.join([python, '-m', 'alignment.chat', str(checkpoint)])}"
+    )
+
+
+def _shown(path) -> str:
+    """path relative to the working folder where it lies inside it (.venv/bin/python), else absolute."""
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else str(path)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Install: pip install -e '.[test]'   (the Makefile does this inside .venv)."""
+"""Install: pip install -e '.[cpu]' on a CPU machine (the Makefile installs '.[cpu,test]' inside .venv);
+with a GPU, install paddlepaddle-gpu first (README), then pip install -e ."""
 
 from setuptools import find_packages, setup
 
@@ -7,8 +8,10 @@ from setuptools import find_packages, setup
 # - transformers 4.57.6 and huggingface_hub < 1.0: paddleformers 1.0.0 imports
 #   huggingface_hub.repo_type_and_id_from_hf_id, gone in hub 1.x, and transformers 5.x needs hub >= 1.31.
 # - datasets 4.4.2: the newest datasets that accepts huggingface_hub < 1.0.
+# paddle itself is not among them: paddlepaddle (CPU) and paddlepaddle-gpu are two distributions of one
+# `paddle` package, so requiring either would install it over the other. The CPU wheel is the `cpu` extra;
+# GPU users install paddlepaddle-gpu 3.3.1 first (paddleformers leaves paddle out for the same reason).
 INSTALL_REQUIRES = [
-    "paddlepaddle==3.3.1",
     "paddleformers==1.0.0",
     "transformers==4.57.6",
     "huggingface_hub>=0.34,<1.0",
@@ -36,6 +39,7 @@ setup(
     py_modules=["run_grpo"],
     install_requires=INSTALL_REQUIRES,
     extras_require={
+        "cpu": ["paddlepaddle==3.3.1"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",

@@ -4,7 +4,8 @@
     python -m alignment.chat output/tiny/checkpoint-40 --prompts questions.txt --greedy
 
 Each prompt is answered on its own (a single user turn, as in training): a line typed on standard
-input, a line of a text file, or a row of a .jsonl dataset (any layout the trainer reads). The chat
+input, a line of a text file, or a row of a .jsonl dataset (any layout the trainer reads), whose reference
+answer follows the model's. Prompts that are not typed are shown above their answers. The chat
 template is the folder's tokenizer's; the system prompt, the sampling settings and the engine are those
 of the run that wrote the checkpoint (its grpo_config.json), each overridable by a flag. A LoRA checkpoint
 answers with its adapter merged into the run's base model (actor_model_name_or_path).
@@ -64,21 +65,23 @@ def chat_config(folder: Path, args: argparse.Namespace) -> GRPOConfig:
     return dataclasses.replace(config, **flags)
 
 
-def read_prompts(path: str | None):
-    """-> an iterator of chat turns: one per line of a text file or standard input, or per dataset row."""
+def read_prompts(path: str | None, interactive: bool):
+    """-> an iterator of (chat turns, the reference answer or None): one per line of a text file or standard
+    input, or per dataset row."""
     if path and path.endswith(".jsonl"):
-        yield from (record.messages for record in read_prompt_records(path))
+        yield from ((record.messages, record.answer) for record in read_prompt_records(path))
         return
     stream = open(path) if path else sys.stdin
-    interactive = path is None and sys.stdin.isatty()
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
         line = stream.readline()
         if not line:
+            if interactive:  # Ctrl-D: the shell's prompt on a line of its own
+                print(file=sys.stderr)
             return
         if line.strip():
-            yield ({"role": "user", "content": line.strip()},)
+            yield ({"role": "user", "content": line.strip()},), None
 
 
 class Printer:
@@ -118,13 +121,16 @@ def main(argv: list | None = None) -> int:
         min_p=config.min_p, repetition_penalty=config.repetition_penalty, greedy=args.greedy,
     )
     paddle.seed(config.seed)
+    interactive = args.prompts is None and sys.stdin.isatty()
+    if interactive:
+        print("Type a prompt and press Enter; Ctrl-D or Ctrl-C quits.", file=sys.stderr)
     try:
-        for turns in read_prompts(args.prompts):
-            if args.prompts:
+        for turns, reference in read_prompts(args.prompts, interactive):
+            if not interactive:  # a prompt from a file or a pipe: shown above its answer
                 print(f"> {turns[-1]['content']}")
             ids = encode_messages(turns, tokenizer, config.system_prompt)
             engine.generate([ids], 1, sampling, on_tokens=Printer(tokenizer, tokenizer.pad_token_id))
-            print("\n", flush=True)
+            print("\n" if reference is None else f"\nreference: {reference}\n", flush=True)
     except (DataError, OSError) as e:
         print(f"chat: error: {e}", file=sys.stderr)
         return 2

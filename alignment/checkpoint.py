@@ -20,13 +20,30 @@ else as above; it resumes on the base model (actor_model_name_or_path) with the 
 `python -m alignment.merge_lora` turns it into a model folder. No random-number state is saved: every
 phase of every step reseeds from (seed, step, phase) (and the rank, for paddle's generator), so a resumed
 run draws what an uninterrupted one would.
+
+Integrity: trainer_state.json lists every other file of the checkpoint with its size and SHA-256
+(`files`). A resume verifies them: `auto` skips a damaged checkpoint (naming it and why) for the newest
+intact one of the run's lineage, and an explicit folder that fails verification is an error naming the
+file, so a scheduler's restart loop never meets the same traceback on every restart.
+
+Lineage: every launch of the trainer has a run id; trainer_state.json records it, and the runs (and the
+steps) the run continued from (`ancestry`). A checkpoint belongs to a run's lineage when that run wrote it,
+or when an ancestor run wrote it at or before the step the lineage continued from. Retention
+(save_total_limit) counts only the lineage's checkpoints and never removes the one just saved nor the one
+the run resumed from; `auto` resumes the lineage of the newest checkpoint written whose recorded settings
+match the run's, never another run's checkpoint that happens to have a higher step.
 """
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import time
+import uuid
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import paddle
@@ -46,6 +63,49 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the message names it, the cause, and the checkpoint a resume takes."""
 
 
+@dataclass(frozen=True)
+class Lineage:
+    """The run writing checkpoints, and the runs it continues: ancestry holds (run id, last step taken from
+    that run), oldest first. Checkpoints written before run ids existed all have run id ''."""
+
+    run_id: str
+    ancestry: tuple = ()
+    resumed_from: Path | None = None  # retention never removes it
+
+    @staticmethod
+    def new() -> "Lineage":
+        return Lineage(uuid.uuid4().hex)
+
+    def continued(self, step: int, path: Path) -> "Lineage":
+        """A new run resuming from this lineage's checkpoint at `step` (in `path`)."""
+        return Lineage(uuid.uuid4().hex, self.ancestry + ((self.run_id, step),), path)
+
+    def holds(self, state: dict) -> bool:
+        run_id, step = state.get("run_id", ""), state["step"]
+        return run_id == self.run_id or any(run_id == ancestor and step <= last for ancestor, last in self.ancestry)
+
+    def recorded(self) -> dict:
+        return {"run_id": self.run_id, "ancestry": [list(pair) for pair in self.ancestry]}
+
+    @staticmethod
+    def of(state: dict) -> "Lineage":
+        """The lineage that wrote a checkpoint, from its trainer_state.json."""
+        return Lineage(state.get("run_id", ""), tuple((run_id, step) for run_id, step in state.get("ancestry", [])))
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run continues from, read and verified."""
+
+    path: Path
+    state: dict  # its trainer_state.json
+    settings: dict  # its grpo_config.json: the settings of the run that wrote it
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+
 def is_complete_checkpoint(path: Path) -> bool:
     return (path / STATE_FILE).is_file()
 
@@ -59,14 +119,133 @@ def complete_checkpoints(output_dir: str) -> list:
     return [p for _, p in sorted(found)]
 
 
-def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
-    """resume_from_checkpoint -> the folder to continue from: the given one, or for auto the newest
-    complete checkpoint in output_dir (None, a fresh start, when there is none yet: the same command
-    then starts a run and restarts it after a crash)."""
+def read_checkpoint(path: Path) -> tuple:
+    """-> (trainer_state.json, grpo_config.json) as dicts; raises CheckpointError naming the file that cannot be read."""
+    records = []
+    for name in (STATE_FILE, "grpo_config.json"):
+        try:
+            record = json.loads((path / name).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path / name} cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged") from None
+        if not isinstance(record, dict) or (name == STATE_FILE and not isinstance(record.get("step"), int)):
+            raise CheckpointError(f"{path / name} is not a checkpoint's record: the checkpoint is damaged")
+        records.append(record)
+    return tuple(records)
+
+
+def damage(path: Path, state: dict) -> str | None:
+    """None when every file trainer_state.json lists has its recorded size and SHA-256, else what is wrong.
+    A checkpoint written before the list existed is taken as it is."""
+    for name, expected in state.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        size = file.stat().st_size
+        if size != expected["size"]:
+            return f"{file} has {size} bytes, {expected['size']} were written (truncated?)"
+        if _sha256(file) != expected["sha256"]:
+            return f"{file} does not match the checksum recorded when it was written"
+    return None
+
+
+def resolve_resume(resume_from_checkpoint: str | None, output_dir: str, matches: Callable[[dict, dict], bool] = lambda settings, state: True) -> tuple:
+    """resume_from_checkpoint -> (the verified checkpoint to continue from or None for a fresh start,
+    [(folder, why)] of the damaged checkpoints skipped on the way).
+
+    A folder is taken as given and must be intact (CheckpointError naming the damage otherwise). auto takes
+    the lineage of the newest checkpoint written in output_dir whose settings `matches(settings, state)` the
+    run's (of the newest written, when none matches: the trainer then reports what changed), and continues
+    from that lineage's newest intact checkpoint. None when output_dir holds no intact checkpoint: the same
+    command starts a run and restarts it after a crash."""
     if resume_from_checkpoint != "auto":
-        return Path(resume_from_checkpoint) if resume_from_checkpoint else None
-    found = complete_checkpoints(output_dir)
-    return found[-1] if found else None
+        if not resume_from_checkpoint:
+            return None, []
+        path = Path(resume_from_checkpoint)
+        state, settings = read_checkpoint(path)
+        if why := damage(path, state):
+            raise CheckpointError(f"resume_from_checkpoint: {path} is damaged: {why}; resume from an earlier checkpoint (or auto, which skips damaged ones)")
+        return ResumePoint(path, state, settings), []
+    readable, skipped = [], []
+    for path in complete_checkpoints(output_dir):
+        try:
+            readable.append((path, *read_checkpoint(path)))
+        except CheckpointError as exc:
+            skipped.append((path, str(exc)))
+    if not readable:
+        return None, skipped
+
+    def written(entry) -> tuple:  # checkpoints from before saved_at existed: the time of their last file
+        path, state, _ = entry
+        return state.get("saved_at", (path / STATE_FILE).stat().st_mtime), state["step"]
+
+    newest_first = sorted(readable, key=written, reverse=True)
+    _, anchor, _ = next((entry for entry in newest_first if matches(entry[2], entry[1])), newest_first[0])
+    lineage = Lineage.of(anchor)
+    ours = [entry for entry in readable if lineage.holds(entry[1]) and entry[1]["step"] <= anchor["step"]]
+    for path, state, settings in sorted(ours, key=lambda entry: entry[1]["step"], reverse=True):
+        if why := damage(path, state):
+            skipped.append((path, why))
+            continue
+        return ResumePoint(path, state, settings), skipped
+    return None, skipped
+
+
+# Keys that change what a step trains on: the prompts, their order and encoding, the samples drawn, the
+# batch. A resume that changes one no longer continues the run, so it needs allow_config_change. The
+# batch keys are per process: they are compared times the number of processes, so a run may resume on
+# another layout with the same global batch.
+TRAINING_KEYS = (
+    "actor_model_name_or_path", "tokenizer_name_or_path", "chat_template", "train_datasets", "prompt_key", "response_key",
+    "system_prompt", "max_prompt_len", "prompt_truncation", "max_dec_len", "rollout_n", "seed", "lora_rank", "target_modules",
+)
+PER_PROCESS_KEYS = ("per_device_prompt_batch_size", "mini_batch_size")
+RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change")  # how to start, not what to train
+
+
+def settings_changes(recorded: dict, recorded_processes: int | None, current: dict, processes: int) -> tuple:
+    """A checkpoint's settings against the run's -> (refused, allowed): lines "key: old -> new". Keys the
+    checkpoint does not record (older versions) are not compared."""
+    recorded_processes = recorded_processes or processes  # a checkpoint from before the count was recorded
+
+    def shown(key: str, config: dict, count: int) -> str:
+        value = json.dumps(config[key])
+        return f"{value} x {count} processes" if key in PER_PROCESS_KEYS and count != 1 else value
+
+    refused, allowed = [], []
+    for key in sorted(set(recorded) & set(current)):
+        if key in RESUME_KEYS:
+            continue
+        if key in PER_PROCESS_KEYS:
+            differs = recorded[key] * recorded_processes != current[key] * processes
+        else:
+            differs = recorded[key] != current[key]
+        if differs:
+            line = f"{key}: {shown(key, recorded, recorded_processes)} -> {shown(key, current, processes)}"
+            (refused if key in TRAINING_KEYS + PER_PROCESS_KEYS else allowed).append(line)
+    return refused, allowed
+
+
+RUN_FILES = ("grpo_config.json", "metrics.jsonl", "completions.jsonl", "curves.png")
+
+
+def previous_run_files(output_dir: str, logging_dir: str) -> list:
+    """What a run left in output_dir: its records, checkpoints (and leftovers of a save cut short), and a
+    non-empty VisualDL folder. Other files (the launcher's --log_dir, the user's own) are not a run's."""
+    root, found = Path(output_dir), []
+    if root.is_dir():
+        found = [p for p in sorted(root.iterdir()) if p.name in RUN_FILES or CHECKPOINT_RE.match(p.name) or LEFTOVER_RE.match(p.name)]
+    logs = Path(logging_dir)
+    if logs.is_dir() and any(logs.iterdir()) and logs not in found:
+        found.append(logs)
+    return found
+
+
+def remove_previous_run(paths: list) -> None:
+    for path in paths:
+        if path.is_dir():
+            _remove(path)
+        else:
+            path.unlink()
 
 
 def load_training_state(path: Path, optimizer) -> dict:
@@ -79,7 +258,10 @@ def checkpoint_path(output_dir: str, step: int) -> Path:
     return Path(output_dir) / f"checkpoint-{step}"
 
 
-def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer_state: dict, config_json: str, state: dict, keep: int | None) -> Path:
+def save_checkpoint(
+    output_dir: str, step: int, model, tokenizer, optimizer_state: dict, config_json: str, state: dict, keep: int | None,
+    lineage: Lineage = Lineage(""),
+) -> Path:
     root = Path(output_dir)
     final = checkpoint_path(output_dir, step)
     staging = root / f".checkpoint-{step}.tmp"
@@ -93,9 +275,13 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer_stat
         tokenizer.save_pretrained(str(staging))
         (staging / "grpo_config.json").write_text(config_json)
         paddle.save(optimizer_state, str(staging / "optimizer.pdopt"))
-        for path in staging.iterdir():
+        files = {}
+        for path in sorted(staging.rglob("*")):
             _fsync(path)
-        _write_synced(staging / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
+            if path.is_file():
+                files[str(path.relative_to(staging))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        record = {"step": step, **state, **lineage.recorded(), "saved_at": time.time(), "files": files}
+        _write_synced(staging / STATE_FILE, json.dumps(record, indent=2))
         _fsync(staging)
         _put_in_place(staging, final)
         _fsync(root)
@@ -103,12 +289,27 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer_stat
         shutil.rmtree(staging, ignore_errors=True)
         raise CheckpointError(_failure_message(final, staging, exc)) from exc
     if keep is not None:
-        for old in complete_checkpoints(output_dir)[:-keep]:
+        for old in _beyond_limit(output_dir, keep, lineage, final):
             try:
                 _remove(old)
             except OSError as exc:  # the new checkpoint is saved: an old one left behind loses nothing
                 warnings.warn(f"save_total_limit: could not remove {old}: {exc}")
     return final
+
+
+def _beyond_limit(output_dir: str, keep: int, lineage: Lineage, saved: Path) -> list:
+    """The lineage's checkpoints past the newest `keep` (by step), less the one just saved and the one resumed
+    from. Other runs' checkpoints, and any whose record cannot be read, are not the lineage's to remove."""
+    ours = []
+    for path in complete_checkpoints(output_dir):
+        try:
+            state, _ = read_checkpoint(path)
+        except CheckpointError:
+            continue
+        if lineage.holds(state):
+            ours.append(path)
+    protected = {saved.resolve()} | ({lineage.resumed_from.resolve()} if lineage.resumed_from else set())
+    return [path for path in ours[:-keep] if path.resolve() not in protected]
 
 
 def _failure_message(final: Path, staging: Path, exc: BaseException) -> str:
@@ -166,6 +367,11 @@ def _fsync(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write_synced(path: Path, text: str) -> None:

@@ -12,9 +12,13 @@ so `--key value` works exactly as in PaddleNLP's launchers (a list key takes the
 import codecs
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import os
+import re
+import shutil
+import textwrap
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +99,7 @@ class GRPOConfig:
     repetition_max_penalty: float = _key(-1.0, "repetition reward of a completion made of one repeated n-gram (<= 0).")
     soft_max_length: Optional[int] = _key(None, "soft_overlong reward: the length L_max (tokens) beyond which it is -1; default: max_dec_len.")
     soft_cache_length: Optional[int] = _key(None, "soft_overlong reward: the interval L_cache before L_max over which the penalty grows linearly from 0 to -1 (required with soft_overlong).")
+    reward_item_timeout: float = _key(10.0, "Scoring in process: seconds one item may take; a slower one is an error (its reward NaN, never 0) and its worker process is replaced (the reward server's --item_timeout).")
     use_rm_server: bool = _key(False, "Score through the HTTP reward server at reward_server instead of in process.")
     reward_server: Optional[str] = _key(None, "Reward server address, http://host:port.")
     reward_server_protocol: str = _key("v1", "v1 (POST /v1/score: per-function scores and per-item errors) or paddlenlp (POST /: totals only).", choices=["v1", "paddlenlp"])
@@ -141,7 +146,9 @@ class GRPOConfig:
     log_completions_per_step: int = _key(4, "Completions written to completions.jsonl per step (0: none).")
     save_steps: int = _key(0, "Save a checkpoint every this many steps (0: only at the end).")
     save_total_limit: Optional[int] = _key(None, "Keep at most this many checkpoints (oldest removed first).")
-    resume_from_checkpoint: Optional[str] = _key(None, "Continue a run from a checkpoint folder, or auto: the newest complete checkpoint in output_dir (a fresh start when there is none).")
+    resume_from_checkpoint: Optional[str] = _key(None, "Continue a run from a checkpoint folder, or auto: the newest intact checkpoint of this run's lineage in output_dir (a fresh start when there is none).")
+    overwrite_output_dir: bool = _key(False, "Start a new run in an output_dir that holds another run's files (they are removed first); without it such a folder is refused unless resume_from_checkpoint is set.")
+    allow_config_change: bool = _key(False, "On resume, accept changes to keys that change what a step trains on (rollout_n, batch sizes, seed, datasets, max_dec_len, ...); without it they are refused, naming the old and new values.")
 
     @property
     def resolved_logging_dir(self) -> str:
@@ -192,6 +199,7 @@ ALIASES = {
     "reward_funcs": "reward_functions",  # TRL, ms-swift
     "reward_weights": "reward_function_weights",  # TRL, ms-swift
     "min_lr": "min_learning_rate",  # Megatron, ms-swift
+    "lr": "learning_rate",  # verl (actor.optim.lr), Megatron, most training scripts' --lr
 }
 
 KEYS = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -215,7 +223,7 @@ def _show(value) -> str:
 
 class _Parser(PdArgumentParser):
     def __init__(self):
-        super().__init__(GRPOConfig, add_help=False)  # -h would print argparse's help and exit; README has the table
+        super().__init__(GRPOConfig, add_help=False)  # run_grpo.py answers -h with help_text(), which names the aliases too
 
     def error(self, message):  # argparse would print usage and exit; we raise with its message instead
         raise ConfigError("command line: " + message.replace("argument --", "key "))
@@ -318,13 +326,71 @@ def _finite(number) -> bool:
         return False
 
 
+HELP_FLAGS = ("-h", "--help")
+
+
+def wants_help(argv: list) -> bool:
+    """-h or --help anywhere asks for the option list, as with argparse (a value "-h" is given as --key=-h)."""
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def help_text(width: Optional[int] = None) -> str:
+    """Every key with its type, default, aliases and meaning, from the dataclass, grouped as its comments group them."""
+    width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
+    aliases = {}
+    for alias, key in ALIASES.items():
+        aliases.setdefault(key, []).append(f"--{alias}")
+    lines = ["usage: run_grpo.py CONFIG.json [--key value ...]", ""] + _wrap(
+        "CONFIG.json is one JSON object of the keys below. On the command line, --key value (or --key=value) "
+        "overrides the file's value; a list key takes the values up to the next --key; a true/false key alone "
+        "means true, --no_KEY false. An alias (another trainer's name: TRL, ms-swift, verl) works in place of its key, "
+        "not beside it. README.md explains the keys at more length.", width
+    )
+    for title, keys in _groups():
+        lines += ["", f"{title}:"]
+        for key in keys:
+            f = GRPOConfig.__dataclass_fields__[key]
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            also = f"; {'aliases' if len(aliases.get(key, [])) > 1 else 'alias'}: {', '.join(aliases[key])}" if key in aliases else ""
+            lines += _wrap(f"--{key} {_type_name(key)}  (default: {json.dumps(default)}{also})", width, "  ", " " * 4)
+            lines += _wrap(f.metadata["help"], width, " " * 6, " " * 6)
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list:
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
+def _type_name(key: str) -> str:
+    kind, _ = _value_type(key)
+    choices = GRPOConfig.__dataclass_fields__[key].metadata.get("choices")
+    if choices:
+        return "{" + ",".join(c or '""' for c in choices) + "}"
+    if typing.get_origin(kind) is list:
+        item = typing.get_args(kind)[0].__name__.upper()
+        return f"{item} [{item} ...]"
+    return "[true|false]" if kind is bool else kind.__name__.upper()
+
+
+def _groups() -> list:
+    """-> [(title, [key, ...])] in the dataclass's order, titled by its `# Title` comment lines."""
+    groups = []
+    for line in inspect.getsource(GRPOConfig).splitlines():
+        if comment := re.fullmatch(r"    # (.+)", line):
+            groups.append((comment[1], []))
+        elif (declared := re.match(r"    (\w+): ", line)) and declared[1] in KEYS:
+            groups[-1][1].append(declared[1])
+    return groups
+
+
 def _canonical_cli(args: list) -> tuple:
     """`--key value` overrides -> (argparse's tokens, {list key: values}). The tokens have canonical names,
     `--key=value` for one-value keys (so a value may start with '-') and `--key=false` for `--no_<bool key>`.
     A list key takes the values up to the next --key, converted here: argparse would take a value starting
     with '-' for an option. A value that follows no key, a key without its value or with one too many, is
-    an error naming them. A key given twice keeps its last value, as in argparse."""
-    out, lists, i = [], {}, 0
+    an error naming them. A key given twice keeps its last value, as in argparse; a key and its alias (or two
+    aliases of one key) given together are refused, as in the file."""
+    out, lists, spelled, i = [], {}, {}, 0
     while i < len(args):
         if not args[i].startswith("--"):
             raise ConfigError(f"command line: {args[i]!r} follows no --key (overrides are --key value; see the option table in README.md)")
@@ -336,6 +402,9 @@ def _canonical_cli(args: list) -> tuple:
             i += 1
         negated = written.startswith("no_") and written[3:] in KEYS | set(ALIASES)
         name = canonical_key(written[3:] if negated else written, "command line")
+        spelling = written[3:] if negated else written
+        if spelled.setdefault(name, spelling) != spelling:
+            raise ConfigError(f"command line: '--{spelled[name]}' and '--{spelling}' both set '{name}'; keep one")
         kind, _ = _value_type(name)
         shown = f"--{written}" + (f" ({name})" if written not in (name, f"no_{name}") else "")
         if negated and kind is not bool:
@@ -369,7 +438,7 @@ def load_config(argv: list) -> GRPOConfig:
     """argv = [CONFIG.json, --key, value, ...] -> validated, frozen config (no model is loaded). Any mistake
     raises ConfigError naming the key and where it was given (the file, or the command line)."""
     if not argv or not argv[0].endswith(".json"):
-        raise ConfigError("usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file)")
+        raise ConfigError("usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file; --help lists the keys)")
     file_values = read_json_config(argv[0])
     overrides, lists = _canonical_cli(argv[1:])
     parser = _Parser()
@@ -447,6 +516,10 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(c.max_prompt_len >= 1 and c.max_dec_len >= 1, "max_prompt_len and max_dec_len must be at least 1")
     _check(0 <= c.min_dec_len <= c.max_dec_len, f"min_dec_len ({c.min_dec_len}) must lie in [0, max_dec_len ({c.max_dec_len})]")
     model_limit = _model_max_positions(c.actor_model_name_or_path)
+    _check(
+        model_limit is None or type(model_limit) is int,
+        f"{Path(c.actor_model_name_or_path) / 'config.json'}: max_position_embeddings = {_show(model_limit)}: must be an integer",
+    )
     max_seq_len = model_limit if c.max_seq_len is None else c.max_seq_len
     if max_seq_len is not None:
         source = "max_seq_len" if c.max_seq_len is not None else f"the model's max_position_embeddings ({c.actor_model_name_or_path}/config.json)"
@@ -522,6 +595,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
             f"reward_server = '{c.reward_server}': expected an address like http://127.0.0.1:8731",
         )
     _check(c.reward_server_timeout > 0 and c.reward_server_retries >= 0, "reward_server_timeout must be > 0 and reward_server_retries >= 0")
+    _check(c.reward_item_timeout > 0, f"reward_item_timeout = {c.reward_item_timeout}: must be > 0")
 
     _check(c.learning_rate >= 0, f"learning_rate = {c.learning_rate}: must be >= 0")
     _check(
@@ -593,10 +667,22 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(c.logging_steps >= 1, "logging_steps must be at least 1")
     _check(c.log_completions_per_step >= 0, "log_completions_per_step must be >= 0")
     _check(c.save_total_limit is None or c.save_total_limit >= 1, "save_total_limit must be at least 1 (or null: keep all)")
+    for key in ("output_dir", "logging_dir"):
+        folder = getattr(c, key)
+        blocker = _file_in_the_way(folder) if folder else None
+        if blocker:
+            raise ConfigError(f"{key}: '{folder}' is a file, not a folder" if blocker == Path(folder) else f"{key}: '{folder}' cannot be made: '{blocker}' is a file")
 
     system_prompt = c.system_prompt
     if system_prompt and len(system_prompt) < 4096 and _exists(Path.is_file, system_prompt):
         system_prompt = Path(system_prompt).read_text()
+    chat_template = c.chat_template  # a file's text, so a resume from another folder reads the same template
+    if chat_template and len(chat_template) < 4096 and _exists(Path.is_file, chat_template):
+        chat_template = Path(chat_template).read_text()
+    _check(
+        not chat_template or "{{" in chat_template or "{%" in chat_template,
+        f"chat_template = {_show(c.chat_template)}: no such file, and not a Jinja template (no {{{{ or {{% in it)",
+    )
     return dataclasses.replace(
         c,
         per_device_prompt_batch_size=prompt_batch,
@@ -608,7 +694,16 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         soft_max_length=reward_settings.soft_max_length,
         reward_function_weights=[float(w) for w in weights],
         system_prompt=system_prompt,
+        chat_template=chat_template,
     )
+
+
+def _file_in_the_way(folder: str) -> Optional[Path]:
+    """The folder itself or the nearest of its parents that exists, where that is not a folder (mkdir would fail)."""
+    for path in (Path(folder), *Path(folder).parents):
+        if _exists(Path.exists, path):
+            return None if _exists(Path.is_dir, path) else path
+    return None
 
 
 def _exists(test, path) -> bool:
@@ -619,8 +714,11 @@ def _exists(test, path) -> bool:
         return False
 
 
-def _model_max_positions(path: str) -> Optional[int]:
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return None
-    return json.loads(config.read_text()).get("max_position_embeddings")
+def _model_max_positions(path: str):
+    """max_position_embeddings of the model folder's config.json (ConfigError naming the file where it is not JSON)."""
+    from alignment.modeling import ModelLoadError, read_json_object
+
+    try:
+        return read_json_object(Path(path) / "config.json").get("max_position_embeddings")
+    except ModelLoadError as e:
+        raise ConfigError(f"actor_model_name_or_path: {e}") from None

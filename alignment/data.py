@@ -12,7 +12,7 @@ import codecs
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -36,14 +36,17 @@ class PromptRecord:
     answer: Optional[str]  # the reference answer, None where the row has none
     columns: dict = field(default_factory=dict)  # the row as read, every column, for reward functions
     source: str = ""  # "file.jsonl:12"
+    prompt_text: Optional[str] = None  # the prompt as the model sees it (chat template applied), set by encode_prompts
 
     @property
     def question(self) -> str:
         return self.messages[-1]["content"]
 
     def reward_sample(self) -> dict:
-        """What a reward function receives as `sample`."""
-        return {**self.columns, "prompt": self.question, "answer": self.answer}
+        """What a reward function receives as `sample`: the row's columns, the question as "prompt", the
+        reference as "answer" and, once encoded, the templated prompt as "prompt_text"."""
+        sample = {**self.columns, "prompt": self.question, "answer": self.answer}
+        return sample if self.prompt_text is None else {**sample, "prompt_text": self.prompt_text}
 
 
 @dataclass(frozen=True)
@@ -176,33 +179,56 @@ def parse_row(row: dict, prompt_key: str, response_key: Optional[str], where: st
     return PromptRecord(messages=tuple(turns), answer=answer, columns=columns, source=where)
 
 
-def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_key: Optional[str] = None, skip_bad_rows: bool = False) -> list:
+def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_key: Optional[str] = None, skip_bad_rows: bool = False,
+                        reference_needed_by: Optional[str] = None) -> list:
     """Comma-separated jsonl paths -> PromptRecords, each file's layout that of its first good row. The first bad
     row stops loading with DataError "file:line: what"; with skip_bad_rows it is left out, and each file's skipped
     rows are printed to stderr ("skipped file:line: what", the first SKIPPED_SHOWN) with their count. A file with
-    no rows, or none left, is an error either way."""
+    no rows, or none left, is an error either way.
+
+    reference_needed_by (e.g. "reward function accuracy") makes a row without a usable reference (none, or only
+    whitespace) a bad row too, judged once the file is read: a file where no row has one is refused naming the
+    file, the column and what needs it, whatever skip_bad_rows says."""
     records = []
     for path in [p.strip() for p in paths.split(",") if p.strip()]:
-        keys, kept, skipped = None, 0, []
+        keys, kept, skipped, unreferenced = None, 0, [], []
         for line_number, row in read_jsonl(path, skipped.append if skip_bad_rows else None):
             where = f"{path}:{line_number}"
             try:
                 row_keys = keys or _detect(row, prompt_key, response_key, where)
-                records.append(parse_row(row, *row_keys, where))
+                record = parse_row(row, *row_keys, where)
             except DataError as e:
                 if not skip_bad_rows:
-                    raise
+                    raise unreferenced[0][0] if unreferenced else e  # the first bad row
                 skipped.append(e)
                 continue
+            if reference_needed_by and not (record.answer or "").strip():  # a bad row: it does not fix the layout either
+                what = "no reference" if record.answer is None else "a blank reference"
+                error = DataError(f"{where}: {what} in {_reference_place(row_keys[1])} (needed by {reference_needed_by})")
+                unreferenced.append((error, row_keys[1]))
+                if skip_bad_rows:
+                    skipped.append(error)
+                continue
+            records.append(record)
             keys, kept = row_keys, kept + 1
         for error in skipped[:SKIPPED_SHOWN]:
             print(f"skipped {error}", file=sys.stderr)
         if skipped:
             hidden = len(skipped) - SKIPPED_SHOWN
             print(f"{path}: skipped {len(skipped)} bad rows (skip_bad_rows), kept {kept}" + (f"; {hidden} not shown" if hidden > 0 else ""), file=sys.stderr)
+        if unreferenced and kept == 0:
+            raise DataError(f"{path}: no row has a usable reference in {_reference_place(unreferenced[0][1])} (needed by {reference_needed_by})")
+        if unreferenced and not skip_bad_rows:
+            raise unreferenced[0][0]
         if kept == 0:
             raise DataError(f"{path}: no rows left, all {len(skipped)} are bad; the first: {skipped[0]}" if skipped else f"{path}: the file has no rows")
     return records
+
+
+def _reference_place(response_key: Optional[str]) -> str:
+    if response_key:
+        return f"'{response_key}'"
+    return f"any column ({', '.join(RESPONSE_KEYS)}; response_key names another) or a final assistant turn"
 
 
 def with_system_prompt(messages: tuple, system_prompt: Optional[str]) -> list:
@@ -221,7 +247,9 @@ def encode_messages(messages: tuple, tokenizer, system_prompt: Optional[str] = N
 
 def encode_prompts(records: list, tokenizer, max_prompt_len: int, truncation: str, system_prompt: Optional[str] = None):
     """-> (EncodedPrompts, number truncated, number dropped). Prompts over max_prompt_len tokens are cut
-    from the left (truncation="left", as TRL does: the question at the end survives) or dropped."""
+    from the left (truncation="left", as TRL does: the question at the end survives) or dropped. Each record
+    gets its prompt_text, the kept ids decoded: a reward can tell what the template put after the question
+    (a chat template that ends in "<think>" opens the thinking block for the model)."""
     encoded, truncated, dropped = [], 0, 0
     for record in records:
         ids = encode_messages(record.messages, tokenizer, system_prompt)
@@ -230,6 +258,7 @@ def encode_prompts(records: list, tokenizer, max_prompt_len: int, truncation: st
                 dropped += 1
                 continue
             ids, truncated = ids[-max_prompt_len:], truncated + 1
+        record = replace(record, prompt_text=tokenizer.decode(ids))
         encoded.append(EncodedPrompt(record=record, ids=tuple(ids)))
     return encoded, truncated, dropped
 

@@ -16,6 +16,10 @@ from tqdm import tqdm
 
 METRICS, COMPLETIONS = "metrics.jsonl", "completions.jsonl"
 CONSOLE_KEYS = ("reward_mean", "accuracy", "loss", "kl", "entropy", "response_length_mean", "lr", "time/step")
+# VisualDL groups charts by a tag's first path component, sorts the groups by name and opens only the first:
+# "train" sorts before "validation", so the dashboard opens on the training reward, the first chart of its
+# group (steps log reward_mean first). Evaluation tags drop metrics.jsonl's eval_ prefix: validation/accuracy.
+TRAIN_GROUP, EVAL_GROUP = "train", "validation"
 
 
 class LogWriteError(RuntimeError):
@@ -53,21 +57,20 @@ class RunLogger:
         self.vdl = LogWriter(logdir=logging_dir)
         self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True)
 
-    def _write(self, record: dict, prefix: str, step: int) -> None:
+    def _write(self, record: dict, group: str, step: int) -> None:
         with _writing(self.metrics.name):
             self.metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
             self.metrics.flush()
         with _writing(f"the VisualDL log in {self.vdl.logdir}"):
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    tag = key.removeprefix("eval_") if prefix == "eval" else key  # eval/accuracy, train/accuracy
-                    self.vdl.add_scalar(tag=f"{prefix}/{tag}", value=float(value), step=step)
+                    self.vdl.add_scalar(tag=f"{group}/{key.removeprefix('eval_')}", value=float(value), step=step)
             self.vdl.flush()
 
     def log_step(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self._write({"step": step, **metrics}, "train", step)
+        self._write({"step": step, **metrics}, TRAIN_GROUP, step)
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.3f}")
         if step % self.logging_steps == 0:
@@ -77,7 +80,7 @@ class RunLogger:
     def log_eval(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self._write({"step": step, **metrics}, "eval", step)
+        self._write({"step": step, **metrics}, EVAL_GROUP, step)
         shown = " ".join(f"{k}={_short(v)}" for k, v in metrics.items())
         self.bar.write(f"eval at step {step}: {shown}")
 
@@ -97,12 +100,24 @@ class RunLogger:
         if self.enabled:
             self.bar.write(message)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, error_type, *exc) -> None:  # on an error too: the bar ends its line before the error is printed
+        try:
+            self.close()
+        except LogWriteError:
+            if error_type is None:  # else the error under way (a full disk, say) is the one to report
+                raise
+
     def close(self) -> None:
         if self.enabled:
             self.bar.close()
-            self.vdl.close()
-            self.metrics.close()
-            self.completions.close()
+            with _writing(f"the VisualDL log in {self.vdl.logdir}"):
+                self.vdl.close()
+            for log in (self.metrics, self.completions):  # a file's last buffered bytes are written here
+                with _writing(log.name):
+                    log.close()
 
 
 def _open_log(path: str, resume_offsets: dict | None):

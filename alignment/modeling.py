@@ -6,16 +6,36 @@ from pathlib import Path
 
 import numpy as np
 import paddle
+from paddle.utils import unique_name
 from paddleformers.generation import GenerationConfig
-from paddleformers.transformers import AutoModelForCausalLM, AutoTokenizer
+from paddleformers.transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from paddleformers.utils.log import logger as paddleformers_logger
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 paddleformers_logger.set_level("WARNING")
 
 
+class ModelLoadError(ValueError):
+    """A model or tokenizer folder that does not load; the message names the file and what is wrong with it."""
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # one of them holds the vocabulary
+# The sizes config.json sets; one it lacks takes paddleformers' default (Qwen2: hidden_size 4096), which the weights do not fit.
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
 def load_tokenizer(path: str, chat_template: str | None = None):
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{path}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer files of the model it was made from into it"
+        )
+    for name in ("tokenizer_config.json", "tokenizer.json"):  # name the file and line where they are damaged
+        if (Path(path) / name).is_file():
+            read_json_object(Path(path) / name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # the tokenizers library raises a bare Exception for a damaged tokenizer.json
+        raise ModelLoadError(f"{path}: the tokenizer does not load: {_one_line(e)}") from e
     if chat_template:
         tokenizer.chat_template = Path(chat_template).read_text() if Path(chat_template).is_file() else chat_template
     if tokenizer.pad_token_id is None:
@@ -29,7 +49,7 @@ def load_tokenizer(path: str, chat_template: str | None = None):
 # corrupt weights under contiguous kernels. The plain safetensors path ("unified_checkpoint") reads and
 # writes the same Hugging Face layout from one process. Its loader warns that a tied lm_head "is newly
 # initialized" although it is tied to the embeddings, so that warning is silenced for tied models, and
-# weights really missing from the files are caught by _check_every_weight_stored instead (paddleformers
+# weights really missing from the files are caught by _check_stored_weights instead (paddleformers
 # would leave them randomly initialised with only that warning).
 #
 # The layout is the one transformers reads, tensor for tensor: Hugging Face names, linear weights as
@@ -40,16 +60,36 @@ def load_tokenizer(path: str, chat_template: str | None = None):
 
 
 def load_causal_lm(path: str, dtype: str = "float32"):
-    tied = _reads_tied_embeddings(path)
-    paddleformers_logger.set_level("ERROR" if tied else "WARNING")
+    """A model folder -> the model; a folder that cannot make one raises ModelLoadError naming the file, checked
+    before any weight memory is allocated: config.json, then every weight's presence and shape in the safetensors."""
+    config, unset_sizes = _model_config(Path(path))
+    _check_stored_weights(Path(path), config, unset_sizes)
+    paddleformers_logger.set_level("ERROR" if config.tie_word_embeddings else "WARNING")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, load_checkpoint_format="unified_checkpoint")
+        if (Path(path) / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(path)
+    except Exception as e:  # what the checks above do not foresee, from paddleformers' loader: name the folder
+        raise ModelLoadError(f"{path}: the model does not load: {_one_line(e)}") from e
     finally:
         paddleformers_logger.set_level("WARNING")
-    _check_every_weight_stored(model, Path(path))
-    if (Path(path) / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(path)
     return model
+
+
+def read_json_object(file: Path) -> dict:
+    """A model folder's JSON file (config.json, tokenizer.json, ...) -> its object; ModelLoadError naming the file
+    (and line:column) where it is not one: a download or copy cut short, an editor's slip."""
+    try:
+        value = json.loads(file.read_bytes())
+    except OSError as e:
+        raise ModelLoadError(f"{file}: cannot be read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{file}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8; nested past Python's recursion limit
+        raise ModelLoadError(f"{file}: not valid JSON: {_one_line(e)}") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{file}: not a JSON object")
+    return value
 
 
 def enable_recompute(model, granularity: str) -> None:
@@ -78,26 +118,94 @@ def save_model(model, path: str) -> None:
         model.generation_config.save_pretrained(path)
 
 
-def _check_every_weight_stored(model, folder: Path) -> None:
-    stored = _stored_tensor_names(folder)
-    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-    missing = sorted(set(model.state_dict()) - tied - stored)
+def _model_config(folder: Path) -> tuple:
+    """-> (paddleformers' config, the SIZE_KEYS config.json lacks, whose defaults it holds)."""
+    settings = read_json_object(folder / "config.json")
+    if not (settings.get("architectures") or settings.get("init_class")):
+        raise ModelLoadError(f'{folder / "config.json"}: names no model class (e.g. "architectures": ["Qwen2ForCausalLM"])')
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except Exception as e:  # paddleformers' config classes raise what their checks choose
+        raise ModelLoadError(f'{folder / "config.json"}: {_one_line(e)}') from e
+    return config, [key for key in SIZE_KEYS if key not in settings and getattr(config, key, None) is not None]
+
+
+def _check_stored_weights(folder: Path, config, unset_sizes: list) -> None:
+    """Every weight of the model config.json describes must be in the safetensors files with its shape (a linear
+    weight stored transposed, as torch's (out, in), fits). The model is built lazily (no memory) under its own
+    name scope, so the real model's parameter names, which key the optimizer state, do not change."""
+    try:
+        with unique_name.guard(), paddle.LazyGuard():
+            expected = {name: list(p.shape) for name, p in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    except Exception as e:  # e.g. an architectures entry paddleformers has no class for
+        raise ModelLoadError(f'{folder / "config.json"}: no model can be built from it: {_one_line(e)}') from e
+    stored = _stored_shapes(folder)
+    unset = "".join(f"; config.json does not set {key} (default {getattr(config, key)} used)" for key in unset_sizes)
+    _check_none_missing(folder, expected, stored, config.tie_word_embeddings, unset)
+    for name, shape in expected.items():
+        if name in stored and stored[name][0] not in (shape, shape[::-1]):
+            have, file = stored[name]
+            want = max((shape, shape[::-1]), key=lambda s: sum(a == b for a, b in zip(s, have)))  # in the file's orientation
+            raise ModelLoadError(f"{file}: {name} has shape {have}, but {folder / 'config.json'} makes it {want}{unset}")
+
+
+def check_every_weight_stored(model, folder: Path) -> None:
+    """A model built from `folder` by another loader (the reward model's): every weight it has must be stored
+    there, since a head left at its random initialisation would give scores silently."""
+    _check_none_missing(folder, model.state_dict(), _stored_shapes(folder), model.config.tie_word_embeddings)
+
+
+def _check_none_missing(folder: Path, expected, stored: dict, tied_embeddings: bool, unset: str = "") -> None:
+    tied = {"lm_head.weight"} if tied_embeddings else set()
+    missing = sorted(set(expected) - tied - set(stored))
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        raise ValueError(f"{folder}: the safetensors files lack {len(missing)} of the model's weights: {shown}")
+        raise ModelLoadError(f"{folder}: the safetensors files lack {len(missing)} of the model's weights: {shown}{unset}")
 
 
-def _stored_tensor_names(folder: Path) -> set:
-    index = folder / "model.safetensors.index.json"  # sharded: the index maps every tensor to its file
+def _stored_shapes(folder: Path) -> dict:
+    """-> {tensor name: (shape, file)} from the headers of the folder's safetensors file(s)."""
+    index = folder / "model.safetensors.index.json"  # sharded: the index names the files
     if index.is_file():
-        return set(json.loads(index.read_text())["weight_map"])
-    with safe_open(folder / "model.safetensors", framework="np") as weights:
-        return set(weights.keys())
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{index}: not a safetensors index ({_one_line(e)})") from None
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ModelLoadError(f"{folder}: no model.safetensors (nor model.safetensors.index.json) there")
+    shapes = {}
+    for name in files:
+        file = folder / name
+        if not file.is_file():
+            raise ModelLoadError(f"{file}: no such file, though {index.name} names it")
+        try:
+            with safe_open(file, framework="np") as weights:
+                shapes.update({key: (list(weights.get_slice(key).get_shape()), file) for key in weights.keys()})
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"{file}: {_truncation(file) or f'not a readable safetensors file ({_one_line(e)})'}") from None
+    return shapes
 
 
-def _reads_tied_embeddings(path: str) -> bool:
-    config = Path(path) / "config.json"
-    return config.is_file() and bool(json.loads(config.read_text()).get("tie_word_embeddings", False))
+def _truncation(file: Path) -> str | None:
+    """'truncated: ...' where the file is shorter than its header (an 8-byte length, then JSON with each tensor's
+    data_offsets past the header) says it is: an interrupted download or copy."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 + length:
+                return f"truncated: {size} bytes, shorter than its own header"
+            header = json.loads(f.read(length))
+        end = 8 + length + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+    return f"truncated: {size} of the {end} bytes its header announces (copy or download it again)" if size < end else None
+
+
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 @dataclass

@@ -14,10 +14,14 @@ Measured on the 2-core AMD EPYC build machine (bench/RESULTS.md, ../shared/DESIG
   OMP_NUM_THREADS=1 to its workers when the user set nothing, so under the launcher a value of 1 is
   taken as that default; set GRPO_CPU_THREADS to force a count.
 Values the user already exported are kept.
+
+The console of a run shows the run (tests/test_console.py): paddle's and paddleformers' notices that say
+nothing about it are filtered at their source here (see `_quiet_libraries`).
 """
 
 import contextlib
 import io
+import logging
 import os
 import sys
 import warnings
@@ -46,22 +50,53 @@ def configure_cpu_runtime() -> None:
         os.environ["OMP_NUM_THREADS"] = str(_threads_per_process())
     if _cpu_vendor() == "AuthenticAMD":
         os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-    # Library chatter that says nothing about this run.
-    warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")
-    warnings.filterwarnings("ignore", message="No ccache found")
+    _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    """Library chatter that says nothing about this run; warnings and errors of substance still show."""
+    # paddle's C++ INFO lines (its TCP store connecting the processes); GLOG_minloglevel=0 exported shows them
+    os.environ.setdefault("GLOG_minloglevel", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")
+    warnings.filterwarnings("ignore", message="No ccache found")  # paddle looks for ccache at every import
+    # fleet.init (sharding) makes size-1 groups for the parallelisms it does not use, and warns per group
+    warnings.filterwarnings("ignore", message=r"Current global rank \d+ is not in group")
+    # paddleformers announces at import that it hides PyTorch from transformers; this project never uses torch
+    logging.getLogger("PaddleFormers").addFilter(lambda record: "is_torch_available" not in record.getMessage())
 
 
 def import_paddle():
-    """Import paddle after configure_cpu_runtime(), dropping its warning about OMP_NUM_THREADS > 1,
-    which is the setting we chose on purpose."""
+    """Import paddle after configure_cpu_runtime(), dropping its warning about OMP_NUM_THREADS > 1, which is
+    the setting chosen on purpose. Without paddle: one line saying how to install it."""
     captured = io.StringIO()
-    with contextlib.redirect_stderr(captured):
-        import paddle
+    try:
+        with contextlib.redirect_stderr(captured):
+            import paddle
+    except ModuleNotFoundError as e:
+        if e.name != "paddle":
+            raise
+        sys.exit(
+            "paddle is not installed in this environment: `pip install -e '.[cpu]'` adds the CPU wheel; with a GPU, "
+            "`pip install paddlepaddle-gpu==3.3.1 -f https://www.paddlepaddle.org.cn/packages/stable/cu126/` (README)"
+        )
     for line in captured.getvalue().splitlines():
         if "OMP_NUM_THREADS" not in line:
             print(line, file=sys.stderr)
+    _report_only_flags_set_by_the_user()
     return paddle
+
+
+# Flags paddle 3.3 sets itself at import, which init_parallel_env reports as "Modified FLAGS detected".
+PADDLE_OWN_FLAGS = {"FLAGS_enable_pir_in_executor"}
+
+
+def _report_only_flags_set_by_the_user() -> None:
+    from paddle.distributed import parallel
+
+    report = getattr(parallel, "_print_modified_flags", None)  # a private function, which other versions may lack
+    if report is not None:
+        parallel._print_modified_flags = lambda flags: report([flag for flag in flags if flag.name not in PADDLE_OWN_FLAGS])
 
 
 @contextlib.contextmanager

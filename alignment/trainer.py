@@ -9,11 +9,13 @@ phases and times them.
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import os
 import signal
 import time
 import warnings
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +33,18 @@ from alignment.algo import (
     policy_loss,
     truncated_importance_weights,
 )
-from alignment.checkpoint import checkpoint_path, load_training_state, resolve_resume, save_checkpoint
-from alignment.config import GRPOConfig
+from alignment.checkpoint import (
+    CheckpointError,
+    Lineage,
+    checkpoint_path,
+    load_training_state,
+    previous_run_files,
+    remove_previous_run,
+    resolve_resume,
+    save_checkpoint,
+    settings_changes,
+)
+from alignment.config import ConfigError, GRPOConfig
 from alignment.curves import plot_curves
 from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
@@ -50,6 +62,9 @@ from alignment.modeling import (
 )
 from alignment.optim import NonFiniteError, build_optimizer, sum_gradients
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
+from alignment.rewards.plugins import plugin_sources
+from alignment.rewards.pool import ScoringPool
+from alignment.rewards.registry import reference_readers
 from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
 from alignment.runtime import contiguous_kernels
@@ -96,19 +111,21 @@ def concat_scored(parts: list, pad_token_id: int) -> ScoredBatch:
 
 def train(config: GRPOConfig) -> Path:
     world = init_world(config.sharding, config.sharding_parallel_degree)
-    resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
+    resume, lineage = start_point(config, world)  # refuses another run's output_dir; verifies the checkpoint
     tokenizer = load_tokenizer(config.tokenizer_name_or_path or config.actor_model_name_or_path, config.chat_template)
     train_prompts, truncated, dropped = load_prompts(config.train_datasets, tokenizer, config)
     eval_prompts = load_prompts(config.eval_datasets, tokenizer, config)[0] if config.eval_datasets else []
     schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
     total_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * schedule.steps_per_epoch)
+    if resume and resume.step >= total_steps:
+        return nothing_to_train(resume, total_steps, world)
 
     # a LoRA checkpoint holds the adapter only: the base comes from actor_model_name_or_path
-    model = load_causal_lm(str(resume if resume and not config.lora else config.actor_model_name_or_path), _dtype(config))
+    model = load_causal_lm(str(resume.path if resume and not config.lora else config.actor_model_name_or_path), _dtype(config))
     if config.lora:  # before the training operators, the rollout engine and the optimizer take the layers
         apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
         if resume:
-            load_adapter(model, resume)
+            load_adapter(model, resume.path)
     if config.recompute:
         enable_recompute(model, config.recompute_granularity)
     if config.use_fused_train_ops:
@@ -124,7 +141,7 @@ def train(config: GRPOConfig) -> Path:
     engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, config, total_steps, world)
-    state = load_training_state(resume, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
+    state = load_training_state(resume.path, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
     first_step = state["step"]
     sampling = SamplingParams(
         max_new_tokens=config.max_dec_len,
@@ -146,7 +163,7 @@ def train(config: GRPOConfig) -> Path:
         f"{len(train_prompts)} training prompts ({truncated} truncated, {dropped} dropped over max_prompt_len), "
         f"{len(eval_prompts)} evaluation prompts; {total_steps} steps of {schedule.global_batch} prompts x {config.rollout_n}; "
         f"rollout with the {type(engine).__name__}" + (f"; AdamW state sharded over {world.sharding_degree} processes (stage1)" if world.sharding_degree > 1 else "")
-        + (f"; resuming from {resume} after step {first_step}" if resume else "")
+        + (f"; resuming from {resume.path} after step {first_step}" if resume else "")
     )
     if eval_prompts and config.eval_on_start and first_step == 0:
         results, failure = evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, 0)
@@ -154,28 +171,29 @@ def train(config: GRPOConfig) -> Path:
             raise failure
         logger.log_eval(0, results)
 
-    checkpoint, skipped_steps, skipped_in_a_row = resume, state.get("skipped_steps", 0), 0
+    checkpoint, skipped_steps, skipped_in_a_row, unscored_in_a_row = resume and resume.path, state.get("skipped_steps", 0), 0, 0
 
     def save(step: int) -> Path:
         """Every process calls it (with sharding, the optimizer state is gathered from all); the main one writes."""
         optimizer_state = optimizer.state_dict()
         if not world.is_main:
             return checkpoint_path(config.output_dir, step)
-        state = {"total_steps": total_steps, "log_offsets": logger.offsets(), "skipped_steps": skipped_steps}
-        path = save_checkpoint(config.output_dir, step, model, tokenizer, optimizer_state, config.to_json(), state, config.save_total_limit)
+        state = {"total_steps": total_steps, "log_offsets": logger.offsets(), "skipped_steps": skipped_steps, "processes": world.size}
+        path = save_checkpoint(config.output_dir, step, model, tokenizer, optimizer_state, config.to_json(), state, config.save_total_limit, lineage)
         logger.print(f"saved {path}")
         return path
 
-    def stop_saving(error: RewardServerError, finished_step: int) -> RewardServerError:
-        """Scoring failed after the client's retries: keep what the finished steps learned, then stop. Only
-        the main process writes; every rank learns of the failure at the same point."""
+    def stop_saving(error: Exception, finished_step: int, then: str) -> Exception:
+        """Scoring failed (after the client's retries, or for every completion of several steps): keep what the
+        finished steps learned, then stop. Only the main process writes; every rank learns of the failure at
+        the same point."""
         saved = checkpoint if checkpoint and checkpoint.name == f"checkpoint-{finished_step}" else None
         if saved is None and finished_step > 0:
             saved = save(finished_step)
         where = f"{saved} holds the state after step {finished_step}" if saved else "no step had finished, nothing to resume"
-        return RewardServerError(f"{error}\n{where}; once the reward server answers again, rerun with --resume_from_checkpoint auto")
+        return type(error)(f"{error}\n{where}; {then}, then rerun with --resume_from_checkpoint auto")
 
-    with TerminationRequest() as terminate:
+    with TerminationRequest() as terminate, logger:
         for step in range(first_step + 1, total_steps + 1):
             prompts = [train_prompts[i] for i in schedule.indices(step - 1, world.rank)]
             failure = counts = None
@@ -186,7 +204,7 @@ def train(config: GRPOConfig) -> Path:
             except RewardServerError as error:
                 failure = error
             if failure := any_failed(failure, world):  # every process stops after the same step, the main one saving it
-                raise stop_saving(failure, step - 1) from None
+                raise stop_saving(failure, step - 1, "once the reward server answers again") from None
             sampling_metrics = dynamic_sampling_metrics(counts, world) if counts else {}
             batch_std = global_reward_std(scored, world) if config.scale_rewards == "batch" else None
             scored.advantages = group_advantages(scored.rewards, config.rollout_n, config.scale_rewards, batch_std)[0]
@@ -205,6 +223,14 @@ def train(config: GRPOConfig) -> Path:
             metrics = step_metrics(scored, update, learning_rate, timings, world)
             logger.log_step(step, {**metrics, **sampling_metrics, "step_skipped": int(bool(skipped)), "skipped_steps": skipped_steps})
             logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
+            unscored_in_a_row = unscored_in_a_row + 1 if nothing_scored(scored, world) else 0
+            if unscored_in_a_row >= config.max_consecutive_skips:  # the loss is empty: the run would learn nothing
+                first_error = next((e for e in scored.errors if e), "another process's log names it")
+                failure = RewardsFailedError(
+                    f"step {step}: no completion could be scored in {unscored_in_a_row} consecutive steps "
+                    f"(max_consecutive_skips), so nothing was learned from them; the first error: {first_error}"
+                )
+                raise stop_saving(failure, step, "mend the data or the reward functions") from None
             if skipped:
                 logger.print(f"step {step} skipped: {skipped} not finite ({skipped_in_a_row} in a row; the weights are those before the step)")
                 if skipped_in_a_row >= config.max_consecutive_skips:
@@ -216,7 +242,7 @@ def train(config: GRPOConfig) -> Path:
             if eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
                 results, failure = evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, step)
                 if failure:
-                    raise stop_saving(failure, step) from None
+                    raise stop_saving(failure, step, "once the reward server answers again") from None
                 logger.log_eval(step, results)
             if last or (config.save_steps and step % config.save_steps == 0):
                 checkpoint = save(step)
@@ -225,10 +251,74 @@ def train(config: GRPOConfig) -> Path:
                     checkpoint = save(step)
                 logger.print(f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto")
                 break
-    logger.close()
     if world.is_main:
         plot_curves(config.output_dir)
     return checkpoint
+
+
+class RewardsFailedError(RuntimeError):
+    """Every completion of max_consecutive_skips steps in a row failed to score."""
+
+
+def nothing_scored(scored: ScoredBatch, world: World) -> bool:
+    return not world.max(np.array([float(np.isfinite(scored.rewards).any())]))[0]
+
+
+def start_point(config: GRPOConfig, world: World) -> tuple:
+    """Where the run starts -> (the verified ResumePoint or None, the Lineage its checkpoints get). Refuses an
+    output_dir holding another run unless resuming or overwrite_output_dir, and a resume that changes what a
+    step trains on unless allow_config_change; every process decides together, before any writes."""
+    current = json.loads(config.to_json())
+
+    def matches(settings: dict, state: dict) -> bool:
+        return not settings_changes(settings, state.get("processes"), current, world.size)[0]
+
+    refusal = resume = previous = None
+    notes = []
+    try:
+        resume, skipped = resolve_resume(config.resume_from_checkpoint, config.output_dir, matches)
+        notes += [f"skipped damaged checkpoint {path}: {why}" for path, why in skipped]
+        if skipped and resume is None:
+            notes.append("no intact checkpoint left: the run starts anew")
+        previous = previous_run_files(config.output_dir, config.resolved_logging_dir) if config.resume_from_checkpoint is None else []
+        shown = ", ".join(path.name for path in previous[:6]) + (f" and {len(previous) - 6} more" if len(previous) > 6 else "")
+        if previous and not config.overwrite_output_dir:
+            raise ConfigError(
+                f"output_dir {config.output_dir} holds another run ({shown}): continue it with --resume_from_checkpoint auto, "
+                f"replace it with --overwrite_output_dir, or choose another --output_dir"
+            )
+        if previous:
+            notes.append(f"overwrite_output_dir: removed the previous run's {shown} from {config.output_dir}")
+        if resume:
+            refused, allowed = settings_changes(resume.settings, resume.state.get("processes"), current, world.size)
+            if refused and not config.allow_config_change:
+                raise ConfigError(
+                    f"resume_from_checkpoint: {resume.path} was trained with other values of keys that change what a step "
+                    f"trains on: {'; '.join(refused)}; resume with the old values, or give --allow_config_change"
+                )
+            if refused or allowed:
+                notes.append(f"resuming with changed settings: {'; '.join(refused + allowed)}")
+    except (ConfigError, CheckpointError) as error:
+        refusal = error
+    if world.max(np.array([float(refusal is not None)]))[0]:
+        raise refusal or ConfigError("another process refused to start: its log (<log_dir>/workerlog.<rank>) says why")
+    if world.is_main:
+        remove_previous_run(previous)
+        for note in notes:
+            print(note, flush=True)
+    return resume, (Lineage.of(resume.state).continued(resume.step, resume.path) if resume else Lineage.new())
+
+
+def nothing_to_train(resume, total_steps: int, world: World) -> Path:
+    """A resume at or past the run's last step: say so (an error when max_steps is below the checkpoint's step)."""
+    if resume.step > total_steps:
+        raise ConfigError(
+            f"max_steps: the run ends at step {total_steps}, before {resume.path} (step {resume.step}); "
+            f"give --max_steps above {resume.step} to train further"
+        )
+    if world.is_main:
+        print(f"nothing to train: {resume.path} is the run's last step ({total_steps}); give --max_steps above {total_steps} to train further", flush=True)
+    return resume.path
 
 
 class TerminationRequest:
@@ -339,18 +429,26 @@ def global_reward_std(scored: ScoredBatch, world: World) -> float:
 
 
 def load_prompts(paths: str, tokenizer, config: GRPOConfig):
-    records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows)
+    # Rows the rewards (or the accuracy metric) could not score for want of a reference are refused here,
+    # before any model loads, not found one failed reward at a time.
+    readers = reference_readers(config.reward_functions)
+    needed_by = f"reward function {readers[0]}" if readers else None
+    if needed_by is None and reference_readers([config.accuracy_function]):
+        needed_by = f"accuracy_function {config.accuracy_function}; name one there that reads none"
+    records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by)
     return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt)
 
 
 def build_scorer(config: GRPOConfig):
-    """(completions, samples) -> ScoreTable over config.reward_functions: the rule functions in process or
-    through the reward server (use_rm_server), and `reward_model` in process."""
+    """(completions, samples) -> ScoreTable over config.reward_functions: the rule functions in worker
+    processes of this one, each item within reward_item_timeout, or through the reward server
+    (use_rm_server); `reward_model` in process. The workers stop when the scorer is dropped or the process
+    exits."""
     names, weights = config.reward_functions, config.reward_function_weights
     rules = [(name, weight) for name, weight in zip(names, weights) if name != REWARD_MODEL]
     settings = config.reward_settings()
     if not config.use_rm_server:
-        score_rules = functools.partial(score_completions, settings=settings)
+        score_rules = pooled_rules(config, [name for name, _ in rules], settings)
     else:
         score_rules = functools.partial(
             score_remote,
@@ -379,6 +477,39 @@ def build_scorer(config: GRPOConfig):
         return ScoreTable(totals=totals, columns={**table.columns, REWARD_MODEL: model_scores}, errors=table.errors)
 
     return score
+
+
+def pooled_rules(config: GRPOConfig, rule_names: list, settings):
+    """The rule functions scored in worker processes of this one, each item within reward_item_timeout ->
+    (completions, samples, names, weights) -> ScoreTable. The workers stop when it is dropped or the process
+    exits."""
+    # This machine's CPUs, shared with the launch's other processes on it; a few workers are plenty for
+    # rule rewards (~30 us to a few ms an item), and one is enough to bound an item's time.
+    cpus = len(os.sched_getaffinity(0)) // int(os.environ.get("PADDLE_LOCAL_SIZE", "1"))
+    pool = ScoringPool(max(1, min(4, cpus)), config.reward_item_timeout, plugin_sources(config.external_plugins))
+    pool.start()
+    unshared = [name for name in rule_names if name not in pool.rewards]
+    if unshared:  # registered by the code that called train(), which the workers do not run
+        warnings.warn(
+            f"reward functions {unshared} are not from a plugin file: all rules are scored in this process, "
+            f"without reward_item_timeout (external_plugins gives them the limit)"
+        )
+        pool.close()
+        return functools.partial(score_completions, settings=settings)
+    # The accuracy metric's function, when it is no reward, gets the time limit too (score_rollout computes
+    # it in process only when the table lacks its column).
+    metric = [name for name in [config.accuracy_function] if name not in rule_names and name in pool.rewards]
+
+    def score_rules(completions: list, samples: list, names: list, weights: list) -> ScoreTable:
+        jobs = [pool.submit(completions, samples, names, weights, settings)]
+        jobs += [pool.submit(completions, samples, metric, [1.0], settings)] if metric else []
+        table, *extra = [job.table() for job in jobs]
+        for other in extra:
+            table.columns |= other.columns
+        return table
+
+    weakref.finalize(score_rules, pool.close)  # the scorer holds score_rules: dropping it stops the pool
+    return score_rules
 
 
 def decode_completions(rollout: Rollout, tokenizer) -> list:
@@ -584,9 +715,13 @@ def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timing
 
 
 def completion_rows(scored: ScoredBatch, limit: int) -> list:
+    """At most `limit` rows of completions.jsonl, spread over the step's groups: every group's first
+    completion, then every group's second, and so on, so a small sample shows many prompts."""
+    size = scored.rollout.group_size
+    groups = len(scored.completions) // size
     rows = []
-    for row in range(min(limit, len(scored.completions))):
-        prompt = scored.prompts[row // scored.rollout.group_size].record
+    for row in [group * size + member for member in range(size) for group in range(groups)][:limit]:
+        prompt = scored.prompts[row // size].record
         rows.append({
             "prompt": prompt.question,
             "answer": prompt.answer,

@@ -10,9 +10,9 @@ from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from alignment.rewards import RewardSettings, ScoreTable, available_rewards
+from alignment.rewards.pool import ScoringPool
 
-from .middleware import PADDLENLP_PATH, AccessLog, LimitBody, RequireKey, error_response
-from .pool import ScoringPool
+from .middleware import PADDLENLP_PATH, AccessLog, ReadBody, RequireKey, error_response
 from .schemas import (
     Health,
     PaddleNLPRequest,
@@ -24,7 +24,7 @@ from .schemas import (
 )
 
 # Open even with an API key: liveness probes carry no key, and the schema is public documentation.
-OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+OPEN_PATHS = frozenset({"/health", "/openapi.json"})
 ITEM_ERRORS = 1  # PaddleNLP error_code when some items could not be scored (their score is null)
 
 
@@ -35,6 +35,8 @@ class Settings:
     api_key: str | None
     max_items: int
     max_body_bytes: int
+    body_timeout: float  # seconds to receive a request's body
+    request_timeout: float  # seconds of scoring per request; items not scored by then get an error
 
 
 def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
@@ -46,7 +48,8 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         finally:
             await anyio.to_thread.run_sync(pool.close)
 
-    app = FastAPI(title="GRPO reward server", version="1", lifespan=lifespan)
+    # No /docs or /redoc: their pages load JavaScript from a CDN, blank offline. /openapi.json is the schema.
+    app = FastAPI(title="GRPO reward server", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     # The key is checked by RequireKey before any body is read; this only declares it in the OpenAPI schema.
     keyed = [Security(HTTPBearer(auto_error=False))] if settings.api_key else []
 
@@ -64,7 +67,7 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
                 422, f"{len(completions)} items; this server takes at most {settings.max_items} (--max_items)"
             )
         try:
-            table = await pool.score(completions, samples, names, weights, reward_settings)
+            table = await pool.score(completions, samples, names, weights, reward_settings, settings.request_timeout)
         except ValueError as exc:  # unknown function (with the closest names), weights that do not match, ...
             raise HTTPException(422, str(exc)) from None
         request.state.item_errors = sum(error is not None for error in table.errors)
@@ -122,7 +125,7 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         return error_response(request.url.path, 422, errors, f"invalid request: {message}")
 
     # Added innermost first: the log sees every answer, the key is checked before the body is read.
-    app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ReadBody, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
     app.add_middleware(RequireKey, api_key=settings.api_key, open_paths=OPEN_PATHS)
     app.add_middleware(AccessLog)
     return app

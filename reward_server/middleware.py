@@ -1,4 +1,5 @@
-"""ASGI middleware: the access log, the API key and the body size limit.
+"""ASGI middleware: the access log, the API key, and reading the body (size and time limits, and the
+client's going away).
 
 They run before FastAPI reads a body, so a request without the key, or one that is too large, is
 answered without its body being parsed (or, when Content-Length says so, even read).
@@ -9,6 +10,7 @@ import json
 import logging
 import time
 
+import anyio
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
@@ -29,6 +31,9 @@ def error_response(path: str, status: int, detail, message: str, headers: dict |
     if path == PADDLENLP_PATH:
         body |= {"error_code": status, "error_msg": message}
     return ErrorResponse(body, status_code=status, headers=headers)
+
+
+CLIENT_GONE = 499  # logged, never sent: the client went away before its answer (nginx's convention)
 
 
 class AccessLog:
@@ -53,6 +58,8 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_status)
         finally:
+            if state.get("disconnected"):
+                status = CLIENT_GONE
             access_log.info(
                 "%s %s items=%s bytes=%s ms=%.1f item_errors=%s status=%s",
                 scope["method"],
@@ -84,40 +91,79 @@ class RequireKey:
         await response(scope, receive, send)
 
 
-class LimitBody:
-    """Reads the whole body (FastAPI would anyway) and answers 413 once it passes max_bytes."""
+class ReadBody:
+    """Reads the whole body (FastAPI would anyway) within `timeout` seconds (else 408) and up to max_bytes
+    (else 413); then runs the app while watching the connection, and cancels the app, with the scoring
+    it waits for, when the client goes away before its answer."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, timeout: float):
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = Headers(scope=scope).get("content-length", "")
-        too_large = declared.isdigit() and int(declared) > self.max_bytes
-        body = bytearray()
-        more = not too_large
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            too_large = len(body) > self.max_bytes
-            if too_large:
-                break
         state = scope.setdefault("state", {})
+        declared = Headers(scope=scope).get("content-length", "")
+        too_large = declared.isdigit() and int(declared) > self.max_bytes  # refused unread
+        body = bytearray()
+        with anyio.move_on_after(self.timeout) as reading:
+            more = not too_large
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    state |= {"disconnected": True, "bytes": len(body)}
+                    return
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                too_large = len(body) > self.max_bytes
+                more = more and not too_large
         state["bytes"] = int(declared) if too_large and declared.isdigit() else len(body)
         if too_large:
             message = f"request body is larger than the server's limit of {self.max_bytes} bytes (--max_body_bytes)"
-            return await error_response(scope["path"], 413, message, message)(scope, receive, send)
-        delivered = False
+            return await self._refuse(scope, receive, send, 413, message)
+        if reading.cancelled_caught:
+            message = f"request body not received within {self.timeout:g} s (--body_timeout)"
+            return await self._refuse(scope, receive, send, 408, message)
+        await self._run(scope, receive, send, bytes(body))
+
+    async def _refuse(self, scope, receive, send, status: int, message: str):
+        # Connection: close, since the rest of the body may never come (408) or is not worth reading (413).
+        response = error_response(scope["path"], status, message, message, {"Connection": "close"})
+        await response(scope, receive, send)
+
+    async def _run(self, scope, receive, send, body: bytes):
+        gone = anyio.Event()
+        pending: bytes | None = body
+        answered = False
 
         async def replay():
-            nonlocal delivered
-            if delivered:
-                return await receive()  # after the body, the server's disconnect message
-            delivered = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
+            nonlocal pending
+            if pending is None:
+                await gone.wait()  # after the body only the disconnect comes
+                return {"type": "http.disconnect"}
+            message, pending = {"type": "http.request", "body": pending, "more_body": False}, None
+            return message
 
-        await self.app(scope, replay, send)
+        async def send_noting(message):
+            nonlocal answered
+            answered = answered or (message["type"] == "http.response.body" and not message.get("more_body"))
+            await send(message)
+
+        error = None
+        async with anyio.create_task_group() as tasks:
+
+            async def watch():
+                await receive()  # http.disconnect: the connection closed, or the answer was sent
+                gone.set()
+                if not answered:
+                    scope["state"]["disconnected"] = True
+                    tasks.cancel_scope.cancel()
+
+            tasks.start_soon(watch)
+            try:
+                await self.app(scope, replay, send_noting)
+            except Exception as exc:  # raised below as it is, not wrapped in the task group's ExceptionGroup
+                error = exc
+            tasks.cancel_scope.cancel()
+        if error is not None:
+            raise error

@@ -4,11 +4,14 @@
         [--plugins FILE.py ...] [--reward_funcs accuracy format] [--log_file rm_server.log]
 
 Endpoints: POST / (PaddleNLP: src/tgt/response -> score), POST /v1/score, GET /v1/reward_funcs,
-GET /health, GET /openapi.json. With an API key (--api-key or $GRPO_REWARD_SERVER_API_KEY) every
-endpoint but /health and the API documentation needs `Authorization: Bearer KEY`.
+GET /health, GET /openapi.json (no /docs page: it would load JavaScript from a CDN). With an API key
+(--api-key or $GRPO_REWARD_SERVER_API_KEY) every endpoint but /health and the schema needs
+`Authorization: Bearer KEY`. Stalled connections are closed (--header_timeout, --body_timeout), each
+request gets --request_timeout seconds of scoring, and a request whose client went away stops.
 """
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -20,13 +23,15 @@ if not __package__:
     _here = Path(__file__).resolve().parent
     sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
 
+import h11  # noqa: E402
 import uvicorn  # noqa: E402
+from uvicorn.protocols.http.h11_impl import H11Protocol  # noqa: E402
 
 from alignment.rewards import get_reward  # noqa: E402
-from alignment.rewards.plugins import load_plugins  # noqa: E402
+from alignment.rewards.plugins import plugin_sources  # noqa: E402
+from alignment.rewards.pool import ScoringPool  # noqa: E402
 from reward_server.app import Settings, create_app  # noqa: E402
 from reward_server.middleware import access_log  # noqa: E402
-from reward_server.pool import ScoringPool  # noqa: E402
 
 API_KEY_ENV = "GRPO_REWARD_SERVER_API_KEY"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -66,8 +71,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=10.0,
         help="seconds one item may take before it fails and its worker is replaced",
     )
+    add(
+        "--request_timeout",
+        type=float,
+        default=30.0,
+        help="seconds of scoring per request; items not scored by then get an error (keep it under the "
+        "trainer's reward_server_timeout)",
+    )
     add("--max_items", type=int, default=4096, help="most items per request (more: 422)")
     add("--max_body_bytes", type=int, default=16 * 2**20, help="largest request body (larger: 413)")
+    add("--header_timeout", type=float, default=10.0, help="seconds to receive a request's headers (else closed)")
+    add("--body_timeout", type=float, default=60.0, help="seconds to receive a request's body (else 408)")
     add("--log_file", default=None, help="one line per request (default: stderr)")
     args = parser.parse_args(argv)
     args.plugins = [str(Path(p).resolve()) for p in args.plugins]  # workers may not share our working directory
@@ -78,15 +92,59 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             f"--reward_weights has {len(args.reward_weights)} values for {len(args.reward_funcs)} --reward_funcs"
         )
-    if args.workers < 1 or args.item_timeout <= 0 or args.max_items < 1 or args.max_body_bytes < 1:
-        parser.error("--workers, --item_timeout, --max_items and --max_body_bytes must be positive")
+    positive = ["workers", "item_timeout", "request_timeout", "max_items", "max_body_bytes"]
+    positive += ["header_timeout", "body_timeout"]
+    if not all(getattr(args, name) > 0 for name in positive):
+        parser.error(f"{', '.join('--' + name for name in positive)} must be positive")
     return args
+
+
+class HeadTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request headers take more than head_timeout
+    seconds to arrive (uvicorn itself waits for them for ever: a stalled client would hold the connection).
+    It reads H11Protocol's own state (conn, loop, transport, timeout_keep_alive_task: uvicorn 0.54)."""
+
+    def __init__(self, *args, head_timeout: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.head_timeout = head_timeout
+        self.head_timer = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._watch_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_head()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    def _watch_head(self) -> None:
+        # IDLE: no complete request head yet. Between requests an idle connection is uvicorn's keep-alive
+        # timeout's (it ends when a byte arrives); from the first byte of a head, this timer runs.
+        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        if not waiting:
+            self._stop_timer()
+        elif self.head_timer is None and self.timeout_keep_alive_task is None:
+            self.head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _stop_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self.head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        load_plugins(args.plugins)  # here too: names are checked and listed in the server process
+        plugins = plugin_sources(args.plugins)  # read once: the workers execute this text
         for name in args.reward_funcs:
             get_reward(name)
     except (ImportError, OSError, ValueError) as exc:
@@ -105,10 +163,14 @@ def main(argv: list[str] | None = None) -> None:
         api_key=args.api_key,
         max_items=args.max_items,
         max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        request_timeout=args.request_timeout,
     )
-    pool = ScoringPool(workers=args.workers, item_timeout=args.item_timeout, plugins=args.plugins)
+    # One request holds at most all workers but one, so a request that comes while it runs starts at once.
+    pool = ScoringPool(args.workers, args.item_timeout, plugins, job_workers=args.workers - 1)
+    protocol = functools.partial(HeadTimeoutProtocol, head_timeout=args.header_timeout)
     # Our access log replaces uvicorn's, which lacks item counts and errors.
-    uvicorn.run(create_app(settings, pool), host=args.host, port=args.port, access_log=False)
+    uvicorn.run(create_app(settings, pool), host=args.host, port=args.port, access_log=False, http=protocol)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Request and response bodies; FastAPI turns them into validation and the OpenAPI schema."""
 
+import math
 from dataclasses import fields
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, create_model, field_validator, model_validator
 
 from alignment.rewards import RewardSettings
 
@@ -28,7 +29,18 @@ class Item(BaseModel):
 
     completion: str
     prompt: str | None = Field(None, description="the question text (sample['prompt'])")
-    answer: str | int | float | None = Field(None, description="the reference answer (sample['answer'])")
+    answer: str | int | float | None = Field(
+        None, description="the reference answer (sample['answer']): a string, an integer or a finite number"
+    )
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _a_real_answer(cls, value):
+        # As in the trainer's data files: true would pass for 1, and NaN or Infinity (JSON extensions
+        # Python reads) compares equal to nothing, so they are refused, not scored.
+        if isinstance(value, bool) or isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be a string, an integer or a finite number, got {value!r}")
+        return value
 
 
 class _CheckedSettings(BaseModel):

@@ -26,6 +26,11 @@ class Server:
     url: str
     log: Path
     process: subprocess.Popen  # for a test that kills the server
+    output: Path  # its stdout and stderr
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
 
 def free_port() -> int:
@@ -41,9 +46,9 @@ def server_command(port: int, *flags: str) -> list[str]:
 @contextmanager
 def reward_server(folder: Path, *flags: str, env: dict | None = None, port: int | None = None):
     port = port or free_port()
-    log = folder / f"requests-{port}.log"
+    log, output_path = folder / f"requests-{port}.log", folder / f"output-{port}.txt"
     environment = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | (env or {})
-    with open(folder / f"output-{port}.txt", "w+") as output:
+    with open(output_path, "w+") as output:
         process = subprocess.Popen(
             server_command(port, "--log_file", str(log), *flags),
             cwd=REPO,
@@ -54,7 +59,7 @@ def reward_server(folder: Path, *flags: str, env: dict | None = None, port: int 
         try:
             url = f"http://127.0.0.1:{port}"
             wait_until_healthy(url, process, output)
-            yield Server(url, log, process)
+            yield Server(url, log, process, output_path)
         finally:
             stop(process, timeout=30)
 
@@ -75,14 +80,18 @@ def wait_until_healthy(url: str, process: subprocess.Popen, output, timeout: flo
 
 
 @contextmanager
-def foreign_server(answer: dict, write_body=None):
+def foreign_server(answer: dict | list[dict], write_body=None, received: list | None = None):
     """A server on loopback that is not ours (PaddleNLP's own, a broken or a slow one): every POST gets 200
-    and `answer` as JSON, written by write_body(wfile, body) (default: all at once). Yields its URL."""
+    and `answer` as JSON (a list: one answer per request in turn, the last one repeated), written by
+    write_body(wfile, body) (default: all at once). Each request's JSON body is appended to `received`.
+    Yields its URL."""
+    answers = answer if isinstance(answer, list) else [answer]
+    bodies = [] if received is None else received
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
-            self.rfile.read(int(self.headers["content-length"]))
-            body = json.dumps(answer).encode()
+            bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            body = json.dumps(answers[min(len(bodies), len(answers)) - 1]).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))

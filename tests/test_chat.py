@@ -2,12 +2,15 @@
 
 import dataclasses
 import json
+import os
+import pty
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import stop
 
 from alignment.chat import Printer, chat_config, parse_args
 from alignment.config import GRPOConfig
@@ -51,15 +54,36 @@ def test_greedy_answers_equal_the_engine_from_a_file_and_from_stdin(tmp_path, ch
 
     piped = chat(str(checkpoint), "--greedy", "--use_fusemt", "false", stdin="\n".join(QUESTIONS) + "\n")
     assert piped.returncode == 0, piped.stderr[-2000:]
-    assert piped.stdout == "".join(f"{a}\n\n" for a in expected)
+    assert piped.stdout == from_file.stdout  # piped prompts are shown above their answers too
+    assert "Ctrl-D" not in piped.stderr  # no typing instructions for a pipe
 
 
-def test_a_jsonl_dataset_is_read_like_training_data(tmp_path, checkpoint):
+def test_a_jsonl_dataset_is_read_like_training_data_with_its_references(tmp_path, checkpoint):
+    expected = greedy_answers(checkpoint, QUESTIONS)
     dataset = tmp_path / "questions.jsonl"
-    dataset.write_text("".join(json.dumps({"src": q, "tgt": "0"}) + "\n" for q in QUESTIONS))
+    dataset.write_text("".join(json.dumps({"src": q, "tgt": str(19 + i)}) + "\n" for i, q in enumerate(QUESTIONS)))
     done = chat(str(checkpoint), "--prompts", str(dataset), "--greedy")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("> ") == 2 and QUESTIONS[1] in done.stdout
+    assert done.stdout == "".join(f"> {q}\n{a}\nreference: {19 + i}\n\n" for i, (q, a) in enumerate(zip(QUESTIONS, expected)))
+
+
+def test_typed_prompts_are_told_how_to_quit_and_ctrl_d_quits(checkpoint):
+    """Standard input a terminal (a pseudo-terminal here): a line of instructions, a "> " before each prompt
+    on stderr, the answer on stdout, and end of input (Ctrl-D) ends the chat cleanly."""
+    expected = greedy_answers(checkpoint, QUESTIONS[1:])[0]
+    terminal, user = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "alignment.chat", str(checkpoint), "--greedy"], stdin=user,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(user)
+    try:
+        os.write(terminal, QUESTIONS[1].encode() + b"\n" + b"\x04")  # a line, then Ctrl-D at the start of the next
+        out, err = process.communicate(timeout=300)
+    finally:
+        stop(process, timeout=10)  # at once when it has exited
+        os.close(terminal)
+    assert process.returncode == 0, err[-2000:]
+    assert out == f"{expected}\n\n"  # typed prompts are not repeated
+    assert "Type a prompt and press Enter; Ctrl-D or Ctrl-C quits." in err and err.endswith("> > \n")
 
 
 def test_settings_come_from_the_training_run_and_flags_override_them(checkpoint):

@@ -4,7 +4,17 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.checkpoint import CheckpointError, complete_checkpoints, load_training_state, resolve_resume, save_checkpoint
+from alignment.checkpoint import (
+    CheckpointError,
+    Lineage,
+    complete_checkpoints,
+    load_training_state,
+    previous_run_files,
+    remove_previous_run,
+    resolve_resume,
+    save_checkpoint,
+    settings_changes,
+)
 from alignment.modeling import load_causal_lm, load_tokenizer
 
 
@@ -16,15 +26,19 @@ def parts():
     return model, load_tokenizer("data/tiny-qwen2"), optimizer
 
 
-def save(out, step, parts, keep=None, tokenizer=None):
+def save(out, step, parts, keep=None, tokenizer=None, lineage=Lineage("")):
     model, real_tokenizer, optimizer = parts
-    return save_checkpoint(str(out), step, model, tokenizer or real_tokenizer, optimizer.state_dict(), '{"max_steps": 9}', {"total_steps": 9}, keep)
+    return save_checkpoint(str(out), step, model, tokenizer or real_tokenizer, optimizer.state_dict(), '{"max_steps": 9}', {"total_steps": 9}, keep, lineage)
 
 
 def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
     path = save(tmp_path, 3, parts)
     assert path == tmp_path / "checkpoint-3"
-    assert json.loads((path / "trainer_state.json").read_text()) == {"step": 3, "total_steps": 9}
+    state = json.loads((path / "trainer_state.json").read_text())
+    assert {k: state[k] for k in ("step", "total_steps", "run_id", "ancestry")} == {"step": 3, "total_steps": 9, "run_id": "", "ancestry": []}
+    files = {p.name: p for p in path.iterdir() if p.name != "trainer_state.json"}
+    assert set(state["files"]) == set(files)  # every other file, with its size and checksum
+    assert all(state["files"][name]["size"] == file.stat().st_size for name, file in files.items())
     assert {"config.json", "tokenizer.json", "grpo_config.json", "optimizer.pdopt"} <= {p.name for p in path.iterdir()}
     assert not list(path.glob("saved_signal_*"))
     ids = paddle.to_tensor([[1, 2, 3]])
@@ -81,15 +95,20 @@ def test_saving_a_step_again_replaces_its_checkpoint_whole(tmp_path, parts):
     assert not (tmp_path / "checkpoint-2" / "stale-file").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]
 
 
+def resumed(resume_from_checkpoint, out, matches=lambda settings, state: True):
+    point, skipped = resolve_resume(resume_from_checkpoint, str(out), matches)
+    return point and point.path, [(path.name, why) for path, why in skipped]
+
+
 def test_resume_auto_takes_the_newest_complete_checkpoint(tmp_path, parts):
-    assert resolve_resume("auto", str(tmp_path / "nothing-yet")) is None  # a first start
+    assert resumed("auto", tmp_path / "nothing-yet") == (None, [])  # a first start
     for step in (2, 10):
         save(tmp_path, step, parts)
     (tmp_path / ".checkpoint-12.tmp").mkdir()  # a save cut short
     (tmp_path / "checkpoint-11").mkdir()  # no trainer_state.json: incomplete
-    assert resolve_resume("auto", str(tmp_path)) == tmp_path / "checkpoint-10"  # by number, not by name order
-    assert resolve_resume(str(tmp_path / "checkpoint-2"), str(tmp_path)) == tmp_path / "checkpoint-2"
-    assert resolve_resume(None, str(tmp_path)) is None
+    assert resumed("auto", tmp_path) == (tmp_path / "checkpoint-10", [])  # by number, not by name order
+    assert resumed(str(tmp_path / "checkpoint-2"), tmp_path) == (tmp_path / "checkpoint-2", [])
+    assert resumed(None, tmp_path) == (None, [])
 
 
 def test_optimizer_state_comes_back(tmp_path, parts):
@@ -113,3 +132,91 @@ def test_optimizer_state_comes_back(tmp_path, parts):
     assert len(moments) == 2 * len(model.parameters())
     for key in moments:
         assert (saved[key] == restored[key]).all().item(), key
+
+
+def lineage_of(path):
+    return Lineage.of(json.loads((path / "trainer_state.json").read_text()))
+
+
+def test_retention_counts_only_the_lineage_and_keeps_what_the_run_wrote_and_resumed_from(tmp_path, parts):
+    first = Lineage.new()
+    for step in (1, 2, 3, 4):  # another run's checkpoints, higher-numbered than what the next run writes
+        save(tmp_path, step, parts, lineage=first)
+    resumed_run = lineage_of(tmp_path / "checkpoint-1").continued(1, tmp_path / "checkpoint-1")
+    assert save(tmp_path, 2, parts, keep=1, lineage=resumed_run).is_dir()  # kept: just saved (the old rule removed it)
+    assert save(tmp_path, 3, parts, keep=1, lineage=resumed_run).is_dir()
+    # checkpoint-2 of the resumed run is past the limit; checkpoint-1 is where it resumed from; checkpoint-4 is the first run's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1", "checkpoint-3", "checkpoint-4"]
+    assert resumed_run.holds(json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text()))
+    assert not resumed_run.holds(json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text()))
+
+
+def test_resume_auto_follows_the_newest_lineage_not_the_highest_step(tmp_path, parts):
+    first = Lineage.new()
+    for step in (1, 2, 3):
+        save(tmp_path, step, parts, lineage=first)
+    second = first.continued(1, tmp_path / "checkpoint-1")
+    save(tmp_path, 2, parts, lineage=second)  # replaces the first run's checkpoint-2
+    assert resumed("auto", tmp_path) == (tmp_path / "checkpoint-2", [])
+    # a run whose settings match only the first run's checkpoints resumes that lineage
+    first_only = lambda settings, state: state["run_id"] == first.run_id  # noqa: E731
+    assert resumed("auto", tmp_path, first_only) == (tmp_path / "checkpoint-3", [])
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.pdopt", "tokenizer.json", "trainer_state.json"])
+def test_a_damaged_checkpoint_is_skipped_by_auto_and_refused_by_name(tmp_path, parts, damaged):
+    lineage = Lineage.new()
+    for step in (1, 2):
+        save(tmp_path, step, parts, lineage=lineage)
+    file = tmp_path / "checkpoint-2" / damaged
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])  # truncated, as by a full disk or a copy cut short
+    point, skipped = resolve_resume("auto", str(tmp_path))
+    assert point.path == tmp_path / "checkpoint-1" and point.step == 1
+    assert [path.name for path, _ in skipped] == ["checkpoint-2"]
+    why = skipped[0][1]
+    assert damaged in why and ("truncated" in why or "cannot be read" in why)
+    with pytest.raises(CheckpointError, match=f"checkpoint-2.*{damaged}") as refused:
+        resolve_resume(str(tmp_path / "checkpoint-2"), str(tmp_path))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_changed_byte_of_the_same_size_is_caught_by_the_checksum(tmp_path, parts):
+    path = save(tmp_path, 1, parts, lineage=Lineage.new())
+    weights = bytearray((path / "model.safetensors").read_bytes())
+    weights[-1] ^= 0xFF
+    (path / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(CheckpointError, match="does not match the checksum"):
+        resolve_resume(str(path), str(tmp_path))
+    assert resolve_resume("auto", str(tmp_path))[0] is None  # nothing intact left: a fresh start, saying why
+
+
+@pytest.mark.parametrize(
+    "recorded, recorded_processes, current, processes, refused, allowed",
+    [
+        ({"rollout_n": 8, "learning_rate": 1e-6}, 1, {"rollout_n": 8, "learning_rate": 2e-6}, 1, [], ["learning_rate: 1e-06 -> 2e-06"]),
+        ({"rollout_n": 8, "seed": 1}, 1, {"rollout_n": 4, "seed": 1}, 1, ["rollout_n: 8 -> 4"], []),
+        # the same global batch on another layout is the same run
+        ({"per_device_prompt_batch_size": 8}, 1, {"per_device_prompt_batch_size": 4}, 2, [], []),
+        ({"per_device_prompt_batch_size": 8}, 1, {"per_device_prompt_batch_size": 8}, 2, ["per_device_prompt_batch_size: 8 -> 8 x 2 processes"], []),
+        ({"train_datasets": "a.jsonl", "eval_steps": 5}, None, {"train_datasets": "b.jsonl", "eval_steps": 10}, 1, ['train_datasets: "a.jsonl" -> "b.jsonl"'], ["eval_steps: 5 -> 10"]),
+        # how a run starts is not a setting; a key the checkpoint does not record is not compared
+        ({"resume_from_checkpoint": None, "overwrite_output_dir": False}, 1, {"resume_from_checkpoint": "auto", "overwrite_output_dir": True, "new_key": 1}, 1, [], []),
+    ],
+)
+def test_settings_changes(recorded, recorded_processes, current, processes, refused, allowed):
+    assert settings_changes(recorded, recorded_processes, current, processes) == (refused, allowed)
+
+
+def test_previous_run_files_are_the_runs_own(tmp_path):
+    (tmp_path / "launch_log").mkdir()  # paddle.distributed.launch's --log_dir, made before the run starts
+    (tmp_path / "notes.txt").write_text("the user's own")
+    assert previous_run_files(str(tmp_path), str(tmp_path / "vdl_log")) == []
+    for name in ("metrics.jsonl", "grpo_config.json"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "vdl_log").mkdir()
+    (tmp_path / "vdl_log" / "vdlrecords.1.log").write_text("")
+    found = previous_run_files(str(tmp_path), str(tmp_path / "vdl_log"))
+    assert [p.name for p in found] == ["checkpoint-3", "grpo_config.json", "metrics.jsonl", "vdl_log"]
+    remove_previous_run(found)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["launch_log", "notes.txt"]

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -34,6 +35,7 @@ def test_bundled_tiny_config_loads_and_derives_accumulation():
         ("reward_funcs", ["format"], "reward_functions"),
         ("system", "Think first.", "system_prompt"),
         ("min_lr", 1e-7, "min_learning_rate"),
+        ("lr", 1e-5, "learning_rate"),
     ],
 )
 def test_aliases_from_trl_and_ms_swift(tmp_path, alias, value, key):
@@ -48,7 +50,10 @@ def test_alias_and_canonical_key_together_is_an_error(tmp_path):
         load_config([path])
 
 
-@pytest.mark.parametrize("bad, suggestion", [("rollout_m", "rollout_n"), ("learnig_rate", "learning_rate"), ("num_generation", "num_generations")])
+@pytest.mark.parametrize(
+    "bad, suggestion",
+    [("rollout_m", "rollout_n"), ("learnig_rate", "learning_rate"), ("num_generation", "num_generations"), ("lr_sheduler_type", "lr_scheduler_type")],
+)
 def test_unknown_key_names_the_closest(tmp_path, bad, suggestion):
     path = write(tmp_path, {bad: 1})
     with pytest.raises(ConfigError, match=f"unknown key '{bad}'; did you mean '{suggestion}'"):
@@ -68,6 +73,26 @@ def test_leftover_command_line_values_are_an_error():
 def test_command_line_overrides_the_file_and_accepts_aliases():
     config = load_config([TINY, "--max_steps", "3", "--num_generations", "4", "--learning_rate=1e-5", "--eval_on_start", "false"])
     assert (config.max_steps, config.rollout_n, config.learning_rate, config.eval_on_start) == (3, 4, 1e-5, False)
+    assert load_config([TINY, "--lr", "3e-5"]).learning_rate == 3e-5
+
+
+@pytest.mark.parametrize(
+    "args, first, second, key",
+    [
+        (["--num_generations", "4", "--rollout_n", "8"], "num_generations", "rollout_n", "rollout_n"),
+        (["--learning_rate", "1e-5", "--lr=2e-5"], "learning_rate", "lr", "learning_rate"),
+        (["--epsilon_high", "0.28", "--clip_ratio_high", "0.3"], "epsilon_high", "clip_ratio_high", "clip_range_ratio_high"),
+        (["--no_use_peft", "--lora"], "use_peft", "lora", "lora"),
+    ],
+)
+def test_an_alias_beside_its_key_on_the_command_line_is_refused(args, first, second, key):
+    with pytest.raises(ConfigError, match=f"^command line: '--{first}' and '--{second}' both set '{key}'; keep one$"):
+        load_config([TINY, *args])
+
+
+def test_a_key_given_twice_on_the_command_line_keeps_the_last_value():
+    assert load_config([TINY, "--num_generations", "2", "--num_generations", "4"]).rollout_n == 4
+    assert load_config([TINY, "--lora", "--no_lora"]).lora is False
 
 
 def test_broken_json_reports_file_line_and_column(tmp_path):
@@ -128,6 +153,20 @@ def test_inconsistent_values_fail_naming_the_keys(tmp_path, values, keys):
         assert key in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"architectures": ["Qwen2ForCausalLM"],', "config.json:1:40: not valid JSON: Expecting property name"),
+        ("[1, 2]", "config.json: not a JSON object"),
+        ('{"max_position_embeddings": "1024"}', "config.json: max_position_embeddings = \"1024\": must be an integer"),
+    ],
+)
+def test_a_model_config_json_that_cannot_be_read_is_named_before_loading(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path}/{message}")):
+        load_config([write(tmp_path, {"actor_model_name_or_path": str(tmp_path)})])
+
+
 def test_trl_style_batch_derives_prompts_per_step(tmp_path):
     # TRL: per_device_train_batch_size x gradient_accumulation_steps completions per step, in groups of num_generations
     path = write(tmp_path, {"num_generations": 8, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4})
@@ -168,3 +207,11 @@ def test_real_model_configs_use_only_known_keys(path):
     # Their models and GSM8K files are not in the repository: validation gets as far as looking for them.
     with pytest.raises(ConfigError, match="actor_model_name_or_path: 'models/.*' is not a local model folder"):
         load_config([path])
+
+
+def test_a_chat_template_path_that_does_not_exist_is_refused_and_a_file_is_read(tmp_path):
+    with pytest.raises(ConfigError, match=r"chat_template = \"config/kk/chat_templat.jinja\": no such file, and not a Jinja template"):
+        load_config(["config/tiny/grpo_argument.json", "--chat_template", "config/kk/chat_templat.jinja"])
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert load_config(["config/tiny/grpo_argument.json", "--chat_template", str(template)]).chat_template == template.read_text()

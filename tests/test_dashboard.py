@@ -1,5 +1,6 @@
-"""The VisualDL dashboard shows a run's scalars: a log written with LogWriter under the tags RunLogger uses,
-served by the real `visualdl` command, read back through its HTTP API and drawn by headless Chromium.
+"""The VisualDL dashboard shows a run's scalars: a log written by RunLogger as a run writes it (an evaluation
+before the first step), served by the real `visualdl` command, read back through its HTTP API and drawn by
+headless Chromium, which opens on the training reward.
 Run with `pytest -m browser`; the page test skips where no Chromium is installed (`apt-get install chromium`)."""
 
 import json
@@ -14,16 +15,17 @@ import httpx
 import pytest
 from processes import stop
 from reward_servers import free_port
-from visualdl import LogWriter
+
+from alignment.logger import RunLogger
 
 pytestmark = pytest.mark.browser
 
-# tag -> [(step, value)] as RunLogger writes them: train/* every step, eval/* every eval_steps.
+# tag -> [(step, value)] as RunLogger writes them: train/* every step, validation/* every eval_steps.
 # Values are exact in float32, which is what VisualDL stores.
 SCALARS = {
     "train/reward_mean": [(1, 0.25), (2, 0.375), (3, 0.5), (4, 0.625), (5, 0.75)],
     "train/accuracy": [(1, 0.125), (2, 0.25), (3, 0.25), (4, 0.375), (5, 0.5)],
-    "eval/accuracy": [(0, 0.0), (5, 0.5)],
+    "validation/accuracy": [(0, 0.0), (5, 0.5)],
 }
 API = "/app/api"  # VisualDL serves the page under its public path /app, and the API under /app/api
 
@@ -42,10 +44,14 @@ def dashboard(tmp_path_factory):
     """(url, logdir) of a running `visualdl` serving a three-tag log."""
     folder = tmp_path_factory.mktemp("dashboard")
     logdir = str(folder / "vdl_log")
-    with LogWriter(logdir=logdir) as writer:
-        for tag, points in SCALARS.items():
-            for step, value in points:
-                writer.add_scalar(tag=tag, value=value, step=step)
+    logger = RunLogger(str(folder), logdir, logging_steps=1, total_steps=5, first_step=0, enabled=True)
+    evaluations = dict(SCALARS["validation/accuracy"])
+    logger.log_eval(0, {"eval_accuracy": evaluations[0]})  # eval_on_start: the evaluation is written first
+    for (step, reward), (_, accuracy) in zip(SCALARS["train/reward_mean"], SCALARS["train/accuracy"]):
+        logger.log_step(step, {"reward_mean": reward, "accuracy": accuracy})
+        if step in evaluations:
+            logger.log_eval(step, {"eval_accuracy": evaluations[step]})
+    logger.close()
 
     port = free_port()
     # --language en: without it, a request with no English or Chinese Accept-Language gets a 500 on the page;
@@ -78,7 +84,7 @@ def api(url: str, path: str, **params):
     return reply["data"]
 
 
-def test_api_serves_the_written_scalars(dashboard):
+def test_api_serves_the_written_scalars_training_reward_first(dashboard):
     url, logdir = dashboard
     tags = api(url, "scalar/tags")
     assert tags["runs"] == [logdir]  # a run is named by its logdir as given on the command line
@@ -86,6 +92,11 @@ def test_api_serves_the_written_scalars(dashboard):
     for tag, points in SCALARS.items():
         rows = api(url, "scalar/list", run=logdir, tag=tag)  # [[wall time ms, step, value], ...]
         assert [(step, value) for _, step, value in rows] == points, tag
+    # The page groups the charts by the tags' first path component, sorts the groups by name (upper-cased) and
+    # opens the first; within a group, charts keep the API's order.
+    groups = sorted({tag.split("/")[0] for tag in tags["tags"][0]}, key=str.upper)
+    assert groups == ["train", "validation"]
+    assert [tag for tag in tags["tags"][0] if tag.startswith("train/")][0] == "train/reward_mean"
 
 
 class Chromium:
@@ -180,14 +191,16 @@ CHARTS = """(async () => {
 })()"""
 
 
-def test_scalar_page_draws_the_reward_chart(dashboard, chromium):
+def test_scalar_page_opens_on_the_training_reward_chart(dashboard, chromium):
     url, _ = dashboard
     page = chromium.open(f"{url}/app/scalar")
-    # charts come in groups by tag prefix, sorted; only the first group ("eval") starts open.
+    # charts come in groups by tag prefix, sorted; only the first group ("train") starts open.
     # Until the tags arrive the page shows "Loading..." placeholders (and about:blank before that).
     groups = wait_for(lambda: chromium.evaluate(page, GROUP_TITLES), lambda titles: "train" in titles, "the tag groups")
-    assert groups == ["eval", "train"]
-    chromium.evaluate(page, "[...document.querySelectorAll('h3')].find(h => h.textContent === 'train').click()")
+    assert groups == ["train", "validation"]
+    opened = wait_for(lambda: chromium.evaluate(page, CHARTS), lambda charts: len(charts) == 2, "the train group's two charts")
+    assert [chart["title"] for chart in opened] == ["train/reward_mean", "train/accuracy"]  # drawn without a click
+    chromium.evaluate(page, "[...document.querySelectorAll('h3')].find(h => h.textContent === 'validation').click()")
 
     charts = wait_for(
         lambda: {chart["title"]: chart for chart in chromium.evaluate(page, CHARTS)},

@@ -102,7 +102,7 @@ def assert_save_failed_cleanly(done: subprocess.CompletedProcess, out: Path, bef
     assert f"the newest complete checkpoint is {out}/checkpoint-2 (untouched): resume_from_checkpoint auto continues from it" in done.stderr
     assert contents(out / "checkpoint-2") == before  # every file, trainer_state.json included, as it was
     assert not (out / "checkpoint-4").exists() and not list(out.glob(".checkpoint-*"))  # no partial folder left
-    assert resolve_resume("auto", str(out)) == out / "checkpoint-2"
+    assert resolve_resume("auto", str(out))[0].path == out / "checkpoint-2"
 
 
 def limit_file_size() -> None:

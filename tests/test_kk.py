@@ -12,6 +12,9 @@ from alignment.config import ConfigError, load_config
 from alignment.data import encode_prompts, read_prompt_records
 from alignment.modeling import load_tokenizer
 from alignment.rewards import get_reward, score_completions
+from alignment.rewards.remote import score_remote
+from alignment.trainer import load_prompts
+from reward_servers import reward_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "kk"))
 import make_kk  # noqa: E402
@@ -179,7 +182,7 @@ def test_parse_puzzle_names_what_does_not_fit(src, message):
 def test_tiny_tokenizer_round_trips_and_every_prompt_fits():
     config = load_config(["config/kk/grpo_argument.json"])
     assert config.reward_functions == ["knights_knaves"] and config.accuracy_function == "knights_knaves"
-    tokenizer = load_tokenizer(config.actor_model_name_or_path)
+    tokenizer = load_tokenizer(config.actor_model_name_or_path, config.chat_template)
     for text in (config.system_prompt, *(t for split in SPLITS for r in bundled(split) for t in (r["src"], r["tgt"]))):
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
     for path in (config.train_datasets, config.eval_datasets):
@@ -195,3 +198,58 @@ def test_qwen_kk_config_is_valid_but_for_the_missing_model():
     overrides = ["--actor_model_name_or_path", "data/tiny-qwen2", "--max_seq_len", "4608", "--bf16", "false"]
     config = load_config(["config/qwen/grpo_kk.json", *overrides])
     assert config.reward_functions == ["knights_knaves"] and config.system_prompt.startswith("Solve the knights")
+
+
+# --- who opens <think>: the prompt the model saw -----------------------------------------------------
+R1_DISTILL = (  # DeepSeek-R1-Distill's template, reduced to what matters: it ends with the assistant's cue and "<think>\n"
+    "{% for m in messages %}{{ '<｜' + m['role'] + '｜>' + m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\n' }}{% endif %}"
+)
+
+
+def kk_samples(chat_template: str, tmp_path) -> list:
+    """Reward samples of data/kk/test.jsonl as the trainer builds them, under chat_template (a file or text)."""
+    if not Path(chat_template).is_file():
+        (tmp_path / "template.jinja").write_text(chat_template)
+        chat_template = str(tmp_path / "template.jinja")
+    config = load_config(["config/kk/grpo_argument.json", "--chat_template", chat_template])
+    tokenizer = load_tokenizer(config.actor_model_name_or_path, config.chat_template)
+    encoded, _, _ = load_prompts(config.eval_datasets, tokenizer, config)
+    return [prompt.record.reward_sample() for prompt in encoded[:20]]
+
+
+@pytest.mark.parametrize(
+    "chat_template,opens_think",
+    [("config/kk/chat_template.jinja", True), (R1_DISTILL, True), ("data/tiny-qwen2/chat_template.jinja", False)],
+    ids=["config/kk (as PaddleNLP's src)", "R1-distill", "tiny model's own"],
+)
+def test_the_prompt_the_model_saw_decides_who_writes_think(chat_template, opens_think, tmp_path):
+    for sample in kk_samples(chat_template, tmp_path):
+        assert sample["prompt_text"].rstrip().endswith("<think>") == opens_think
+        assert sample["prompt"] == sample["src"]  # the raw question stays where it was
+        right = f"Reasoning.</think><answer>{sample['tgt']}</answer>"
+        assert KK(right if opens_think else "<think>" + right, sample) == 3.0
+        assert KK("<think>" + right if opens_think else right, sample) == -3.0  # two <think> / none
+
+
+def test_config_kk_scores_as_paddlenlps_reward_server_does(tmp_path):
+    # PaddleNLP's server prepends "<think>" to every response: with config/kk's template, whose prompts end
+    # in "<think>" as PaddleNLP's src does, both score every completion alike.
+    for sample in kk_samples("config/kk/chat_template.jinja", tmp_path):
+        wrong = sample["tgt"].replace("knight", "KNAVE") if "knight" in sample["tgt"] else sample["tgt"].replace("knave", "knight")
+        for completion in (
+            f"Reasoning.</think><answer>{sample['tgt']}</answer>",
+            f"Reasoning.</think>\n<answer>\n{wrong}\n</answer>",
+            "Reasoning.</think><answer>no idea</answer>",
+            f"<think>Reasoning.</think><answer>{sample['tgt']}</answer>",
+            f"<answer>{sample['tgt']}</answer>",
+        ):
+            assert KK(completion, sample) == KK("<think>" + completion, {"answer": sample["tgt"]}), completion
+
+
+def test_the_templated_prompt_reaches_the_reward_server(tmp_path):
+    samples = kk_samples("config/kk/chat_template.jinja", tmp_path)[:4]
+    completions = [f"Reasoning.</think><answer>{sample['tgt']}</answer>" for sample in samples]
+    with reward_server(tmp_path) as server:
+        table = score_remote(completions, samples, ["knights_knaves"], [1.0], url=server.url, protocol="v1", timeout=60, retries=0, api_key=None)
+    assert table.totals == [3.0] * 4 and table.errors == [None] * 4

@@ -2,10 +2,15 @@
 
 import json
 import math
+import random
+import time
+import tracemalloc
 
 import pytest
 
+from alignment.config import ConfigError, load_config
 from alignment.rewards import RewardSettings, get_reward, score_completions
+from alignment.rewards.length_rewards import ngram_ids
 
 RIGHT, WRONG, NO_ANSWER = "<answer>14</answer>", "<answer>15</answer>", "I cannot tell."
 SQRT_HALF = math.sqrt(0.5)  # cos(pi/4)
@@ -96,6 +101,40 @@ REPETITION_TABLE = [
 def test_repetition_table(completion, n, penalty, expected):
     settings = RewardSettings(repetition_n_grams=n, repetition_max_penalty=penalty)
     assert value("repetition", completion, settings) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ngram_ids_are_equal_exactly_where_the_ngrams_are(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(rng.choice([1, 2, 3, 50])) for _ in range(rng.randrange(1, 120))]
+    for n in range(1, len(tokens) + 1):
+        ngrams = list(zip(*(tokens[i:] for i in range(n))))
+        ids = ngram_ids(tokens, n)
+        assert len(ids) == len(ngrams)
+        assert len(set(zip(ngrams, ids))) == len(set(ngrams)) == len(set(ids))  # a bijection
+
+
+# 60,000 words whatever n: tuples of n words took 480 MB at n = 1024 and grew one reward server worker to
+# 6 GB at n = 30,000 (now refused: at most 1024). Ids by doubling keep a few ints per word: 16-18 MiB here.
+ONE_WORD, ALL_DIFFERENT = "a " * 60000, " ".join(map(str, range(60000)))
+
+
+@pytest.mark.parametrize("n", [3, 1000])  # 1000: the most doubling and odd steps below the bound
+@pytest.mark.parametrize("completion", [ONE_WORD, ALL_DIFFERENT], ids=["one word", "all different"])
+def test_repetition_memory_and_time_are_linear_in_the_completion_whatever_n(n, completion):
+    settings = RewardSettings(repetition_n_grams=n)
+    ngrams = 60000 - n + 1
+    unique = 1 if completion == ONE_WORD else ngrams
+    start = time.perf_counter()
+    assert value("repetition", completion, settings) == pytest.approx(-(1 - unique / ngrams), abs=1e-12)
+    assert time.perf_counter() - start < 2  # 0.2 s on the 2-core dev machine
+    tracemalloc.start()
+    try:
+        value("repetition", completion, settings)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 2**20, f"{peak / 2**20:.0f} MiB"
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +236,11 @@ def test_score_completions_passes_the_settings_and_keeps_per_item_errors():
         ({"cosine_min_len_value_correct": math.nan}, "cosine_min_len_value_correct must be a finite number, got nan"),
         ({"cosine_max_len_value_wrong": math.inf}, "cosine_max_len_value_wrong must be a finite number"),
         ({"cosine_min_len_value_wrong": "0"}, "cosine_min_len_value_wrong must be a finite number, got '0'"),
+        ({"repetition_n_grams": 1025}, "repetition_n_grams must be <= 1024, got 1025"),
+        ({"repetition_n_grams": 30000}, "repetition_n_grams must be <= 1024, got 30000"),
+        ({"cosine_max_len": 2**24 + 1}, r"cosine_max_len must be <= 16777216 \(tokens\), got 16777217"),
+        ({"soft_max_length": 2**63 - 1}, "soft_max_length must be <= 16777216"),
+        ({"soft_cache_length": 10**400}, "soft_cache_length must be <= 16777216"),
     ],
 )
 def test_reward_settings_refuse_out_of_range_values_naming_the_field(values, match):
@@ -217,7 +261,21 @@ def test_reward_settings_defaults_and_edges_are_valid():
         soft_cache_length=None,
     )
     RewardSettings(repetition_max_penalty=0, cosine_max_len=1, soft_max_length=2, soft_cache_length=1).validate()
+    RewardSettings(repetition_n_grams=1024, cosine_max_len=2**24, soft_max_length=2**24, soft_cache_length=2**24 - 1).validate()
     RewardSettings(soft_cache_length=20).validate()  # soft_max_length is filled in later by the trainer
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--repetition_n_grams", "30000"], "repetition_n_grams must be <= 1024, got 30000"),
+        (["--cosine_max_len", str(2**40)], "cosine_max_len must be <= 16777216"),
+        (["--soft_cache_length", str(2**25)], "soft_cache_length must be <= 16777216"),
+    ],
+)
+def test_a_size_setting_past_its_bound_is_a_config_error_naming_the_key(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(["config/tiny/grpo_argument.json", *flags])
 
 
 def test_the_length_rewards_are_registered_as_taking_the_settings():

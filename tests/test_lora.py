@@ -265,4 +265,4 @@ def test_chat_answers_from_a_lora_checkpoint_with_the_adapter(tmp_path):
     done = subprocess.run([sys.executable, "-m", "alignment.chat", str(path), "--greedy", "--use_fusemt", "false"],
                           input=question + "\n", capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == f"{answers[0]}\n\n"
+    assert done.stdout == f"> {question}\n{answers[0]}\n\n"  # the piped prompt echoed, then the answer

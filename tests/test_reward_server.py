@@ -4,6 +4,7 @@ loopback port), driven over HTTP, and the trainer's client (score_remote) agains
 import dataclasses
 import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -278,6 +279,23 @@ def test_a_form_post_is_not_taken_for_json(client):
     assert answer.status_code == 422
 
 
+@pytest.mark.parametrize("answer", ["true", "false", "NaN", "Infinity", "-Infinity", "1e999"])
+def test_an_answer_that_is_boolean_or_not_finite_is_422_naming_the_field(client, answer):
+    # As in the trainer's data files: true would score as 1, and NaN equals nothing.
+    body = '{"items": [{"completion": "<answer>1</answer>", "answer": %s}], "reward_funcs": ["accuracy"]}' % answer
+    response = client.post("/v1/score", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "items", 0, "answer"]
+    assert "must be a string, an integer or a finite number" in error["msg"]
+
+
+def test_no_api_pages_that_need_the_internet_but_the_schema_is_served(client):
+    # FastAPI's /docs and /redoc load their JavaScript from a CDN: blank pages offline, so left out.
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+    assert client.get("/openapi.json").json()["info"]["title"] == "GRPO reward server"
+
+
 # --- failures of single items ---------------------------------------------------------------------
 
 
@@ -333,6 +351,38 @@ def test_a_plugin_that_cannot_be_loaded_stops_the_server_naming_the_file(tmp_pat
     assert f"reward plugin {broken} failed to import: ModuleNotFoundError" in run.stderr
     with pytest.raises(FileNotFoundError, match="reward plugin missing.py: no such file"):
         load_plugins(["missing.py"])
+
+
+VERSIONED_PLUGIN = """
+import os, time
+from alignment.rewards import register_reward
+
+@register_reward("versioned", "the plugin's version; EXIT ends its worker, HANG hangs it")
+def versioned(completion, sample):
+    if "EXIT" in completion:
+        os._exit(3)
+    if "HANG" in completion:
+        time.sleep(3600)
+    return VERSION
+"""
+
+
+def test_a_plugin_edited_or_deleted_while_the_server_runs_changes_no_score(tmp_path):
+    plugin = tmp_path / "versioned_rewards.py"
+    plugin.write_text("VERSION = 1.0\n" + VERSIONED_PLUGIN)
+    with reward_server(tmp_path, "--workers", "1", "--item_timeout", "1", "--plugins", str(plugin)) as server:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            assert post_v1(http, [{"completion": "a"}], ["versioned"]).json()["scores"] == [1.0]
+            plugin.write_text("VERSION = 2.0\n" + VERSIONED_PLUGIN)
+            # Each batch replaces the worker (its death, its timeout); the replacement runs the text read at start.
+            died = post_v1(http, [{"completion": "EXIT"}, {"completion": "a"}], ["versioned"]).json()
+            assert died["scores"] == [None, 1.0] and died["errors"][0] == "reward worker died (exit code 3)"
+            hung = post_v1(http, [{"completion": "HANG"}, {"completion": "a"}], ["versioned"]).json()
+            assert hung["scores"] == [None, 1.0] and hung["errors"][0] == "timed out after 1 s"
+            plugin.unlink()
+            gone = post_v1(http, [{"completion": "EXIT"}, {"completion": "a"}], ["versioned"])
+            assert gone.status_code == 200 and gone.json()["scores"] == [None, 1.0]
+            assert http.get("/health").json()["status"] == "ok"
 
 
 def test_an_unknown_reward_function_flag_stops_the_server():
@@ -392,6 +442,136 @@ def test_the_log_has_one_line_per_request(client, server):
     while not any(pattern.search(line) for line in server.log.read_text().splitlines()):
         assert time.monotonic() < deadline, server.log.read_text()[-2000:]
         time.sleep(0.05)
+
+
+# --- sharing the workers; stalled and vanished clients --------------------------------------------
+
+BUSY_REQUEST_TIMEOUT_S = 3
+STALL_TIMEOUT_S = 1
+
+
+@pytest.fixture(scope="module")
+def busy_server(tmp_path_factory):
+    flags = ["--workers", "2", "--plugins", str(PLUGIN), "--item_timeout", "5"]
+    flags += ["--request_timeout", str(BUSY_REQUEST_TIMEOUT_S)]
+    flags += ["--header_timeout", str(STALL_TIMEOUT_S), "--body_timeout", str(STALL_TIMEOUT_S)]
+    with reward_server(tmp_path_factory.mktemp("busy"), *flags) as running:
+        yield running
+
+
+def traced(trace, count: int, sleep_s: float) -> list:
+    """Items of traced_sleep: each writes "item I" to `trace` when it starts, then sleeps sleep_s."""
+    return [{"completion": f"item {i}", "trace": str(trace), "sleep_s": sleep_s} for i in range(count)]
+
+
+def post_traced(server, items) -> dict:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        return post_v1(http, items, ["traced_sleep"]).json()
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def logged_line(server, pattern: str, timeout: float = 10.0) -> str:
+    """The access log line matching `pattern` (written just after each request ends)."""
+    deadline = time.monotonic() + timeout
+    while not (lines := [line for line in server.log.read_text().splitlines() if re.search(pattern, line)]):
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.02)
+    return lines[0]
+
+
+def test_one_request_cannot_hold_every_worker(busy_server, tmp_path):
+    trace = tmp_path / "trace"
+    with ThreadPoolExecutor(1) as background:
+        slow = background.submit(post_traced, busy_server, traced(trace, 2, sleep_s=1.2))
+        wait_until(trace.exists)  # the slow request is being scored
+        started = time.monotonic()
+        quick = post_traced(busy_server, [{"completion": "quick", "trace": str(trace)}])
+        waited = time.monotonic() - started
+        assert slow.result()["scores"] == [1.0, 1.0]
+    assert quick["scores"] == [1.0]
+    assert waited < 0.75, f"a one-item request waited {waited:.2f} s behind a slow one"
+
+
+def test_a_request_is_scored_within_its_time_budget_and_its_other_items_get_an_error(busy_server, tmp_path):
+    trace = tmp_path / "trace"
+    started = time.monotonic()
+    answer = post_traced(busy_server, traced(trace, 4, sleep_s=1.2))  # 4.8 s of work, one worker for it
+    elapsed = time.monotonic() - started
+    assert answer["scores"] == [1.0, 1.0, None, None]
+    assert answer["errors"][2:] == [f"not scored within the request's time budget of {BUSY_REQUEST_TIMEOUT_S} s"] * 2
+    assert BUSY_REQUEST_TIMEOUT_S <= elapsed < BUSY_REQUEST_TIMEOUT_S + 1.5
+    time.sleep(1.5)
+    assert trace.read_text().splitlines() == ["item 0", "item 1", "item 2"]  # item 2 stopped, item 3 never begun
+    assert post_traced(busy_server, traced(tmp_path / "after", 2, sleep_s=0))["scores"] == [1.0, 1.0]
+
+
+def send_head(sock: socket.socket, body_length: int) -> None:
+    sock.sendall(
+        b"POST /v1/score HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {body_length}\r\n\r\n".encode()
+    )
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(5 * STALL_TIMEOUT_S)  # a server that never closes fails here
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_client_that_goes_away_stops_its_scoring_and_is_logged_as_gone_not_as_500(busy_server, tmp_path):
+    trace = tmp_path / "trace"
+    body = json.dumps({"items": traced(trace, 3, sleep_s=1.0), "reward_funcs": ["traced_sleep"]}).encode()
+    with socket.create_connection(("127.0.0.1", busy_server.port)) as sock:
+        send_head(sock, len(body))
+        sock.sendall(body)
+        wait_until(trace.exists)
+    time.sleep(2.0)  # item 1 would have begun 1 s in
+    assert trace.read_text().splitlines() == ["item 0"]
+    assert "status=499" in logged_line(busy_server, r"POST /v1/score items=3 .*status=")
+    # A client gone halfway through its body: logged 499 too, with the bytes that came.
+    with socket.create_connection(("127.0.0.1", busy_server.port)) as sock:
+        send_head(sock, 1000)
+        sock.sendall(b'{"items": [')
+        time.sleep(0.2)
+    assert "status=499" in logged_line(busy_server, r"POST /v1/score items=0 bytes=11 .*status=")
+    output = busy_server.output.read_text()
+    assert "Exception" not in output and "status=500" not in busy_server.log.read_text(), output[-3000:]
+
+
+def test_a_connection_that_stalls_in_its_headers_is_closed(busy_server):
+    # Silent from the start; a head that stops halfway; the same after a whole request on the connection.
+    whole = b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n"
+    for first, then in ((b"", b""), (b"", b"POST /v1/score HTTP/1.1\r\nHost: te"), (whole, b"GET /hea")):
+        with socket.create_connection(("127.0.0.1", busy_server.port)) as sock:
+            if first:
+                sock.sendall(first)
+                response = b""
+                while not response.endswith(b"}"):  # the whole answer, headers and JSON body
+                    response += sock.recv(65536)
+                assert response.startswith(b"HTTP/1.1 200")
+            sock.sendall(then)
+            started = time.monotonic()
+            assert read_until_closed(sock) == b""
+            assert time.monotonic() - started < STALL_TIMEOUT_S + 1.5, then
+
+
+def test_a_body_that_stalls_is_408_and_its_connection_closed(busy_server):
+    with socket.create_connection(("127.0.0.1", busy_server.port)) as sock:
+        send_head(sock, 100)
+        sock.sendall(b'{"items": [')  # the rest never comes
+        started = time.monotonic()
+        received = read_until_closed(sock)
+    assert time.monotonic() - started < STALL_TIMEOUT_S + 1.5
+    assert received.startswith(b"HTTP/1.1 408") and b"connection: close" in received.lower()
+    assert f"request body not received within {STALL_TIMEOUT_S} s (--body_timeout)".encode() in received
 
 
 # --- the API key ----------------------------------------------------------------------------------
@@ -510,11 +690,23 @@ def test_score_remote_waits_for_a_server_that_is_starting(tmp_path):
     assert scored["table"].totals == [1.0, 1.0]
 
 
-def test_score_remote_refuses_paddlenlps_zeros_for_a_failed_batch():
-    # PaddleNLP's reward_server.py answers an exception with error_code 500 and a score of 0 per item.
-    with foreign_server({"error_code": 500, "error_msg": "boom", "score": [0, 0]}) as url:
-        with pytest.raises(RewardServerError, match="error_code 500: boom"):
-            remote(ITEMS[:2], ["accuracy"], url, protocol="paddlenlp")
+# PaddleNLP's reward_server.py answers an exception with HTTP 200, error_code 500 and a score of 0 per item.
+PADDLENLP_FAILURE = {"error_code": 500, "error_msg": "boom", "score": [0, 0]}
+
+
+def test_score_remote_retries_paddlenlps_failed_batch_and_stops_with_its_message_never_its_zeros():
+    received = []
+    with foreign_server(PADDLENLP_FAILURE, received=received) as url:
+        with pytest.raises(RewardServerError, match=r"/ failed 3 attempt\(s\); last: error_code 500: boom$"):
+            remote(ITEMS[:2], ["accuracy"], url, protocol="paddlenlp", retries=2, backoff_s=0.01)
+    assert len(received) == 3  # retried like a 5xx
+
+
+def test_score_remote_takes_the_scores_once_a_failed_paddlenlp_batch_succeeds_on_retry():
+    answers = [PADDLENLP_FAILURE, {"error_code": 0, "error_msg": "Success", "score": [1.0, 0.5]}]
+    with foreign_server(answers) as url:
+        table = remote(ITEMS[:2], ["accuracy"], url, protocol="paddlenlp", retries=1, backoff_s=0.01)
+    assert table.totals == [1.0, 0.5] and table.errors == [None, None]
 
 
 def test_score_remote_refuses_an_answer_of_the_wrong_length():

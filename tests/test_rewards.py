@@ -1,9 +1,12 @@
 import json
 import math
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from alignment.rewards import (
     RewardSpec,
@@ -13,6 +16,8 @@ from alignment.rewards import (
     register_reward,
     score_completions,
 )
+from alignment.rewards.answers import last_answer_tag
+from alignment.rewards.logic_rewards import kk_reference_roles
 
 SOLVERS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 BUILT_INS = ("accuracy", "correctness", "cosine", "format", "int_answer", "knights_knaves", "repetition", "soft_format", "soft_overlong", "strict_format", "xmlcount")
@@ -338,8 +343,10 @@ def test_unknown_reward_suggests_the_closest(typo, suggestion):
 
 
 def test_reregistering_a_name_with_another_function_raises():
-    fn = get_reward("accuracy").fn
-    assert register_reward("accuracy", "same function again")(fn) is fn
+    spec = get_reward("accuracy")
+    assert register_reward("accuracy", "same function again")(spec.fn) is spec.fn
+    assert get_reward("accuracy") == spec  # its description and needs_reference stay
+    fn = spec.fn
     with pytest.raises(ValueError, match="already registered"):
         register_reward("accuracy", "another")(lambda completion, sample: 1.0)
     with pytest.raises(ValueError, match="one-line"):
@@ -408,3 +415,107 @@ def test_score_completions_treats_a_non_finite_value_as_a_failure():
 def test_score_completions_rejects_bad_arguments(completions, samples, names, weights, match):
     with pytest.raises(ValueError, match=match):
         score_completions(completions, samples, names, weights)
+
+
+# --- adversarial text: every reward is linear in the completion -------------------------------------
+# Each took seconds before (quadratic regex backtracking): "-" and 20,000 tabs 5.5 s in accuracy, 20,000
+# unclosed <answer> tags 10 s, 4,000 tag pairs 1.2-1.6 s in format, soft_format and strict_format, a
+# 20,000-word reference line without a role 11 s in knights_knaves.
+ADVERSARIAL = [
+    # (reward, completion, reference, expected value, or the start of the ValueError's message)
+    ("accuracy", "<answer>-" + "\t" * 20000 + "x</answer>", "5", 0.0),
+    ("accuracy", "<answer>-" + " " * 20000 + "$" + " " * 20000 + "x</answer>", "5", 0.0),
+    ("accuracy", "<answer>5" + " " * 40000 + "!</answer>", "5", 0.0),
+    ("accuracy", "<answer>5" + " " * 20000 + "/" + " " * 20000 + "x</answer>", "5", 0.0),
+    ("accuracy", "<answer>" + "-" * 40000 + "</answer>", "5", 0.0),
+    ("accuracy", "<answer>" + "1," * 20000 + "x</answer>", "5", 0.0),
+    ("accuracy", "<answer>" + "9" * 40000 + ".x</answer>", "5", 0.0),
+    ("accuracy", "<answer>" * 20000, "5", 0.0),  # unclosed: no tagged answer; the last number is none
+    ("accuracy", "<answer>" * 10000 + "5" + "</answer>" * 10000, "5", 0.0),  # nested: the first pair holds "<answer>...5"
+    ("accuracy", "<answer>" * 10000 + "</answer>5", "5", 0.0),
+    ("accuracy", "A:" + " \t" * 20000 + "\n" + " " * 20000 + "x" * 600, "5", 0.0),  # over 500 characters: no math-verify
+    ("accuracy", "16 - " * 10000 + "5", "5", 1.0),
+    ("format", "<think>" + "</think><answer></answer>" * 4000 + "x", "5", 0.0),
+    ("format", " " * 40000 + "<think>a</think><answer>5</answer>" + " " * 40000, "5", 1.0),
+    ("soft_format", "<reasoning>" + "</reasoning><answer>" * 5000, "5", 0.0),
+    ("soft_format", "<reasoning>" + "</reasoning>" + " " * 20000 + "<answer>" * 5000 + "</answer>", "5", 0.5),
+    ("strict_format", "<reasoning>\n" + "\n</reasoning>\n<answer>\n" * 4000 + "x", "5", 0.0),
+    ("strict_format", "<reasoning>\n" + "\n</reasoning>\n<answer>\n" * 4000 + "\n</answer>\n", "5", 0.5),
+    ("int_answer", "<answer>" * 20000 + "5", "5", 0.5),
+    ("correctness", "<answer>" * 20000 + "5</answer>", "5", 2.0),  # the recipe splits on the last <answer>
+    ("knights_knaves", "<think>a</think><answer>" + "Zoey is a knight " * 5000 + "</answer>", "Zoey is a knight", -1.0),
+    ("knights_knaves", "<think>a</think><answer>x</answer>", "(1) " + "Zoey " * 20000, "reference answer line 1 names no knight"),
+]
+
+
+@pytest.mark.parametrize("name,completion,reference,expected", ADVERSARIAL, ids=[f"{i}-{case[0]}" for i, case in enumerate(ADVERSARIAL)])
+def test_adversarial_text_scores_in_well_under_a_second(name, completion, reference, expected):
+    start = time.perf_counter()
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            score(name, completion, reference)
+    else:
+        assert score(name, completion, reference) == expected
+    assert time.perf_counter() - start < 0.5
+
+
+# The hand-written parsers against the regexes they replace, on text made of the pieces that matter.
+SOFT_REGEX = re.compile(r"<reasoning>.*?</reasoning>\s*<answer>.*?</answer>", re.DOTALL)
+STRICT_REGEX = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$", re.DOTALL)
+ANSWER_REGEX = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+REFERENCE_LINE_REGEX = re.compile(r"\b([A-Za-z]+)\b.*?\b(knight|knave)\b", re.IGNORECASE)
+PIECES = ["<reasoning>", "</reasoning>", "<answer>", "</answer>", "\n", " ", "x", "5"]
+WORDS = ["Zoey", "zoe1", "knight", "Knaves", "knave", "is", "a", "(1)", " ", "_", "1", "\t", "K"]
+
+
+@hypothesis.settings(derandomize=True, max_examples=1000, deadline=None)
+@hypothesis.given(st.lists(st.sampled_from(PIECES), max_size=12).map("".join))
+def test_tag_parsers_agree_with_the_regexes_they_replace(text):
+    assert (score("soft_format", text, "5") == 0.5) == bool(SOFT_REGEX.match(text))
+    assert (score("strict_format", text, "5") == 0.5) == bool(STRICT_REGEX.match(text))
+    tagged = ANSWER_REGEX.findall(text)
+    assert last_answer_tag(text) == (tagged[-1] if tagged else None)
+
+
+@hypothesis.settings(derandomize=True, max_examples=1000, deadline=None)
+@hypothesis.given(st.lists(st.sampled_from(WORDS), min_size=1, max_size=8).map("".join).filter(str.strip))  # blank lines are skipped
+def test_reference_lines_read_as_paddlenlps_pattern_reads_them(line):
+    match = REFERENCE_LINE_REGEX.search(line)
+    if match is None:
+        with pytest.raises(ValueError, match="names no knight or knave"):
+            kk_reference_roles(line)
+    else:
+        assert kk_reference_roles(line) == {match[1]: match[2].lower()}
+
+
+# --- numbers past int()'s 4,300 digits are scored, never an error -----------------------------------
+BIG = "7" * 5000
+BIG_NUMBERS = [
+    ("<answer>" + BIG + "</answer>", BIG, 1.0),
+    ("<answer>" + BIG + "</answer>", "5", 0.0),
+    ("<answer>5</answer>", BIG, 0.0),
+    ("<answer>" + BIG + "</answer>", "8" + BIG[1:], 0.0),  # differ in the first digit
+    ("<answer>" + BIG[:-1] + "8</answer>", BIG, 1.0),  # in the last: within the relative 1e-6
+    ("<answer>-" + BIG + "</answer>", BIG, 0.0),
+    ("<answer>$" + ",".join([BIG[:2]] + ["777"] * 1666) + "</answer>", BIG, 1.0),  # 5000 digits with commas
+    ("<answer>" + BIG + "." + BIG + "</answer>", "#### " + BIG, 1.0),
+    ("<answer>1/" + BIG + "</answer>", "0", 0.0),
+    ("<answer>" + BIG + "/" + BIG + "</answer>", "1", 1.0),
+    ("The answer is " + BIG, "A: " + BIG, 1.0),
+    ("She has " + BIG + " eggs", BIG, 1.0),  # the last number of the text
+    ("<answer>" + "1" * 200_000 + "</answer>", "1" * 200_000, 1.0),
+]
+
+
+@pytest.mark.parametrize("completion,reference,expected", BIG_NUMBERS, ids=[str(i) for i in range(len(BIG_NUMBERS))])
+def test_numbers_past_the_int_digit_limit_are_compared(completion, reference, expected):
+    start = time.perf_counter()
+    assert score("accuracy", completion, reference) == expected
+    assert time.perf_counter() - start < 0.5
+
+
+def test_an_integer_reference_past_the_digit_limit_is_read():
+    # A reward server item's "answer" may be a JSON integer of any length; str() refuses one over 4,300 digits.
+    assert score("accuracy", "<answer>1" + "0" * 5000 + "</answer>", 10**5000) == 1.0
+    assert score("accuracy", "<answer>5</answer>", 10**5000) == 0.0
+    assert score("correctness", "<answer>1" + "0" * 5000 + "</answer>", 10**5000) == 2.0

@@ -71,7 +71,7 @@ def test_visualdl_log_reads_back(three_steps):
     assert [r.id for r in rewards] == [1, 2, 3]
     written = [s["reward_mean"] for s in read_jsonl(out / "metrics.jsonl") if "reward_mean" in s]
     np.testing.assert_allclose([r.value for r in rewards], written, rtol=1e-6)
-    assert [r.id for r in reader.get_data("scalar", "eval/accuracy")] == [0, 3]
+    assert [r.id for r in reader.get_data("scalar", "validation/accuracy")] == [0, 3]
 
 
 def test_checkpoints_are_complete_and_limited(three_steps):

@@ -5,8 +5,8 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from fractions import Fraction
-from numbers import Real
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Decimal, Inexact, localcontext
+from numbers import Integral, Real
 from typing import Any
 
 from math_verify import parse, verify
@@ -24,11 +24,12 @@ _DIGITS = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # 1,234.5 or 1234.5
 # Not preceded by a letter, digit or point, so "16-3" yields 16 and 3, never -3.
 _NUMBER_RE = re.compile(rf"(?<![\w.])-?{_DIGITS}")
 # A whole answer that is one number, maybe with a currency sign, a fraction bar, a percent sign or
-# unit words: "$1,200", "-$5", "18.00", "3/4", "50%", "18 apples".
+# unit words: "$1,200", "-$5", "18.00", "3/4", "50%", "18 apples". No two quantifiers may take the
+# same characters (as "\s*\$?\s*" did): a fullmatch that fails would try every split, quadratic in the
+# length of a run of spaces ("-" and 20,000 tabs took 5 s).
 _PLAIN_NUMBER = re.compile(
-    rf"(?P<neg>-)?\s*\$?\s*(?P<num>-?{_DIGITS})(?:\s*/\s*(?P<den>\d+))?\s*%?(?:\s*[A-Za-z][A-Za-z ]*)?"
+    rf"(?P<neg>-)?\s*(?:\$\s*)?(?P<num>-?{_DIGITS})(?:\s*/\s*(?P<den>\d+))?\s*(?:%\s*)?(?:[A-Za-z][A-Za-z ]*)?"
 )
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # "A: 18" (GSM8K solutions) or "The answer is 18", the value possibly on the next line.
 _FINAL_LINE = re.compile(r"(?:^[ \t]*A:|\bthe (?:final )?answer is:?)[ \t]*\n?[ \t]*(.*)", re.I | re.M)
 _REFERENCE_A_LINE = re.compile(r"^[ \t]*A:(.*)", re.M)
@@ -38,7 +39,10 @@ def sample_answer(sample: Mapping[str, Any]) -> str:
     answer = sample.get("answer")
     if answer is None:
         raise ValueError("sample has no 'answer'")
-    # Datasets sometimes store the answer as a number; a bool is never a reference answer.
+    # Datasets sometimes store the answer as a number; a bool is never a reference answer. An integer
+    # is written through Decimal: str() refuses one of more than 4,300 digits.
+    if isinstance(answer, Integral) and not isinstance(answer, bool):
+        return str(Decimal(int(answer)))
     if isinstance(answer, Real) and not isinstance(answer, bool):
         return str(answer)
     if not isinstance(answer, str):
@@ -71,9 +75,24 @@ def completion_answer(text: str) -> str | None:
     return None if candidate is None else _tidy(candidate) or None
 
 
+def last_answer_tag(text: str) -> str | None:
+    """What the last <answer>...</answer> pair holds (pairs taken left to right, each closed by the first
+    close after its open, as re.findall(r"<answer>(.*?)</answer>") takes them), None where there is none.
+    Linear in the text, where the regex rescans to the end from every unclosed <answer> (20,000: 10 s)."""
+    opening, closing = "<answer>", "</answer>"
+    last, start = None, text.find(opening)
+    while start >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            break
+        last = (start + len(opening), end)
+        start = text.find(opening, end + len(closing))
+    return None if last is None else text[last[0] : last[1]]
+
+
 def _final_answer_candidate(text: str) -> str | None:
-    if tagged := _ANSWER_TAG.findall(text):
-        return tagged[-1]
+    if (tagged := last_answer_tag(text)) is not None:
+        return tagged
     if (boxed := _last_boxed(text)) is not None:
         return boxed
     if "####" in text:
@@ -99,23 +118,34 @@ def reference_answer(text: str) -> str:
     return answer
 
 
-def parse_number(text: str) -> Fraction | None:
-    # Exact fractions: float would call two different 400-digit numbers equal (both inf).
+def parse_number(text: str) -> tuple[Decimal, Decimal] | None:
+    """A plain-number answer -> (numerator, denominator > 0), exact; None where the text is not one number.
+    Decimal, not int or Fraction: int() refuses more than 4,300 digits and Fraction converts through it,
+    and float would call two different 400-digit numbers equal (both inf)."""
     match = _PLAIN_NUMBER.fullmatch(_tidy(text).replace("\\$", "$").replace("\\%", "%"))
     if match is None:
         return None
-    value = Fraction(match["num"].replace(",", ""))
-    if match["den"] is not None:
-        if int(match["den"]) == 0:
-            return None
-        value /= int(match["den"])
-    return -value if match["neg"] else value
+    numerator = Decimal(match["num"].replace(",", ""))
+    denominator = Decimal(match["den"] or 1)
+    if denominator == 0:
+        return None
+    return (-numerator if match["neg"] else numerator), denominator
+
+
+def numbers_close(a: tuple[Decimal, Decimal], b: tuple[Decimal, Decimal]) -> bool:
+    """|a - b| <= 1e-6 * max(|a|, |b|), exactly: both sides times the (positive) denominators."""
+    with localcontext() as exact:
+        # Products and differences of finite decimals are exact at the largest precision and exponent range
+        # (Inexact would say otherwise); their cost follows the operands' digits, not the precision.
+        exact.prec, exact.Emax, exact.Emin, exact.traps[Inexact] = MAX_PREC, MAX_EMAX, MIN_EMIN, True
+        x, y = a[0] * b[1], b[0] * a[1]
+        return abs(x - y).scaleb(6) <= max(abs(x), abs(y))
 
 
 def answers_match(predicted: str, reference: str) -> bool:
     a, b = parse_number(predicted), parse_number(reference)
     if a is not None and b is not None:
-        return abs(a - b) * 10**6 <= max(abs(a), abs(b))  # relative tolerance 1e-6
+        return numbers_close(a, b)  # relative tolerance 1e-6
     if max(len(predicted), len(reference)) > MAX_SYMBOLIC_CHARS:
         return predicted == reference
     if threading.current_thread() is threading.main_thread():

@@ -14,10 +14,12 @@ _R1_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
     "1.0 if the completion is exactly <think>...</think><answer>...</answer>, both non-empty, else 0.0",
 )
 def r1_format(completion: str, sample: Mapping[str, Any]) -> float:
-    match = _R1_FORMAT.fullmatch(completion)
-    if match is None or any(completion.count(tag) != 1 for tag in _R1_TAGS):
+    # Counted first: with one of each tag the pattern has one way to match, while with thousands of
+    # "</think>" and "</answer>" it would try each pair (quadratic).
+    if any(completion.count(tag) != 1 for tag in _R1_TAGS):
         return 0.0
-    return 1.0 if match[1].strip() and match[2].strip() else 0.0
+    match = _R1_FORMAT.fullmatch(completion)
+    return 1.0 if match is not None and match[1].strip() and match[2].strip() else 0.0
 
 
 # The five rewards of the GSM8K GRPO recipe (willccbb's grpo_demo.py, reused by the TRL and unsloth
@@ -50,9 +52,34 @@ def xmlcount(completion: str, sample: Mapping[str, Any]) -> float:
 
 
 # The recipe's patterns have no re.DOTALL, so "." stops at the newlines its own prompt asks for and
-# both rewards are 0 for almost every completion; we follow the commonly fixed version with DOTALL.
-_SOFT_FORMAT = re.compile(r"<reasoning>.*?</reasoning>\s*<answer>.*?</answer>", re.DOTALL)
-_STRICT_FORMAT = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$", re.DOTALL)
+# both rewards are 0 for almost every completion; we follow the commonly fixed version with DOTALL,
+#     soft:   re.match(r"<reasoning>.*?</reasoning>\s*<answer>.*?</answer>", text, re.DOTALL)
+#     strict: re.match(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$", text, re.DOTALL)
+# decided here with str.find, in linear time: the regexes rescan the rest of the text for every
+# "</reasoning>" (quadratic: 1.4 s for 5,000 of them).
+_SPACE_THEN_ANSWER = re.compile(r"\s*<answer>")
+_STRICT_MIDDLE = "\n</reasoning>\n<answer>\n"
+
+
+def _soft_format_matches(text: str) -> bool:
+    if not text.startswith("<reasoning>"):
+        return False
+    # The first "</reasoning>" followed by <answer> ends earliest, so it leaves the most room for "</answer>".
+    close = text.find("</reasoning>", len("<reasoning>"))
+    while close >= 0:
+        if answer := _SPACE_THEN_ANSWER.match(text, close + len("</reasoning>")):
+            return text.find("</answer>", answer.end()) >= 0
+        close = text.find("</reasoning>", close + 1)
+    return False
+
+
+def _strict_format_matches(text: str) -> bool:
+    # "$" also matches before a final newline, so the text ends "\n</answer>\n" or "\n</answer>\n\n".
+    ending = next((e for e in ("\n</answer>\n", "\n</answer>\n\n") if text.endswith(e)), None)
+    if not text.startswith("<reasoning>\n") or ending is None:
+        return False
+    middle = text.find(_STRICT_MIDDLE, len("<reasoning>\n"))
+    return middle >= 0 and middle + len(_STRICT_MIDDLE) <= len(text) - len(ending)
 
 
 @register_reward(
@@ -61,7 +88,7 @@ _STRICT_FORMAT = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</
     "(with re.DOTALL, the common fix; the original omits it)",
 )
 def soft_format(completion: str, sample: Mapping[str, Any]) -> float:
-    return 0.5 if _SOFT_FORMAT.match(completion) else 0.0
+    return 0.5 if _soft_format_matches(completion) else 0.0
 
 
 @register_reward(
@@ -70,7 +97,7 @@ def soft_format(completion: str, sample: Mapping[str, Any]) -> float:
     "<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n (with re.DOTALL)",
 )
 def strict_format(completion: str, sample: Mapping[str, Any]) -> float:
-    return 0.5 if _STRICT_FORMAT.match(completion) else 0.0
+    return 0.5 if _strict_format_matches(completion) else 0.0
 
 
 @register_reward("int_answer", "GSM8K recipe: 0.5 if the <answer> content is all digits")
@@ -79,7 +106,9 @@ def int_answer(completion: str, sample: Mapping[str, Any]) -> float:
 
 
 @register_reward(
-    "correctness", "GSM8K recipe: 2.0 if the <answer> content equals the reference's final answer as a string"
+    "correctness",
+    "GSM8K recipe: 2.0 if the <answer> content equals the reference's final answer as a string",
+    needs_reference=True,
 )
 def correctness(completion: str, sample: Mapping[str, Any]) -> float:
     return 2.0 if _xml_answer(completion) == reference_answer(sample_answer(sample)) else 0.0

@@ -38,6 +38,7 @@ def _required(settings: RewardSettings, name: str) -> int:
     "Length-scaled correctness (Demystifying Long CoT): a cosine from the *_min_len_value at 0 tokens to the "
     "*_max_len_value at cosine_max_len, the correct or wrong pair by 'accuracy'",
     uses_settings=True,
+    needs_reference=True,
 )
 def cosine(completion: str, sample: Mapping[str, Any], settings: RewardSettings) -> float:
     max_len = _required(settings, "cosine_max_len")
@@ -62,8 +63,27 @@ def repetition(completion: str, sample: Mapping[str, Any], settings: RewardSetti
     n = settings.repetition_n_grams
     if len(words) < n:  # no n-gram at all, so nothing repeats: a real 0.0, as in both references
         return 0.0
-    ngrams = list(zip(*(words[i:] for i in range(n))))  # len(words) - n + 1 of them
-    return (1.0 - len(set(ngrams)) / len(ngrams)) * settings.repetition_max_penalty
+    ids = ngram_ids(_numbered(words), n)  # len(words) - n + 1 of them
+    return (1.0 - len(set(ids)) / len(ids)) * settings.repetition_max_penalty
+
+
+def ngram_ids(tokens: list[int], n: int) -> list[int]:
+    """One int per n-gram of tokens (len(tokens) - n + 1 of them), equal exactly where the n-grams are equal.
+
+    By doubling: the ids of the 2m-grams number the pairs (id of the m-gram at i, id of the m-gram at i + m),
+    so time and memory are O(len(tokens) log n) and O(len(tokens)) whatever n. Tuples of n words would take
+    n times the memory (6 GB for 60,000 words and n = 30,000)."""
+    if n == 1:
+        return tokens
+    half = ngram_ids(tokens, n // 2)
+    ids = _numbered(zip(half, half[n // 2 :]))  # the 2 * (n // 2)-grams
+    return _numbered(zip(ids, tokens[n - 1 :])) if n % 2 else ids  # one more token for an odd n
+
+
+def _numbered(keys) -> list[int]:
+    """Each key -> the order of its first occurrence: ['a', 'b', 'a'] -> [0, 1, 0]."""
+    numbers: dict = {}
+    return [numbers.setdefault(key, len(numbers)) for key in keys]
 
 
 @register_reward(

@@ -9,6 +9,7 @@ from .registry import register_reward
     "accuracy",
     "1.0 if the final answer (last <answer>, \\boxed{}, '####', 'A:' line or last number) equals the "
     "reference's, numerically or by math-verify, else 0.0",
+    needs_reference=True,
 )
 def accuracy(completion: str, sample: Mapping[str, Any]) -> float:
     reference = reference_answer(sample_answer(sample))

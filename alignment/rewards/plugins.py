@@ -1,32 +1,62 @@
 """Reward plugins: Python files whose @register_reward functions join the shared registry.
 
 The trainer (in process) and the reward server (in each worker process) load the same files, so a
-function written once is scored the same way in both places.
+function written once is scored the same way in both places. A file is read once per process: the
+scoring workers execute the text their parent read (plugin_sources), so a plugin edited or deleted
+while a run or a server is up changes nothing, not even in a worker started later to replace one.
 """
 
 import hashlib
 import importlib.util
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PluginSource:
+    path: str  # resolved; names the module and appears in tracebacks
+    text: str
+
+
+_loaded: dict[str, PluginSource] = {}  # resolved path -> the text this process executed
 
 
 def load_plugins(paths: list[str]) -> None:
     for path in paths:
-        resolved = Path(path).resolve()
+        resolved = str(Path(path).resolve())
+        if resolved in _loaded:
+            continue
+        if not Path(resolved).is_file():  # also for a path the OS refuses (too long, a NUL byte)
+            raise FileNotFoundError(f"reward plugin {path}: no such file")
+        try:
+            text = Path(resolved).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ImportError(f"reward plugin {path} cannot be read: {exc}") from None
+        load_plugin_sources([PluginSource(resolved, text)])
+
+
+def plugin_sources(paths: list[str]) -> list[PluginSource]:
+    """The texts of `paths` as this process loaded them (loading them first if it has not)."""
+    load_plugins(paths)
+    return [_loaded[str(Path(path).resolve())] for path in paths]
+
+
+def load_plugin_sources(sources: list[PluginSource]) -> None:
+    for source in sources:
+        if source.path in _loaded:
+            continue
         # One module name per file: loading the same file twice (trainer and server code paths in one
         # process) must not register its functions twice, which the registry rightly refuses.
-        module_name = f"_reward_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:10]}"
-        if module_name in sys.modules:
-            continue
-        if not resolved.is_file():
-            raise FileNotFoundError(f"reward plugin {path}: no such file")
-        spec = importlib.util.spec_from_file_location(module_name, resolved)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"reward plugin {path}: not a Python file")
+        stem = Path(source.path).stem
+        module_name = f"_reward_plugin_{stem}_{hashlib.sha1(source.path.encode()).hexdigest()[:10]}"
+        spec = importlib.util.spec_from_loader(module_name, loader=None, origin=source.path)
         module = importlib.util.module_from_spec(spec)
+        module.__file__ = source.path
         sys.modules[module_name] = module  # before executing it, as a normal import would (dataclasses need it)
         try:
-            spec.loader.exec_module(module)
+            exec(compile(source.text, source.path, "exec"), module.__dict__)
         except Exception as exc:
             del sys.modules[module_name]
-            raise ImportError(f"reward plugin {path} failed to import: {type(exc).__name__}: {exc}") from exc
+            raise ImportError(f"reward plugin {source.path} failed to import: {type(exc).__name__}: {exc}") from exc
+        _loaded[source.path] = source

@@ -16,23 +16,31 @@ class RewardSpec:
     fn: RewardFn
     description: str  # one line, served by GET /v1/reward_funcs
     uses_settings: bool = False  # fn takes the RewardSettings as a third argument
+    needs_reference: bool = False  # fn reads sample["answer"]: a dataset row without one is refused at load time
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
 
 
-def register_reward(name: str, description: str, uses_settings: bool = False) -> Callable[[RewardFn], RewardFn]:
+def register_reward(
+    name: str, description: str, uses_settings: bool = False, needs_reference: bool = False
+) -> Callable[[RewardFn], RewardFn]:
     description = description.strip()
     if not description or "\n" in description:
         raise ValueError(f"reward {name!r} needs a one-line description, got {description!r}")
 
     def decorator(fn: RewardFn) -> RewardFn:
         existing = _REGISTRY.get(name)
-        # The same function again is harmless; a different one would silently change what a config means.
+        # The same function again is harmless and keeps its first registration (its description and flags);
+        # a different one would silently change what a config means.
         if existing is not None and existing.fn is not fn:
             where = f"{existing.fn.__module__}.{existing.fn.__qualname__}"
             raise ValueError(f"reward {name!r} is already registered to {where}")
-        _REGISTRY[name] = RewardSpec(name=name, fn=fn, description=description, uses_settings=uses_settings)
+        if existing is not None:
+            return fn
+        _REGISTRY[name] = RewardSpec(
+            name=name, fn=fn, description=description, uses_settings=uses_settings, needs_reference=needs_reference
+        )
         return fn
 
     return decorator
@@ -49,3 +57,8 @@ def get_reward(name: str) -> RewardSpec:
 
 def available_rewards() -> list[RewardSpec]:
     return [_REGISTRY[name] for name in sorted(_REGISTRY)]
+
+
+def reference_readers(names: list[str]) -> list[str]:
+    """The registered functions among names that read the reference answer (names not registered: none)."""
+    return [name for name in names if name in _REGISTRY and _REGISTRY[name].needs_reference]

@@ -4,11 +4,13 @@ attempt, from connecting to the last byte of the answer, ends after reward_serve
 protocol "v1" posts to /v1/score and gets each function's values and each item's error; "paddlenlp"
 posts PaddleNLP's {"src", "tgt", "response"} to / and gets totals only (columns is then empty): that
 server applies its own reward functions with its own settings, and neither the other dataset columns
-(completion_tokens among them) nor the RewardSettings travel.
+(completion_tokens among them) nor the RewardSettings travel. A PaddleNLP answer of HTTP 200 with a
+nonzero error_code and no null score is a failed batch (PaddleNLP's server sends zeros then): it is
+retried like a 5xx, and its zeros are never taken for scores.
 """
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import anyio
 import httpx
@@ -50,14 +52,16 @@ def score_remote(
         # The server applies its own --reward_funcs; names, weights and settings cannot travel in this protocol.
         endpoint = url.rstrip("/") + "/"
         body = {
-            "src": [_text(sample.get("prompt")) for sample in samples],
+            # the prompt as the model saw it (chat template included), as PaddleNLP's trainer sends it
+            "src": [_text(sample.get("prompt_text", sample.get("prompt"))) for sample in samples],
             "tgt": [_text(sample.get("answer")) for sample in samples],
             "response": list(completions),
         }
     else:
         raise ValueError(f"reward server protocol must be 'v1' or 'paddlenlp', got {protocol!r}")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    answer = _post(endpoint, body, headers, timeout=timeout, retries=retries, backoff_s=backoff_s)
+    failed = _paddlenlp_failure if protocol == "paddlenlp" else None
+    answer = _post(endpoint, body, headers, failed, timeout=timeout, retries=retries, backoff_s=backoff_s)
     try:
         table = _read_v1(answer, names) if protocol == "v1" else _read_paddlenlp(answer)
     except (KeyError, TypeError, ValueError) as exc:
@@ -75,11 +79,16 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def _post(endpoint: str, body: dict, headers: dict, *, timeout: float, retries: int, backoff_s: float) -> dict:
-    return anyio.run(_post_retried, endpoint, body, headers, timeout, retries, backoff_s)
+def _post(
+    endpoint: str, body: dict, headers: dict, failed: Callable | None, *, timeout: float, retries: int, backoff_s: float
+) -> dict:
+    """The server's JSON answer; failed(answer) -> the cause where an HTTP 200 answer says it failed (retried)."""
+    return anyio.run(_post_retried, endpoint, body, headers, failed, timeout, retries, backoff_s)
 
 
-async def _post_retried(endpoint: str, body: dict, headers: dict, timeout: float, retries: int, backoff_s: float) -> dict:
+async def _post_retried(
+    endpoint: str, body: dict, headers: dict, failed: Callable | None, timeout: float, retries: int, backoff_s: float
+) -> dict:
     attempts = retries + 1
     # No httpx timeout: it bounds each network operation alone, so a server that trickles its answer out
     # would hold the step for ever. The limit is on the whole exchange, connecting to the last byte.
@@ -93,9 +102,13 @@ async def _post_retried(endpoint: str, body: dict, headers: dict, timeout: float
             except httpx.TransportError as exc:  # refused, reset: the server may be restarting
                 cause = f"{type(exc).__name__}: {exc}"
             else:
-                if response.status_code < 500:
-                    return _answer(endpoint, response)
-                cause = f"HTTP {response.status_code}: {_message(response)}"
+                if response.status_code >= 500:
+                    cause = f"HTTP {response.status_code}: {_message(response)}"
+                else:
+                    answer = _answer(endpoint, response)
+                    cause = failed(answer) if failed else None
+                    if cause is None:
+                        return answer
             if attempt < attempts:
                 await anyio.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
     raise RewardServerError(f"reward server {endpoint} failed {attempts} attempt(s); last: {cause}")
@@ -132,13 +145,21 @@ def _read_v1(answer: dict, names: list[str]) -> ScoreTable:
     )
 
 
+def _paddlenlp_failure(answer) -> str | None:
+    """PaddleNLP's own server answers a failed batch with HTTP 200, error_code 500 and a 0 per item: not
+    scores, but a failure to retry like a 5xx. Ours answers a nonzero error_code only with a null score for
+    each item it could not score (the others are scores)."""
+    if not isinstance(answer, dict) or answer.get("error_code", 0) == 0:
+        return None
+    scores = answer.get("score")
+    if isinstance(scores, list) and None in scores:
+        return None
+    return f"error_code {answer['error_code']}: {str(answer.get('error_msg', ''))[:500]}"
+
+
 def _read_paddlenlp(answer: dict) -> ScoreTable:
     scores = [_score(value) for value in answer["score"]]
     message = answer.get("error_msg", "")
-    if answer.get("error_code", 0) != 0 and None not in scores:
-        # PaddleNLP's own server answers a failed batch with error_code 500 and zeros: they are not scores.
-        raise ValueError(f"error_code {answer['error_code']}: {message}")
-    # Ours marks each item it could not score with a null score and says why in error_msg.
     errors = [f"reward server: {message}" if score is None else None for score in scores]
     return ScoreTable(totals=scores, columns={}, errors=errors)
 

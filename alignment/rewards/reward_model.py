@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 from paddleformers.transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from alignment.modeling import _check_every_weight_stored
+from alignment.modeling import check_every_weight_stored
 
 
 class RewardModel:
@@ -40,7 +40,7 @@ class RewardModel:
         model = AutoModelForSequenceClassification.from_pretrained(
             path, dtype=dtype, load_checkpoint_format="unified_checkpoint"
         )
-        _check_every_weight_stored(model, folder)  # a score head left at random would score silently
+        check_every_weight_stored(model, folder)  # a score head left at random would score silently
         if not isinstance(getattr(model, "score", None), paddle.nn.Layer):
             raise ValueError(f"reward model {path}: {type(model).__name__} has no `score` head")
         return cls(model, AutoTokenizer.from_pretrained(path))

@@ -2,6 +2,11 @@ import math
 from dataclasses import dataclass, fields
 from numbers import Real
 
+# Upper bounds of the size settings, far past any real use (open-r1 and ms-swift count 3-grams; no model's
+# context holds 2^24 tokens): a typo, or a reward server request, is refused naming the key, not run.
+MAX_N_GRAMS = 1024
+MAX_LENGTH_TOKENS = 2**24
+
 
 @dataclass(frozen=True)
 class RewardSettings:
@@ -35,12 +40,16 @@ class RewardSettings:
                 raise ValueError(f"{field.name} must be an integer, got {value!r}")
         if self.repetition_n_grams < 1:
             raise ValueError(f"repetition_n_grams must be >= 1, got {self.repetition_n_grams}")
+        if self.repetition_n_grams > MAX_N_GRAMS:
+            raise ValueError(f"repetition_n_grams must be <= {MAX_N_GRAMS}, got {self.repetition_n_grams}")
         if self.repetition_max_penalty > 0:
             raise ValueError(f"repetition_max_penalty must be <= 0 (a penalty), got {self.repetition_max_penalty}")
         for name in ("cosine_max_len", "soft_max_length", "soft_cache_length"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (tokens), got {value}")
+            if value is not None and value > MAX_LENGTH_TOKENS:
+                raise ValueError(f"{name} must be <= {MAX_LENGTH_TOKENS} (tokens), got {value}")
         cache, max_length = self.soft_cache_length, self.soft_max_length
         if cache is not None and max_length is not None and cache >= max_length:
             raise ValueError(f"soft_cache_length ({cache}) must be less than soft_max_length ({max_length})")

@@ -33,3 +33,11 @@ def exit_on_marker(completion, sample):
     if "EXIT" in completion:
         os._exit(3)
     return 1.0
+
+
+@register_reward("traced_sleep", "writes the completion to the item's trace file, sleeps its sleep_s seconds; 1.0")
+def traced_sleep(completion, sample):
+    with open(sample["trace"], "a") as trace:  # which items started, and in what order
+        trace.write(completion + "\n")
+    time.sleep(sample.get("sleep_s", 0))
+    return 1.0
