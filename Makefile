@@ -81,4 +81,4 @@ $(LLAMACPP_INSTALLED):
 	touch $@
 
 test-gguf: $(INSTALLED) $(OPS) $(LLAMACPP_INSTALLED)
-	GRPO_LLAMA_CPP_PYTHON=$(abspath $(VENV_LLAMACPP))/bin/python $(PY) -m pytest tests/test_gguf.py
+	GRPO_LLAMA_CPP_PYTHON=$(abspath $(VENV_LLAMACPP))/bin/python $(PY) -m pytest tests/test_gguf.py tests/test_gguf_export.py

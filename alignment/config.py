@@ -40,8 +40,8 @@ def _key(default, help: str, **kwargs):
 @dataclass(frozen=True)
 class GRPOConfig:
     # Model and data
-    actor_model_name_or_path: str = _key("data/tiny-qwen2", "Policy model: a local Hugging Face-layout folder (config.json, safetensors, tokenizer).")
-    tokenizer_name_or_path: Optional[str] = _key(None, "Tokenizer folder; default: the actor's folder.")
+    actor_model_name_or_path: str = _key("data/tiny-qwen2", "Policy model: a local Hugging Face-layout folder (config.json, safetensors, tokenizer), or a .gguf file (llama.cpp, Ollama), imported into <output_dir>/imported/<file name without .gguf> and reused while the file is unchanged.")
+    tokenizer_name_or_path: Optional[str] = _key(None, "Tokenizer folder (or .gguf file, imported as the actor's is); default: the actor's.")
     chat_template: Optional[str] = _key(None, "Jinja chat template (text or file) replacing the tokenizer's.")
     train_datasets: str = _key("data/arith/train.jsonl", "Training jsonl file(s), comma-separated.")
     eval_datasets: Optional[str] = _key(None, "Held-out jsonl file(s), comma-separated; none: no evaluation.")
@@ -467,11 +467,18 @@ def validate(c: GRPOConfig) -> GRPOConfig:
                 raise ConfigError(f"{f.name} = {_show(v)}: must fit in a 64-bit integer (magnitude below 2^63)")
     for key in ("actor_model_name_or_path", "tokenizer_name_or_path"):
         folder = getattr(c, key)
+        _check(not names_gguf(folder) or _exists(Path.is_file, folder), f"{key}: no such file '{folder}'")
         _check(
-            folder is None or _exists(Path.is_file, Path(folder) / "config.json") or (key == "tokenizer_name_or_path" and _exists(Path.is_dir, folder)),
+            folder is None or names_gguf(folder) or _exists(Path.is_file, Path(folder) / "config.json") or (key == "tokenizer_name_or_path" and _exists(Path.is_dir, folder)),
             f"{key}: '{folder}' is not a local model folder (no config.json there); download the model first, "
             f"e.g. huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct",
         )
+    actor, tokenizer = c.actor_model_name_or_path, c.tokenizer_name_or_path
+    _check(
+        not (names_gguf(actor) and names_gguf(tokenizer) and Path(actor).stem == Path(tokenizer).stem and Path(actor).resolve() != Path(tokenizer).resolve()),
+        f"actor_model_name_or_path '{actor}' and tokenizer_name_or_path '{tokenizer}' are two .gguf files of one name, which "
+        f"would be imported into one folder (<output_dir>/imported/{Path(actor).stem}); rename one",
+    )
     for key in ("train_datasets", "eval_datasets"):
         paths = getattr(c, key) or ""
         _check(key == "eval_datasets" and not paths or any(p.strip() for p in paths.split(",")), f"{key} = '{paths}' names no file")
@@ -522,7 +529,8 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     )
     max_seq_len = model_limit if c.max_seq_len is None else c.max_seq_len
     if max_seq_len is not None:
-        source = "max_seq_len" if c.max_seq_len is not None else f"the model's max_position_embeddings ({c.actor_model_name_or_path}/config.json)"
+        model_file = c.actor_model_name_or_path if names_gguf(c.actor_model_name_or_path) else f"{c.actor_model_name_or_path}/config.json"
+        source = "max_seq_len" if c.max_seq_len is not None else f"the model's max_position_embeddings ({model_file})"
         _check(
             c.max_prompt_len + c.max_dec_len <= max_seq_len,
             f"max_prompt_len ({c.max_prompt_len}) + max_dec_len ({c.max_dec_len}) = {c.max_prompt_len + c.max_dec_len} "
@@ -714,10 +722,30 @@ def _exists(test, path) -> bool:
         return False
 
 
+def names_gguf(path: Optional[str]) -> bool:
+    """Whether a model path names a GGUF file (llama.cpp, Ollama), which the trainer imports (alignment/gguf.py):
+    a name ending .gguf, or a file starting with the bytes GGUF (Ollama's blobs are named sha256-<digest>)."""
+    if path is None or Path(path).suffix.lower() == ".gguf":
+        return path is not None
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except (OSError, ValueError):  # a folder, no such file, a name the system refuses
+        return False
+
+
 def _model_max_positions(path: str):
-    """max_position_embeddings of the model folder's config.json (ConfigError naming the file where it is not JSON)."""
+    """max_position_embeddings of the model folder's config.json, or of the config a .gguf's header gives (ConfigError
+    naming the file where it is not JSON, or not a GGUF the importer reads: a damaged file is refused here)."""
     from alignment.modeling import ModelLoadError, read_json_object
 
+    if names_gguf(path):
+        from alignment.gguf import GGUFImportError, read_config  # transformers and tokenizers: only where needed
+
+        try:
+            return read_config(path)["max_position_embeddings"]
+        except GGUFImportError as e:
+            raise ConfigError(f"actor_model_name_or_path: {e}") from None
     try:
         return read_json_object(Path(path) / "config.json").get("max_position_embeddings")
     except ModelLoadError as e:

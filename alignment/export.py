@@ -1,7 +1,8 @@
-"""Export a checkpoint, or any model folder, as a Hugging Face model folder: the model and its tokenizer.
+"""Export a checkpoint, or any model folder, as a Hugging Face model folder or as one GGUF file (llama.cpp, Ollama).
 
     python -m alignment.export output/tiny/checkpoint-40 exported/tiny-grpo
     python -m alignment.export output/tiny/checkpoint-40 exported/tiny-grpo --overwrite
+    python -m alignment.export output/tiny/checkpoint-40 exported/tiny-grpo.gguf --format gguf --outtype q8_0
 
 The result loads with transformers' AutoModelForCausalLM / AutoTokenizer.from_pretrained (and with this
 project's loader). Checkpoints already store the model in the layout transformers reads (see
@@ -9,22 +10,25 @@ alignment/modeling.py: Hugging Face tensor names, torch's (out, in) linear weigh
 the model and tokenizer files and leaves the training state (optimizer.pdopt, trainer_state.json,
 grpo_config.json, ...) behind. The files are copied into a hidden folder beside OUTPUT_DIR that is
 renamed into place once complete: an interrupted export leaves no half-written OUTPUT_DIR.
+
+--format gguf writes the model, tokenizer and chat template as one .gguf file (alignment/gguf_export.py) in
+--outtype f32, f16 or q8_0; a LoRA checkpoint is first merged into its base model (alignment/merge_lora.py, in
+float32, into a hidden folder that is removed afterwards).
 """
 
 import argparse
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
+
+from alignment.gguf_export import OUTTYPES, write_gguf_file
+from alignment.merge_lora import merge_lora
+from alignment.output_folders import TOKENIZER_FILES, ExportError, check_output, replace_folder
 
 # What transformers reads from a model folder; the rest of a checkpoint (optimizer, trainer state, run config) stays.
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template.*", "vocab.*", "merges.txt")
-
-
-class ExportError(Exception):
-    pass
-
 
 def export(source: Path, output: Path, overwrite: bool = False) -> list:
     """Copies source's model and tokenizer files into output -> the names copied."""
@@ -40,6 +44,22 @@ def export(source: Path, output: Path, overwrite: bool = False) -> list:
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful rename
     return sorted(file.name for file in files)
+
+
+def export_gguf(source: Path, output: Path, outtype: str = "f32", overwrite: bool = False) -> dict:
+    """source (checkpoint, LoRA checkpoint or model folder) -> output (a .gguf file) -> write_gguf_file's summary."""
+    source, output = source.resolve(), output.resolve()
+    if output.is_dir():
+        raise ExportError(f"{output}: is a folder; --format gguf writes one file (e.g. {output / 'model.gguf'})")
+    if output.exists() and not overwrite:
+        raise ExportError(f"{output}: exists (pass --overwrite to replace it)")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if not ((source / "adapter_config.json").is_file() and not (source / "config.json").is_file()):
+        files_to_export(source)  # the same refusals as the folder export: no config.json, no weights, no tokenizer
+        return write_gguf_file(source, output, outtype)
+    with tempfile.TemporaryDirectory(prefix=f".{output.name}.merged-", dir=output.parent) as merged:
+        merge_lora(source, Path(merged) / "model", dtype="float32")
+        return write_gguf_file(Path(merged) / "model", output, outtype)
 
 
 def files_to_export(source: Path) -> list:
@@ -61,35 +81,21 @@ def files_to_export(source: Path) -> list:
     return sorted(files)
 
 
-def check_output(source: Path, output: Path, overwrite: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise ExportError(f"{output}: exists and is not a folder")
-    if output == source or output in source.parents:
-        raise ExportError(f"{output}: is or contains the folder being exported")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise ExportError(f"{output}: exists and is not empty (pass --overwrite to replace it)")
-
-
-def replace_folder(staging: Path, output: Path) -> None:
-    """Renames staging to output; an existing output is moved aside first and removed once replaced."""
-    if not output.exists():
-        os.replace(staging, output)
-        return
-    old = output.parent / f".{output.name}.old-{os.getpid()}"
-    os.replace(output, old)
-    os.replace(staging, output)
-    shutil.rmtree(old)
-
-
 def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m alignment.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint folder (output_dir/checkpoint-N) or any Hugging Face-layout model folder")
-    parser.add_argument("output", type=Path, help="the folder to write (must not exist or be empty, unless --overwrite)")
+    parser.add_argument("output", type=Path, help="the folder to write (must not exist or be empty, unless --overwrite); with --format gguf, the .gguf file")
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists and is not empty")
+    parser.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a Hugging Face model folder (default); gguf: one file for llama.cpp / Ollama")
+    parser.add_argument("--outtype", choices=tuple(OUTTYPES), default="f32", help="--format gguf: the type of the linear weights (default f32)")
     args = parser.parse_args(argv)
     try:
+        if args.format == "gguf":
+            summary = export_gguf(args.checkpoint, args.output, args.outtype, args.overwrite)
+            print(f"{args.output}: {summary['arch']}, {summary['outtype']}, tokenizer.ggml.pre {summary['pre']}")
+            return 0
         copied = export(args.checkpoint, args.output, args.overwrite)
-    except (ExportError, OSError) as error:
+    except (ExportError, ValueError, OSError) as error:  # GGUFExportError, and ModelLoadError from merging, are ValueErrors
         print(f"export: error: {error}", file=sys.stderr)
         return 2
     print(f"{args.output}: {', '.join(copied)}")

@@ -2,6 +2,9 @@
 
     python -m alignment.gguf import MODEL.gguf OUT_DIR
 
+run_grpo.py also takes the .gguf itself as actor_model_name_or_path: import_if_changed imports it into
+<output_dir>/imported/<name> and reuses that folder while the file is unchanged.
+
 The folder holds config.json, generation_config.json, model.safetensors (fp32), and the tokenizer
 (tokenizer.json, tokenizer_config.json with the chat template) built from the GGUF's own metadata.
 Architectures: llama (SmolLM, Llama 2/3.0, Mistral 7B, TinyLlama), qwen2 (Qwen2, Qwen2.5) and qwen3.
@@ -115,6 +118,42 @@ def import_gguf(source: str | Path, out_dir: str | Path, overwrite: bool = False
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
+
+
+def read_config(source: str | Path) -> dict:
+    """The config.json an import of MODEL.gguf writes, from the file's header (no tensor is read): the checks of an
+    import's first step (a GGUF, an architecture and rotary scheme the importer reads) before any weight is."""
+    source = Path(source)
+    reader = _open(source)
+    metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.") or name.endswith("_token_id")}
+    return model_config(source, metadata, _architecture(source, metadata), reader)
+
+
+def import_if_changed(source: str | Path, out_dir: str | Path) -> bool:
+    """Imports MODEL.gguf into OUT_DIR, replacing what is there, unless OUT_DIR holds an import of the file as it is
+    now (its gguf_source.json) -> whether it imported."""
+    if _is_import_of(Path(out_dir), Path(source)):
+        return False
+    import_gguf(source, out_dir, overwrite=True)
+    return True
+
+
+def _is_import_of(folder: Path, source: Path) -> bool:
+    """Whether folder was imported from source's present bytes. The recorded path, size and modification time
+    all equal: yes, without reading the file (make's and rsync's rule). The size differs: no. Else (the file
+    copied, moved or touched) its SHA-256 decides, and a match records the new path and time for next time."""
+    try:
+        recorded = json.loads((folder / "gguf_source.json").read_text())
+    except (OSError, ValueError):  # no import there, or one cut short before this file was written
+        return False
+    stat = source.stat()
+    now = {"file": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    if all(recorded.get(key) == value for key, value in now.items()):
+        return True
+    if recorded.get("size") != stat.st_size or recorded.get("sha256") != _sha256(source):
+        return False
+    (folder / "gguf_source.json").write_text(json.dumps({**recorded, **now}, indent=2) + "\n")
+    return True
 
 
 def _open(source: Path):
@@ -327,11 +366,16 @@ def _sentencepiece_bpe(source: Path, metadata: dict, tokens: list, types: list) 
 
 
 def _provenance(source: Path) -> dict:
+    stat = source.stat()
+    return {"file": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(source)}
+
+
+def _sha256(source: Path) -> str:
     digest = hashlib.sha256()
     with open(source, "rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):
             digest.update(block)
-    return {"file": str(source.resolve()), "size": source.stat().st_size, "sha256": digest.hexdigest()}
+    return digest.hexdigest()
 
 
 def main(argv: list | None = None) -> int:

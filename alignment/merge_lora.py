@@ -19,7 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.export import TOKENIZER_FILES, ExportError, check_output, replace_folder
+from alignment.output_folders import TOKENIZER_FILES, ExportError, check_output, replace_folder
+from alignment.config import names_gguf
 from alignment.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.modeling import load_causal_lm, save_model
 
@@ -27,7 +28,9 @@ from alignment.modeling import load_causal_lm, save_model
 def base_model_of(checkpoint: Path) -> str:
     run_config = checkpoint / "grpo_config.json"
     if run_config.is_file() and json.loads(run_config.read_text()).get("actor_model_name_or_path"):
-        return json.loads(run_config.read_text())["actor_model_name_or_path"]
+        base = json.loads(run_config.read_text())["actor_model_name_or_path"]
+        # a .gguf base: the folder the run imported it into, beside its checkpoints (alignment/run_start.py)
+        return str(checkpoint.parent / "imported" / Path(base).stem) if names_gguf(base) else base
     adapter_base = json.loads((checkpoint / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
     if adapter_base:
         return adapter_base

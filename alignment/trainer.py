@@ -9,7 +9,6 @@ phases and times them.
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import signal
@@ -33,18 +32,8 @@ from alignment.algo import (
     policy_loss,
     truncated_importance_weights,
 )
-from alignment.checkpoint import (
-    CheckpointError,
-    Lineage,
-    checkpoint_path,
-    load_training_state,
-    previous_run_files,
-    remove_previous_run,
-    resolve_resume,
-    save_checkpoint,
-    settings_changes,
-)
-from alignment.config import ConfigError, GRPOConfig
+from alignment.checkpoint import checkpoint_path, load_training_state, save_checkpoint
+from alignment.config import GRPOConfig
 from alignment.curves import plot_curves
 from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
@@ -68,6 +57,7 @@ from alignment.rewards.registry import reference_readers
 from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
 from alignment.runtime import contiguous_kernels
+from alignment.run_start import model_folders, nothing_to_train, start_point
 
 
 @dataclass
@@ -112,7 +102,8 @@ def concat_scored(parts: list, pad_token_id: int) -> ScoredBatch:
 def train(config: GRPOConfig) -> Path:
     world = init_world(config.sharding, config.sharding_parallel_degree)
     resume, lineage = start_point(config, world)  # refuses another run's output_dir; verifies the checkpoint
-    tokenizer = load_tokenizer(config.tokenizer_name_or_path or config.actor_model_name_or_path, config.chat_template)
+    actor_folder, tokenizer_folder = model_folders(config, world)  # a .gguf is imported once, into <output_dir>/imported
+    tokenizer = load_tokenizer(tokenizer_folder, config.chat_template)
     train_prompts, truncated, dropped = load_prompts(config.train_datasets, tokenizer, config)
     eval_prompts = load_prompts(config.eval_datasets, tokenizer, config)[0] if config.eval_datasets else []
     schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
@@ -121,7 +112,7 @@ def train(config: GRPOConfig) -> Path:
         return nothing_to_train(resume, total_steps, world)
 
     # a LoRA checkpoint holds the adapter only: the base comes from actor_model_name_or_path
-    model = load_causal_lm(str(resume.path if resume and not config.lora else config.actor_model_name_or_path), _dtype(config))
+    model = load_causal_lm(str(resume.path if resume and not config.lora else actor_folder), _dtype(config))
     if config.lora:  # before the training operators, the rollout engine and the optimizer take the layers
         apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
         if resume:
@@ -134,7 +125,7 @@ def train(config: GRPOConfig) -> Path:
             warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
     ref_model = None
     if config.kl_loss_coeff > 0 and not config.lora:  # no reference model at kl_loss_coeff 0; with LoRA it is the actor without adapters
-        ref_model = load_causal_lm(config.actor_model_name_or_path, _dtype(config))
+        ref_model = load_causal_lm(actor_folder, _dtype(config))
         ref_model.eval()
         for parameter in ref_model.parameters():
             parameter.stop_gradient = True
@@ -262,63 +253,6 @@ class RewardsFailedError(RuntimeError):
 
 def nothing_scored(scored: ScoredBatch, world: World) -> bool:
     return not world.max(np.array([float(np.isfinite(scored.rewards).any())]))[0]
-
-
-def start_point(config: GRPOConfig, world: World) -> tuple:
-    """Where the run starts -> (the verified ResumePoint or None, the Lineage its checkpoints get). Refuses an
-    output_dir holding another run unless resuming or overwrite_output_dir, and a resume that changes what a
-    step trains on unless allow_config_change; every process decides together, before any writes."""
-    current = json.loads(config.to_json())
-
-    def matches(settings: dict, state: dict) -> bool:
-        return not settings_changes(settings, state.get("processes"), current, world.size)[0]
-
-    refusal = resume = previous = None
-    notes = []
-    try:
-        resume, skipped = resolve_resume(config.resume_from_checkpoint, config.output_dir, matches)
-        notes += [f"skipped damaged checkpoint {path}: {why}" for path, why in skipped]
-        if skipped and resume is None:
-            notes.append("no intact checkpoint left: the run starts anew")
-        previous = previous_run_files(config.output_dir, config.resolved_logging_dir) if config.resume_from_checkpoint is None else []
-        shown = ", ".join(path.name for path in previous[:6]) + (f" and {len(previous) - 6} more" if len(previous) > 6 else "")
-        if previous and not config.overwrite_output_dir:
-            raise ConfigError(
-                f"output_dir {config.output_dir} holds another run ({shown}): continue it with --resume_from_checkpoint auto, "
-                f"replace it with --overwrite_output_dir, or choose another --output_dir"
-            )
-        if previous:
-            notes.append(f"overwrite_output_dir: removed the previous run's {shown} from {config.output_dir}")
-        if resume:
-            refused, allowed = settings_changes(resume.settings, resume.state.get("processes"), current, world.size)
-            if refused and not config.allow_config_change:
-                raise ConfigError(
-                    f"resume_from_checkpoint: {resume.path} was trained with other values of keys that change what a step "
-                    f"trains on: {'; '.join(refused)}; resume with the old values, or give --allow_config_change"
-                )
-            if refused or allowed:
-                notes.append(f"resuming with changed settings: {'; '.join(refused + allowed)}")
-    except (ConfigError, CheckpointError) as error:
-        refusal = error
-    if world.max(np.array([float(refusal is not None)]))[0]:
-        raise refusal or ConfigError("another process refused to start: its log (<log_dir>/workerlog.<rank>) says why")
-    if world.is_main:
-        remove_previous_run(previous)
-        for note in notes:
-            print(note, flush=True)
-    return resume, (Lineage.of(resume.state).continued(resume.step, resume.path) if resume else Lineage.new())
-
-
-def nothing_to_train(resume, total_steps: int, world: World) -> Path:
-    """A resume at or past the run's last step: say so (an error when max_steps is below the checkpoint's step)."""
-    if resume.step > total_steps:
-        raise ConfigError(
-            f"max_steps: the run ends at step {total_steps}, before {resume.path} (step {resume.step}); "
-            f"give --max_steps above {resume.step} to train further"
-        )
-    if world.is_main:
-        print(f"nothing to train: {resume.path} is the run's last step ({total_steps}); give --max_steps above {total_steps} to train further", flush=True)
-    return resume.path
 
 
 class TerminationRequest:

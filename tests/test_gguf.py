@@ -23,6 +23,7 @@ from safetensors.numpy import load_file, save_file
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
 from alignment.gguf import GGUFImportError, import_gguf
+from alignment.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute
 from alignment.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 
@@ -195,44 +196,14 @@ def test_float_types_dequantize_to_their_values():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# GGUF files written here as convert_hf_to_gguf.py writes them, from a model folder in Hugging Face layout.
-
-GGUF_NAMES = {  # Hugging Face name -> GGUF name (alignment/gguf.py holds the other direction)
-    "embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output", "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
-
-
-def gguf_name(name: str) -> str:
-    stem, kind = name.rsplit(".", 1)
-    if stem.startswith("model.layers."):
-        layer, rest = stem[len("model.layers.") :].split(".", 1)
-        return f"blk.{layer}.{GGUF_NAMES[rest]}.{kind}"
-    return f"{GGUF_NAMES[stem.removeprefix('model.')]}.{kind}"
-
-
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:  # convert_hf_to_gguf.py's LlamaModel.permute
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+# GGUF files written here with the product's writer (alignment/gguf_export.py, the GGUF export), from a model folder in
+# Hugging Face layout, in any type the gguf package quantizes to.
 
 
 def write_tokenizer(writer, tokenizer_dir: Path, pre: str) -> None:
-    """tiny-qwen2's byte-level BPE vocabulary as llama.cpp's converter writes a gpt2-style one."""
-    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    vocab = {**spec["model"]["vocab"], **{t["content"]: t["id"] for t in spec["added_tokens"]}}
-    tokens = sorted(vocab, key=vocab.get)
-    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
-    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]])
-    writer.add_bos_token_id(vocab["<|im_start|>"])
-    writer.add_eos_token_id(vocab["<|im_end|>"])
-    writer.add_pad_token_id(vocab["<|endoftext|>"])
-    writer.add_add_bos_token(False)
-    writer.add_chat_template((tokenizer_dir / "chat_template.jinja").read_text())
+    """tiny-qwen2's byte-level BPE vocabulary (bos <|endoftext|> from its config.json, eos <|im_end|>, its chat template)
+    under the pre-tokenizer named `pre`."""
+    add_tokenizer(writer, tokenizer_dir, json.loads((tokenizer_dir / "config.json").read_text()), pre)
 
 
 def write_gguf(model_dir: Path, path: Path, qtype: Q, pre: str = "qwen2", vocabulary=None) -> dict:
@@ -240,42 +211,15 @@ def write_gguf(model_dir: Path, path: Path, qtype: Q, pre: str = "qwen2", vocabu
     for llama; tiny-qwen2's vocabulary with pre-tokenizer `pre`, or what vocabulary(writer) writes.
     -> {Hugging Face name: the fp32 weight the file holds}, what an import must give back."""
     config = json.loads((model_dir / "config.json").read_text())
-    arch = config["model_type"]
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_key_length(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-    writer.add_value_length(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_freq_base(config.get("rope_theta") or config["rope_parameters"]["rope_theta"])
-    writer.add_file_type(int(qtype))
+    weights = {name: w.astype(np.float32) for name, w in load_file(str(model_dir / "model.safetensors")).items()}
+    writer = gguf.GGUFWriter(str(path), config["model_type"])
+    add_hyperparameters(writer, config)
     (vocabulary or (lambda w: write_tokenizer(w, TINY, pre)))(writer)
-    stored = {}
-    for name, weight in load_file(str(model_dir / "model.safetensors")).items():
-        if name == "lm_head.weight" and config["tie_word_embeddings"]:
-            continue  # a tied model's GGUF has no output tensor
-        weight = weight.astype(np.float32)
-        kind = qtype if weight.ndim == 2 else Q.F32
-        # what an import must give back; the same before or after permuting, which moves whole rows (blocks lie along rows)
-        stored[name] = dequantize(quantize(weight, kind), kind).reshape(weight.shape)
-        if arch == "llama" and ".q_proj." in name:
-            weight = permute(weight, config["num_attention_heads"])
-        elif arch == "llama" and ".k_proj." in name:
-            weight = permute(weight, config["num_key_value_heads"])
-        writer.add_tensor(gguf_name(name), quantize(weight, kind), raw_dtype=kind)
+    add_tensors(writer, config, weights, qtype)
     finish(writer)
-    return stored
-
-
-def finish(writer) -> None:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    # the same before or after permuting, which moves whole rows (blocks lie along rows); a tied model has no output tensor
+    kept = {name: w for name, w in weights.items() if not (name == "lm_head.weight" and config["tie_word_embeddings"])}
+    return {name: dequantize(*encoded(w, qtype)).reshape(w.shape) for name, w in kept.items()}
 
 
 SHAPE = dict(vocab_size=451, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -395,7 +339,7 @@ def test_tokenizer_equals_the_reference_tokenizer(pre, reference, vocabulary_fil
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert ids == slow.encode(text, add_special_tokens=False), text
         assert tokenizer.decode(ids) == text
-    assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
+    assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|endoftext|>", "<|endoftext|>")
     assert tokenizer.chat_template == (TINY / "chat_template.jinja").read_text()
 
 
@@ -624,11 +568,15 @@ else:  # fp32 logits at every position: an F32 file, and an F32 KV cache (llama.
 """
 
 
-def llama_cpp(task: dict) -> str:
+def llama_cpp_python() -> str:
     python = os.environ.get("GRPO_LLAMA_CPP_PYTHON")
     if not python:
         pytest.skip("GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (README: Real models from GGUF)")
-    run = subprocess.run([python, "-c", LLAMA_CPP_SIDE], input=json.dumps(task), capture_output=True, text=True, timeout=600)
+    return python
+
+
+def llama_cpp(task: dict) -> str:
+    run = subprocess.run([llama_cpp_python(), "-c", LLAMA_CPP_SIDE], input=json.dumps(task), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
 
@@ -663,6 +611,7 @@ def test_tokenizer_equals_llama_cpp(smollm2):
 def test_smollm2_logits_equal_llama_cpp(smollm2, tmp_path):
     """fp32 logits of the imported model = llama.cpp's on the same (dequantized) weights. Measured: largest difference
     1.5e-4 over 2 x 37 positions x 49,152 logits of standard deviation 7.4."""
+    llama_cpp_python()  # skips before writing the 540 MB copy where llama.cpp is not available
     ids = [SMOLLM2_TOKENS[text] for text in list(SMOLLM2_TOKENS)[5:7]]
     ids = [ids[0], (ids[1] * 5)[: len(ids[0])]]  # two rows of one length
     expected = llama_cpp_logits(dequantized_copy(smollm2_file(), tmp_path / "f32.gguf"), ids)

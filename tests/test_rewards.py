@@ -346,7 +346,6 @@ def test_reregistering_a_name_with_another_function_raises():
     spec = get_reward("accuracy")
     assert register_reward("accuracy", "same function again")(spec.fn) is spec.fn
     assert get_reward("accuracy") == spec  # its description and needs_reference stay
-    fn = spec.fn
     with pytest.raises(ValueError, match="already registered"):
         register_reward("accuracy", "another")(lambda completion, sample: 1.0)
     with pytest.raises(ValueError, match="one-line"):
