@@ -28,7 +28,7 @@ from alignment.config import KEYS, GRPOConfig  # noqa: E402
 from alignment.data import DataError, encode_messages, read_prompt_records  # noqa: E402
 from alignment.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
 from alignment.merge_lora import base_model_of  # noqa: E402
-from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
+from alignment.modeling import ModelLoadError, load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
 
 OVERRIDES = {  # flag -> type; each defaults to the training run's value
@@ -110,8 +110,12 @@ def main(argv: list | None = None) -> int:
         print(f"chat: error: {folder} is not a model folder (no config.json there) nor a LoRA checkpoint", file=sys.stderr)
         return 2
     config = chat_config(folder, args)
-    tokenizer = load_tokenizer(str(folder))
-    model = load_causal_lm(base_model_of(folder) if lora else str(folder))
+    try:
+        tokenizer = load_tokenizer(str(folder))
+        model = load_causal_lm(base_model_of(folder) if lora else str(folder))
+    except ModelLoadError as e:  # a damaged folder: one line naming the file
+        print(f"chat: error: {e}", file=sys.stderr)
+        return 2
     if lora:
         merge_adapter(model, folder)
     model.eval()

@@ -109,3 +109,14 @@ def test_a_folder_without_a_model_is_a_clear_error(tmp_path):
     done = chat(str(tmp_path))
     assert done.returncode == 2
     assert f"chat: error: {tmp_path} is not a model folder (no config.json there)" in done.stderr
+
+
+def test_a_damaged_model_folder_is_one_line(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree("data/tiny-qwen2", folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    done = subprocess.run([sys.executable, "-m", "alignment.chat", str(folder), "--greedy"], input="hi\n", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("chat: error: ")]
+    assert "model.safetensors" in line and "truncated" in line and "Traceback" not in done.stderr

@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+from paddleformers.transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
 
 from alignment.algo import token_logprobs
@@ -22,7 +22,28 @@ if OPS is not None:
     from alignment.rollout.fused import FusedEngine
 
 
-@pytest.fixture(params=[qwen2_tied, llama_untied], ids=["qwen2-tied-gqa-bias", "llama-untied-gqa"])
+def qwen3(tied: bool, head_dim: int):
+    """Qwen3: per-head q/k RMSNorms (made not all ones, so they count), no q/k/v bias."""
+    paddle.seed(13 if tied else 14)
+    model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=tied, head_dim=head_dim, **SHAPE))
+    for layer in model.model.layers:
+        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+            norm.weight.set_value(norm.weight + paddle.randn(norm.weight.shape) * 0.3)
+    return model
+
+
+def qwen3_tied():
+    return qwen3(tied=True, head_dim=32)  # a head size that is not hidden / heads, as the real Qwen3s have
+
+
+def qwen3_untied():
+    return qwen3(tied=False, head_dim=SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
+
+
+@pytest.fixture(
+    params=[qwen2_tied, llama_untied, qwen3_tied, qwen3_untied],
+    ids=["qwen2-tied-gqa-bias", "llama-untied-gqa", "qwen3-tied-gqa-qknorm-head32", "qwen3-untied-gqa-qknorm"],
+)
 def model(request):
     model = request.param()
     model.eval()
@@ -76,8 +97,9 @@ def test_same_seed_same_completions():
     assert engine.generate(PROMPTS, 2, params).completion_ids.tolist() != first.tolist()
 
 
-def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it():
-    model = qwen2_tied()
+@pytest.mark.parametrize("make_model", [qwen2_tied, qwen3_tied], ids=["qwen2", "qwen3"])
+def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it(make_model):
+    model = make_model()
     engine = FusedEngine(model, [VOCAB - 1], PAD, OPS)
     assert engine.check_weight_sync() < 1e-5
     q_proj = model.model.layers[1].self_attn.q_proj.weight  # lives in the engine's concatenated copy
@@ -89,6 +111,10 @@ def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it():
     down = model.model.layers[0].mlp.down_proj.weight  # read in place: no copy to go stale
     down.set_value(down * 1.5)
     assert engine.check_weight_sync() < 1e-5
+    if make_model is qwen3_tied:  # the per-head q/k norms are read in place too
+        for norm in (model.model.layers[1].self_attn.q_norm, model.model.layers[0].self_attn.k_norm):
+            norm.weight.set_value(norm.weight * 1.5)
+        assert engine.check_weight_sync() < 1e-5
     head = model.lm_head.weight  # tied to the embedding; packed into a copy where the operators have MKL
     head.set_value(head * 1.1)
     if hasattr(OPS, "grpo_pack_weight"):
@@ -100,11 +126,26 @@ def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it():
 
 def test_build_engine_warns_and_falls_back_for_a_model_it_does_not_run():
     paddle.seed(1)
-    qwen3 = Qwen3ForCausalLM(Qwen3Config(**SHAPE))  # q/k norms: not a layout the fused engine runs
+    phi3 = Phi3ForCausalLM(Phi3Config(**SHAPE))  # a fused q|k|v projection: not a layout the fused engine runs
     config = GRPOConfig(use_fusemt=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        engine = build_engine(config, qwen3, [VOCAB - 1], PAD)
+        engine = build_engine(config, phi3, [VOCAB - 1], PAD)
     assert isinstance(engine, EagerEngine)
-    assert any("model_type 'qwen3'" in str(w.message) and "eager engine" in str(w.message) for w in caught)
+    assert any("model_type 'phi3'" in str(w.message) and "eager engine" in str(w.message) for w in caught)
     assert isinstance(build_engine(config, qwen2_tied(), [VOCAB - 1], PAD), FusedEngine)
+    assert isinstance(build_engine(config, qwen3_tied(), [VOCAB - 1], PAD), FusedEngine)
+    paddle.seed(2)
+    with_o_bias = Qwen3ForCausalLM(Qwen3Config(attention_bias=True, head_dim=16, **SHAPE))
+    with pytest.warns(UserWarning, match="a bias on o_proj .* generating with the eager engine"):
+        assert isinstance(build_engine(config, with_o_bias, [VOCAB - 1], PAD), EagerEngine)
+
+
+def test_the_training_operators_still_refuse_qwen3():
+    """They share unsupported_reason with this engine but do not apply the per-head q/k norms: swapping them
+    in would change Qwen3's logits (by about 1 on this model), so they must keep falling back."""
+    from alignment.fused_train import use_training_ops
+
+    model = qwen3_tied()
+    assert "per-head q/k RMSNorms" in use_training_ops(model)
+    assert type(model.model.layers[0].self_attn).__name__ == "Qwen3Attention"  # nothing was swapped

@@ -1,11 +1,11 @@
-"""The fused engine (`use_fusemt: true`): Qwen2 / Llama decoding with the compiled csrc/ operators.
+"""The fused engine (`use_fusemt: true`): Qwen2 / Qwen3 / Llama decoding with the compiled csrc/ operators.
 
 What it changes against the eager engine (PaddleNLP's FusedMT idea):
 - one preallocated KV cache for all layers, (L, 2, B, S, KVH, D), written in place by the rotary
   operator, instead of a cache that grows by concatenation every step;
 - about ten calls per layer per token: RMSNorm fused with the residual add, one q|k|v matmul,
   rotary + cache write, attention over the cache with grouped KV heads, one gate|up matmul,
-  SiLU x up, and the two output matmuls;
+  SiLU x up, and the two output matmuls (Qwen3 adds its per-head q and k RMSNorms before the rotary);
 - sampling, stop handling and compaction in C++: finished rows leave the active batch, so a batch
   whose completions end early stops paying for them.
 
@@ -33,22 +33,28 @@ from alignment.rollout.base import Rollout, SamplingParams, TokenStream, WeightS
 from alignment.rollout.eager import left_pad
 from alignment.runtime import contiguous_kernels
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 PROBE_LENGTHS = (24, 17)  # two probe rows of different lengths, so the check covers left padding
 COMPACT_FRACTION = 8  # compact once at least 1/8 of the active rows have finished
 
 
-def unsupported_reason(model) -> Optional[str]:
-    """Why the fused engine cannot run this model (None: it can)."""
+def unsupported_reason(model, per_head_qk_norms: bool = False) -> Optional[str]:
+    """Why the fused engine cannot run this model (None: it can). per_head_qk_norms: whether the caller applies
+    Qwen3's per-head q/k RMSNorms (this engine does; alignment/fused_train.py's modules, which share the rest
+    of this check, do not, so they are told no for Qwen3)."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {config.model_type!r} (the fused engine runs {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if not per_head_qk_norms and hasattr(model.model.layers[0].self_attn, "q_norm"):
+        return f"model_type {config.model_type!r}: per-head q/k RMSNorms, which these operators do not apply"
     if model.lm_head.weight.dtype != paddle.float32:
         return f"{model.lm_head.weight.dtype} weights (the CPU operators are float32)"
     if getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False):
         return "fuse_attention_qkv / fuse_attention_ffn layouts"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
+    if any(layer.self_attn.o_proj.bias is not None for layer in model.model.layers):
+        return "a bias on o_proj (attention_bias on a Llama or Qwen3)"
     return None
 
 
@@ -74,6 +80,8 @@ class LayerWeights:
     input_norm: paddle.Tensor  # (Hd,) the actor's
     qkv: paddle.Tensor  # (Hd, (H + 2 KVH) D) concatenated copy
     qkv_bias: Optional[paddle.Tensor]  # ((H + 2 KVH) D,) concatenated copy, None without biases
+    q_norm: Optional[paddle.Tensor]  # (D,) the actor's per-head q RMSNorm weight (Qwen3), None without
+    k_norm: Optional[paddle.Tensor]  # (D,) the same for k
     o_proj: paddle.Tensor  # (H D, Hd) the actor's (a merged copy with a LoRA adapter)
     post_norm: paddle.Tensor  # (Hd,) the actor's
     gate_up: paddle.Tensor  # (Hd, 2 I) concatenated copy
@@ -84,10 +92,13 @@ def _fuse_layer(layer) -> LayerWeights:
     attention, mlp = layer.self_attn, layer.mlp
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
     biases = [p.bias for p in projections]
+    q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
     return LayerWeights(
         input_norm=layer.input_layernorm.weight,
         qkv=paddle.concat([effective_weight(p) for p in projections], axis=1),
         qkv_bias=paddle.concat(biases) if all(b is not None for b in biases) else None,
+        q_norm=q_norm.weight if q_norm is not None else None,
+        k_norm=k_norm.weight if k_norm is not None else None,
         o_proj=effective_weight(attention.o_proj),
         post_norm=layer.post_attention_layernorm.weight,
         gate_up=paddle.concat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)], axis=1),
@@ -178,12 +189,23 @@ class FusedEngine:
         for index, layer in enumerate(self.layers):
             hidden, residual = ops.grpo_add_rms_norm(x, residual, layer.input_norm, self.eps)
             qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)  # (B, T, (H + 2 KVH) D)
+            if layer.q_norm is not None:
+                qkv = self._norm_qk_heads(qkv, layer)
             q, _ = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, index, start, self.num_heads, self.num_kv_heads)
             attention = ops.grpo_cache_attention(q, cache, first_slot, index, start)  # (B, T, H D)
             hidden, residual = ops.grpo_add_rms_norm(paddle.matmul(attention, layer.o_proj), residual, layer.post_norm, self.eps)
             x = paddle.matmul(ops.grpo_silu_mul(paddle.matmul(hidden, layer.gate_up)), layer.down_proj)
         hidden, _ = ops.grpo_add_rms_norm(x, residual, self.model.model.norm.weight, self.eps)
         return hidden
+
+    def _norm_qk_heads(self, qkv, layer: LayerWeights):
+        """Qwen3's RMSNorm over each q and k head: (B, T, (H + 2 KVH) D) -> the same layout, v untouched."""
+        batch, length = qkv.shape[:2]
+        heads = qkv.reshape([batch, length, -1, self.head_dim])  # (B, T, H + 2 KVH, D)
+        q, k, v = paddle.split(heads, [self.num_heads, self.num_kv_heads, self.num_kv_heads], axis=2)
+        q, _ = self.ops.grpo_add_rms_norm(q, None, layer.q_norm, self.eps)
+        k, _ = self.ops.grpo_add_rms_norm(k, None, layer.k_norm, self.eps)
+        return paddle.concat([q, k, v], axis=2).reshape([batch, length, -1])
 
     def _logits(self, hidden):
         """(..., Hd) -> (..., V) float32; lm_head's weight is (V, Hd), tied to the embedding or not."""
