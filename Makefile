@@ -47,20 +47,20 @@ train: $(INSTALLED) $(OPS)
 test: $(INSTALLED) $(OPS)
 	$(PY) -m pytest
 
-# make test-hf: the Hugging Face interop tests against transformers in PyTorch, which lives in its own
-# .venv-torch (torch is never installed beside paddle); tests/hf_side.py runs there.
-VENV_TORCH := .venv-torch
-TORCH_INSTALLED := $(VENV_TORCH)/.installed
-
-$(TORCH_INSTALLED):
-	@echo "make: creating $(VENV_TORCH) with torch and transformers (about 1 GB)"
-	$(PYTHON) -m venv $(VENV_TORCH)
-	$(VENV_TORCH)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV_TORCH)/bin/python -m pip install --quiet torch==2.13.0 transformers==4.57.6
+# The reference environments of make test-hf and make test-gguf: .venv-NAME with SIDE_PACKAGES_NAME, kept
+# apart from .venv (torch is never installed beside paddle; llama-cpp-python compiles llama.cpp from source).
+SIDE_PACKAGES_torch := torch==2.13.0 transformers==4.57.6
+SIDE_PACKAGES_llamacpp := llama-cpp-python==0.3.36 numpy
+.venv-%/.installed:
+	@echo "make: creating .venv-$* with $(SIDE_PACKAGES_$*) (torch: about 1 GB; llama-cpp-python: about 8 minutes of compiling)"
+	$(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-$*/bin/python -m pip install --quiet $(SIDE_PACKAGES_$*)
 	touch $@
 
-test-hf: $(INSTALLED) $(OPS) $(TORCH_INSTALLED)
-	GRPO_TORCH_PYTHON=$(abspath $(VENV_TORCH))/bin/python $(PY) -m pytest -m hf
+# make test-hf: the Hugging Face interop tests against transformers in PyTorch; tests/hf_side.py runs in .venv-torch.
+test-hf: $(INSTALLED) $(OPS) .venv-torch/.installed
+	GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python $(PY) -m pytest -m hf
 
 # Rebuild the bundled task and tiny model (deterministic; the model takes about 35 minutes on 2 cores).
 data: $(INSTALLED)
@@ -68,17 +68,7 @@ data: $(INSTALLED)
 	$(PY) data/kk/make_kk.py --seed 0 --train 2000 --test 200 --out data/kk
 	$(PY) data/make_tiny_model.py
 
-# make test-gguf: the GGUF importer checked against llama.cpp itself, which llama-cpp-python compiles from
-# source (about 8 minutes on 2 cores) into its own .venv-llamacpp; tests/test_gguf.py runs its side there.
-VENV_LLAMACPP := .venv-llamacpp
-LLAMACPP_INSTALLED := $(VENV_LLAMACPP)/.installed
-
-$(LLAMACPP_INSTALLED):
-	@echo "make: creating $(VENV_LLAMACPP) and compiling llama.cpp (llama-cpp-python, about 8 minutes)"
-	$(PYTHON) -m venv $(VENV_LLAMACPP)
-	$(VENV_LLAMACPP)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV_LLAMACPP)/bin/python -m pip install --quiet llama-cpp-python==0.3.36 numpy
-	touch $@
-
-test-gguf: $(INSTALLED) $(OPS) $(LLAMACPP_INSTALLED)
-	GRPO_LLAMA_CPP_PYTHON=$(abspath $(VENV_LLAMACPP))/bin/python $(PY) -m pytest tests/test_gguf.py tests/test_gguf_export.py
+# make test-gguf: the GGUF import and export checked against llama.cpp itself; tests/test_gguf.py runs its side
+# in .venv-llamacpp.
+test-gguf: $(INSTALLED) $(OPS) .venv-llamacpp/.installed
+	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest tests/test_gguf.py tests/test_gguf_export.py

@@ -681,12 +681,8 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         if blocker:
             raise ConfigError(f"{key}: '{folder}' is a file, not a folder" if blocker == Path(folder) else f"{key}: '{folder}' cannot be made: '{blocker}' is a file")
 
-    system_prompt = c.system_prompt
-    if system_prompt and len(system_prompt) < 4096 and _exists(Path.is_file, system_prompt):
-        system_prompt = Path(system_prompt).read_text()
-    chat_template = c.chat_template  # a file's text, so a resume from another folder reads the same template
-    if chat_template and len(chat_template) < 4096 and _exists(Path.is_file, chat_template):
-        chat_template = Path(chat_template).read_text()
+    system_prompt = _text_or_file(c.system_prompt)
+    chat_template = _text_or_file(c.chat_template)  # a file's text, so a resume from another folder reads the same template
     _check(
         not chat_template or "{{" in chat_template or "{%" in chat_template,
         f"chat_template = {_show(c.chat_template)}: no such file, and not a Jinja template (no {{{{ or {{% in it)",
@@ -704,6 +700,13 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         system_prompt=system_prompt,
         chat_template=chat_template,
     )
+
+
+def _text_or_file(value: Optional[str]) -> Optional[str]:
+    """A key that takes text or a file's name -> the text (a long value is text: no path is that long)."""
+    if value and len(value) < 4096 and _exists(Path.is_file, value):
+        return Path(value).read_text()
+    return value
 
 
 def _file_in_the_way(folder: str) -> Optional[Path]:

@@ -38,6 +38,13 @@ class World:
     def max(self, values: np.ndarray) -> np.ndarray:
         return self._all_reduce(values, dist.ReduceOp.MAX)
 
+    def first_failure(self, failure: Exception | None, elsewhere: Exception) -> Exception | None:
+        """Whether any process failed (every process calls this at the same point) -> this process's own error,
+        `elsewhere` (pointing at the others' logs) where only another's failed, or None: all stop together."""
+        if not self.max(np.array([float(failure is not None)]))[0]:
+            return None
+        return failure or elsewhere
+
     def _all_reduce(self, values: np.ndarray, op) -> np.ndarray:
         if self.size == 1:
             return values

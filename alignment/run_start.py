@@ -60,8 +60,8 @@ def start_point(config: GRPOConfig, world: World) -> tuple:
                 notes.append(f"resuming with changed settings: {'; '.join(refused + allowed)}")
     except (ConfigError, CheckpointError) as error:
         refusal = error
-    if world.max(np.array([float(refusal is not None)]))[0]:
-        raise refusal or ConfigError("another process refused to start: its log (<log_dir>/workerlog.<rank>) says why")
+    if refusal := world.first_failure(refusal, ConfigError("another process refused to start: its log (<log_dir>/workerlog.<rank>) says why")):
+        raise refusal
     if world.is_main:
         remove_previous_run(previous)
         for note in notes:
@@ -93,8 +93,8 @@ def model_folders(config: GRPOConfig, world: World) -> tuple:
             main_does(import_all, world)
         except ConfigError as error:
             failure = error
-        if world.max(np.array([float(failure is not None)]))[0]:
-            raise failure or ConfigError("the main process could not import a .gguf model: its log (<log_dir>/workerlog.0) says why")
+        if failure := world.first_failure(failure, ConfigError("the main process could not import a .gguf model: its log (<log_dir>/workerlog.0) says why")):
+            raise failure
     return str(folders["actor_model_name_or_path"]), str(folders["tokenizer_name_or_path"])
 
 

@@ -194,7 +194,8 @@ def train(config: GRPOConfig) -> Path:
                     scored, counts = keep_groups_with_signal(scored, engine, scorer, train_prompts, tokenizer, config, world, sampling, step, timings)
             except RewardServerError as error:
                 failure = error
-            if failure := any_failed(failure, world):  # every process stops after the same step, the main one saving it
+            elsewhere = RewardServerError("another process's reward scoring failed: its log (<log_dir>/workerlog.<rank>) names the server and the cause")
+            if failure := world.first_failure(failure, elsewhere):  # every process stops after the same step, the main one saving it
                 raise stop_saving(failure, step - 1, "once the reward server answers again") from None
             sampling_metrics = dynamic_sampling_metrics(counts, world) if counts else {}
             batch_std = global_reward_std(scored, world) if config.scale_rewards == "batch" else None
@@ -281,14 +282,6 @@ class TerminationRequest:
 
     def agreed(self, world: World) -> bool:
         return bool(world.max(np.array([float(self.requested is not None)]))[0])  # every rank stops after the same step
-
-
-def any_failed(failure: Exception | None, world: World) -> RewardServerError | None:
-    """Whether scoring failed in any process (every process calls this at the same point of a step). A
-    process whose own scoring worked gets an error pointing at the others' logs."""
-    if not world.max(np.array([float(failure is not None)]))[0]:
-        return None
-    return failure or RewardServerError("another process's reward scoring failed: its log (<log_dir>/workerlog.<rank>) names the server and the cause")
 
 
 PHASES = ("train", "eval", "resample", "shuffle")
