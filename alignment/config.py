@@ -65,7 +65,7 @@ class GRPOConfig:
     repetition_penalty: float = _key(1.0, "CTRL-style penalty on tokens already present (1.0: off).")
     min_p: float = _key(0.0, "Drop tokens less likely than min_p x the most likely one (0: off).")
     use_fusemt: bool = _key(False, "Generate with the fused engine built from csrc/ (make ops); eager when the operators are not built.")
-    use_fused_train_ops: bool = _key(False, "Run the actor's forward and backward through the compiled csrc/ training operators (RMSNorm, rotary q|k|v, attention softmax, SwiGLU with backward kernels; CPU, float32 Qwen2 / Llama); paddle's own kernels, with a warning, where they cannot run.")
+    use_fused_train_ops: bool = _key(False, "Run the actor's forward and backward through the compiled csrc/ training operators (RMSNorm, rotary q|k|v, attention softmax, SwiGLU with backward kernels; CPU, float32 Qwen2 / Llama / Qwen3); paddle's own kernels, with a warning, where they cannot run.")
     weight_sync_tolerance: float = _key(1e-4, "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh.")
     # Algorithm
     loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=["dapo", "grpo", "dr_grpo"])

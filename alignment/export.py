@@ -14,6 +14,11 @@ renamed into place once complete: an interrupted export leaves no half-written O
 --format gguf writes the model, tokenizer and chat template as one .gguf file (alignment/gguf_export.py) in
 --outtype f32, f16 or q8_0; a LoRA checkpoint is first merged into its base model (alignment/merge_lora.py, in
 float32, into a hidden folder that is removed afterwards).
+
+A checkpoint whose run had a system_prompt (its grpo_config.json) is exported with that prompt as the chat template's
+default system message (alignment/output_folders.py: with_default_system), so that the exported model is prompted as
+it was in training without being given the prompt again; a conversation with a system message of its own keeps it.
+--no_system_prompt exports the template as it is.
 """
 
 import argparse
@@ -25,13 +30,14 @@ from pathlib import Path
 
 from alignment.gguf_export import OUTTYPES, write_gguf_file
 from alignment.merge_lora import merge_lora
-from alignment.output_folders import TOKENIZER_FILES, ExportError, check_output, replace_folder
+from alignment.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
 
 # What transformers reads from a model folder; the rest of a checkpoint (optimizer, trainer state, run config) stays.
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
 
-def export(source: Path, output: Path, overwrite: bool = False) -> list:
-    """Copies source's model and tokenizer files into output -> the names copied."""
+def export(source: Path, output: Path, overwrite: bool = False, system_prompt: str | None = None) -> list:
+    """Copies source's model and tokenizer files into output, system_prompt (if any) baked into the chat template as
+    its default system message -> the names copied."""
     source, output = source.resolve(), output.resolve()  # "." has no name or parent to stage beside
     files = files_to_export(source)
     check_output(source, output, overwrite)
@@ -40,14 +46,17 @@ def export(source: Path, output: Path, overwrite: bool = False) -> list:
     try:
         for file in files:
             shutil.copyfile(file, staging / file.name)
+        if system_prompt:
+            bake_system_prompt(source, staging, system_prompt)
         replace_folder(staging, output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful rename
     return sorted(file.name for file in files)
 
 
-def export_gguf(source: Path, output: Path, outtype: str = "f32", overwrite: bool = False) -> dict:
-    """source (checkpoint, LoRA checkpoint or model folder) -> output (a .gguf file) -> write_gguf_file's summary."""
+def export_gguf(source: Path, output: Path, outtype: str = "f32", overwrite: bool = False, system_prompt: str | None = None) -> dict:
+    """source (checkpoint, LoRA checkpoint or model folder) -> output (a .gguf file), system_prompt (if any) baked into
+    the chat template as its default system message -> write_gguf_file's summary."""
     source, output = source.resolve(), output.resolve()
     if output.is_dir():
         raise ExportError(f"{output}: is a folder; --format gguf writes one file (e.g. {output / 'model.gguf'})")
@@ -56,10 +65,10 @@ def export_gguf(source: Path, output: Path, outtype: str = "f32", overwrite: boo
     output.parent.mkdir(parents=True, exist_ok=True)
     if not ((source / "adapter_config.json").is_file() and not (source / "config.json").is_file()):
         files_to_export(source)  # the same refusals as the folder export: no config.json, no weights, no tokenizer
-        return write_gguf_file(source, output, outtype)
+        return write_gguf_file(source, output, outtype, system_prompt)
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.merged-", dir=output.parent) as merged:
         merge_lora(source, Path(merged) / "model", dtype="float32")
-        return write_gguf_file(Path(merged) / "model", output, outtype)
+        return write_gguf_file(Path(merged) / "model", output, outtype, system_prompt)
 
 
 def files_to_export(source: Path) -> list:
@@ -88,17 +97,20 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists and is not empty")
     parser.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a Hugging Face model folder (default); gguf: one file for llama.cpp / Ollama")
     parser.add_argument("--outtype", choices=tuple(OUTTYPES), default="f32", help="--format gguf: the type of the linear weights (default f32)")
+    parser.add_argument("--no_system_prompt", action="store_true", help="leave the chat template as it is instead of making the run's system_prompt its default system message")
     args = parser.parse_args(argv)
     try:
+        system_prompt = None if args.no_system_prompt else run_system_prompt(args.checkpoint)
         if args.format == "gguf":
-            summary = export_gguf(args.checkpoint, args.output, args.outtype, args.overwrite)
+            summary = export_gguf(args.checkpoint, args.output, args.outtype, args.overwrite, system_prompt)
             print(f"{args.output}: {summary['arch']}, {summary['outtype']}, tokenizer.ggml.pre {summary['pre']}")
-            return 0
-        copied = export(args.checkpoint, args.output, args.overwrite)
+        else:
+            print(f"{args.output}: {', '.join(export(args.checkpoint, args.output, args.overwrite, system_prompt))}")
     except (ExportError, ValueError, OSError) as error:  # GGUFExportError, and ModelLoadError from merging, are ValueErrors
         print(f"export: error: {error}", file=sys.stderr)
         return 2
-    print(f"{args.output}: {', '.join(copied)}")
+    if system_prompt:
+        print(baked_notice(args.output, system_prompt))
     return 0
 
 

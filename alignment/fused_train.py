@@ -4,7 +4,8 @@ On a CPU, paddle runs Qwen2 / Llama's RMSNorm, rotary embedding, SwiGLU and atte
 chains of broadcast elementwise kernels, and their backward passes (MultiplyGrad, PowGrad, TileGrad)
 took more of a policy update than the matmuls did (bench/RESULTS.md). use_training_ops swaps, in every
 decoder layer, the two norms, the attention and the MLP, and the final norm, for modules that call
-grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax and grpo_silu_mul, which have backward kernels.
+grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax and grpo_silu_mul, which have backward kernels; Qwen3's
+per-head q/k RMSNorms go through grpo_rms_norm too.
 
 The swapped modules hold the model's own Parameter objects (and Linear layers) under the same names:
 the state_dict, checkpoints, the optimizer's state and the fused rollout engine's in-place weight
@@ -25,7 +26,8 @@ from alignment.rollout.ops import load_ops
 
 def unsupported_reason(model) -> Optional[str]:
     """Why the training modules cannot replace this model's (None: they can)."""
-    reason = fused.unsupported_reason(model)  # float32 Qwen2 / Llama, separate q/k/v and gate/up, no sliding window
+    # float32 Qwen2 / Llama / Qwen3, separate q/k/v and gate/up, no sliding window
+    reason = fused.unsupported_reason(model)
     if reason:
         return reason
     config = model.config
@@ -108,9 +110,9 @@ class TrainingMLP(nn.Layer):
 
 class TrainingAttention(nn.Layer):
     """paddleformers' eager attention: q, k and v in one matmul; their bias, the rotary embedding and the
-    head-major layout in one operator; softmax(q k^T * scaling + mask) per KV head: the G = H / KVH query heads
-    sharing a KV head are adjacent, so q (B, H, T, D) is (B, KVH, G T, D), and one matmul serves the group
-    without repeating the keys and values G times."""
+    head-major layout in one operator (Qwen3: its q_norm / k_norm over each head come first); softmax(q k^T *
+    scaling + mask) per KV head: the G = H / KVH query heads sharing a KV head are adjacent, so q (B, H, T, D)
+    is (B, KVH, G T, D), and one matmul serves the group without repeating the keys and values G times."""
 
     def __init__(self, attention, config, ops):
         super().__init__()
@@ -120,6 +122,9 @@ class TrainingAttention(nn.Layer):
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
         self.ops = ops
+        self.per_head_qk_norms = hasattr(attention, "q_norm")  # Qwen3; the attribute only where the model has it
+        if self.per_head_qk_norms:
+            self.q_norm, self.k_norm = TrainingRMSNorm(attention.q_norm, ops), TrainingRMSNorm(attention.k_norm, ops)
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
         if attention_mask is None:
@@ -127,8 +132,11 @@ class TrainingAttention(nn.Layer):
         batch, length, _ = hidden_states.shape
         projections = [self.q_proj, self.k_proj, self.v_proj]
         qkv = _project(hidden_states, projections)  # (B, T, (H + 2 KVH) D), the bias added below
+        bias = _concat_biases(projections)
+        if self.per_head_qk_norms:  # as paddleformers' Qwen3: projection (with bias), per-head norms, rotary
+            qkv, bias = self._norm_qk_heads(qkv if bias is None else qkv + bias), None
         cos, sin = position_embeddings  # (B, T, D) each
-        q, k, v = self.ops.grpo_rope_qkv(qkv, _concat_biases(projections), cos, sin, self.num_heads, self.num_kv_heads)
+        q, k, v = self.ops.grpo_rope_qkv(qkv, bias, cos, sin, self.num_heads, self.num_kv_heads)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)  # (B, KVH, S, D) with the cached tokens
         grouped = q.reshape([batch, self.num_kv_heads, -1, self.head_dim])  # (B, KVH, G T, D)
@@ -137,3 +145,11 @@ class TrainingAttention(nn.Layer):
         out = paddle.matmul(probs, v).reshape([batch, self.num_heads, length, self.head_dim])  # (B, H, T, D)
         out = out.transpose([0, 2, 1, 3]).reshape([batch, length, self.num_heads * self.head_dim])
         return self.o_proj(out), None
+
+    def _norm_qk_heads(self, qkv):
+        """RMSNorm over each q head with q_norm and each k head with k_norm (weights (D,)): (B, T, (H + 2 KVH) D)
+        -> the same layout, v untouched."""
+        batch, length = qkv.shape[:2]
+        heads = qkv.reshape([batch, length, -1, self.head_dim])  # (B, T, H + 2 KVH, D)
+        q, k, v = paddle.split(heads, [self.num_heads, self.num_kv_heads, self.num_kv_heads], axis=2)
+        return paddle.concat([self.q_norm(q), self.k_norm(k), v], axis=2).reshape([batch, length, -1])

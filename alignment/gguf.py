@@ -7,7 +7,7 @@ run_grpo.py also takes the .gguf itself as actor_model_name_or_path: import_if_c
 
 The folder holds config.json, generation_config.json, model.safetensors (fp32), and the tokenizer
 (tokenizer.json, tokenizer_config.json with the chat template) built from the GGUF's own metadata.
-Architectures: llama (SmolLM, Llama 2/3.0, Mistral 7B, TinyLlama), qwen2 (Qwen2, Qwen2.5) and qwen3.
+Architectures: llama (SmolLM, Llama 2, 3.0, 3.1, 3.2, Mistral 7B, TinyLlama), qwen2 (Qwen2, Qwen2.5) and qwen3.
 
 What a GGUF stores differently from the Hugging Face checkpoint it was converted from (llama.cpp's
 convert_hf_to_gguf.py), and what is undone here:
@@ -16,6 +16,8 @@ convert_hf_to_gguf.py), and what is undone here:
 - for the llama architecture the rows of q_proj and k_proj are permuted, each head's two rotary halves
   interleaved (llama.cpp rotates adjacent pairs, transformers rotates halves); qwen2 / qwen3 are not;
 - the names (blk.N.attn_q.weight, ...), and a tied model has no `output` tensor;
+- Llama 3.1+'s rotary scaling (config.json's rope_scaling, rope_type llama3) is a tensor, rope_freqs.weight: the
+  number llama.cpp divides each inverse frequency by; config.json gets the llama3 parameters that reproduce it;
 - the tokenizer is metadata (token strings, merges or SentencePiece scores, token types, special ids) plus
   the name of a pre-tokenizer (tokenizer.ggml.pre) whose regular expressions live in llama.cpp's source.
 """
@@ -197,8 +199,7 @@ def model_config(source: Path, metadata: dict, arch: str, reader) -> dict:
         raise GGUFImportError(f"{source}: {arch}.attention.value_length differs from the key length {head_dim}: not supported")
     if int(key("rope.dimension_count", head_dim)) != head_dim:
         raise GGUFImportError(f"{source}: {arch}.rope.dimension_count is not the head size {head_dim} (partial rotary): not supported")
-    if key("rope.scaling.type", "none") not in ("none", "") or "rope_freqs.weight" in tensors:
-        raise GGUFImportError(f"{source}: scaled rotary positions ({arch}.rope.scaling.* or rope_freqs.weight, Llama 3.1-style): not supported")
+    theta = float(key("rope.freq_base", 10000.0))
     if "token_embd.weight" not in tensors:
         raise GGUFImportError(f"{source}: no token_embd.weight tensor")
     vocab_size = int(tensors["token_embd.weight"].shape[1])  # ggml order: (hidden, vocab)
@@ -215,8 +216,8 @@ def model_config(source: Path, metadata: dict, arch: str, reader) -> dict:
         "head_dim": head_dim,
         "max_position_embeddings": int(key("context_length")),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(key("rope.freq_base", 10000.0)),
-        "rope_scaling": None,
+        "rope_theta": theta,
+        "rope_scaling": rope_scaling(source, metadata, arch, tensors, theta, head_dim),
         "hidden_act": "silu",
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
@@ -230,11 +231,60 @@ def model_config(source: Path, metadata: dict, arch: str, reader) -> dict:
     return config
 
 
+def rope_scaling(source: Path, metadata: dict, arch: str, tensors: dict, theta: float, head_dim: int) -> dict | None:
+    """config.json's rope_scaling: None, or for a llama file with rope_freqs.weight the llama3 scaling that gives its
+    values. Only the factor (the largest value) is read off the tensor; the other parameters are Llama 3.1 and 3.2's
+    (low_freq_factor 1, high_freq_factor 4) and the original context {arch}.rope.scaling.original_context_length, else
+    the 8192 convert_hf_to_gguf.py assumes. A file these do not reproduce is refused rather than imported with
+    rotary positions llama.cpp would not use. Linear and YaRN scaling ({arch}.rope.scaling.type / factor) are refused."""
+    kind, linear = metadata.get(f"{arch}.rope.scaling.type", "none"), float(metadata.get(f"{arch}.rope.scaling.factor", 1.0))
+    if kind not in ("none", "") or linear not in (0.0, 1.0) or (arch != "llama" and "rope_freqs.weight" in tensors):
+        raise GGUFImportError(
+            f"{source}: scaled rotary positions ({arch}.rope.scaling.type {kind!r}, factor {linear:g}"
+            f"{', rope_freqs.weight' if 'rope_freqs.weight' in tensors else ''}): not supported; the importer reads "
+            "llama3 scaling (rope_freqs.weight, Llama 3.1+) in llama files"
+        )
+    if "rope_freqs.weight" not in tensors:
+        return None
+    tensor = tensors["rope_freqs.weight"]
+    found = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float64).reshape(-1)  # (head_dim/2,)
+    if found.shape != (head_dim // 2,):
+        raise GGUFImportError(f"{source}: rope_freqs.weight holds {found.size} values; head size {head_dim} needs {head_dim // 2}")
+    original = int(metadata.get(f"{arch}.rope.scaling.original_context_length", 8192))
+    scaling = {"rope_type": "llama3", "factor": float(found.max()), "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": original}
+    expected = llama3_rope_factors(theta, head_dim, scaling).astype(np.float64)
+    error = np.abs(found - expected) / expected
+    error[np.isnan(error)] = np.inf
+    if error.max() > 1e-5:
+        worst = int(error.argmax())
+        raise GGUFImportError(
+            f"{source}: rope_freqs.weight is not llama3 rotary scaling with factor {scaling['factor']:g}, low_freq_factor 1, "
+            f"high_freq_factor 4 and original context {original}: value {worst} is {found[worst]:.6g} where that scaling "
+            f"gives {expected[worst]:.6g}; not supported"
+        )
+    return scaling
+
+
+def llama3_rope_factors(theta: float, head_dim: int, scaling: dict) -> np.ndarray:
+    """config.json's llama3 rope_scaling -> rope_freqs.weight (head_dim/2,) float32, as convert_hf_to_gguf.py computes it:
+    what llama.cpp divides each inverse frequency theta^(-2i/head_dim) (float32) by. 1 where the wavelength 2 pi / freq is
+    under original / high_freq_factor, factor over original / low_freq_factor, in between 1 / ((1 - s) / factor + s)
+    with s = (original / wavelength - low) / (high - low), which is 0 and 1 at those two ends."""
+    inv_freq = np.float32(1.0) / np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))
+    wavelength = 2 * np.pi / inv_freq.astype(np.float64)
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    smooth = np.clip((scaling["original_max_position_embeddings"] / wavelength - low) / (high - low), 0.0, 1.0)
+    return (1.0 / ((1.0 - smooth) / scaling["factor"] + smooth)).astype(np.float32)
+
+
 def hf_weights(source: Path, reader, config: dict) -> dict:
     """-> {Hugging Face name: fp32 array in torch's layout (linear weights (out, in))}."""
     permuted = ARCHITECTURES[config["model_type"]][2]
     weights = {}
     for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":  # config.json's rope_scaling (model_config)
+            continue
         name = hf_name(source, tensor.name)
         try:
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)

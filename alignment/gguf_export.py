@@ -6,6 +6,9 @@ of alignment/gguf.py and what llama.cpp's convert_hf_to_gguf.py writes for the s
 - linear weights in the chosen type (F32, F16, or Q8_0 through the `gguf` package's numpy quantizer), norms and
   biases in F32; a tied model has no `output` tensor; for the llama architecture the rows of q and k interleaved
   per head (llama.cpp rotates adjacent pairs, transformers rotates halves);
+- Llama 3.1+'s rotary scaling (rope_scaling with rope_type llama3) as the rope_freqs.weight tensor (F32, head_dim/2
+  divisors of the inverse frequencies), and its original context as {arch}.rope.scaling.original_context_length (which
+  llama.cpp uses for YaRN only), so that the import reads the parameters back;
 - the tokenizer as metadata: byte-level BPE tokens (padded with [PADn] to the embedding's rows, as the converter
   does), merges, token types (special added tokens CONTROL, others USER_DEFINED), bos / eos / pad (and an
   end-of-turn id where generation_config.json lists a second stop token), add_bos_token, the chat template, and
@@ -31,7 +34,8 @@ from safetensors.paddle import load_file  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from alignment.gguf import ARCHITECTURES, BLOCK_NAMES, CONTROL, IGNORE_MERGES, NORMAL, PRE_TOKENIZERS, TOP_LEVEL_NAMES, UNUSED, USER_DEFINED, build_tokenizer  # noqa: E402
+from alignment.gguf import ARCHITECTURES, BLOCK_NAMES, CONTROL, IGNORE_MERGES, NORMAL, PRE_TOKENIZERS, TOP_LEVEL_NAMES, UNUSED, USER_DEFINED, build_tokenizer, llama3_rope_factors  # noqa: E402
+from alignment.output_folders import baked_templates  # noqa: E402
 
 logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer logs each file it writes at INFO
 
@@ -45,6 +49,7 @@ OUTTYPES = {"f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.Llam
 
 GGUF_TOP_LEVEL = {hf: name for name, hf in TOP_LEVEL_NAMES.items()}
 GGUF_BLOCK = {hf: name for name, hf in BLOCK_NAMES.items()}
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 # Texts on which llama.cpp's pre-tokenizers differ: digit runs, contractions in both cases, whitespace runs and line
 # ends, punctuation runs, unicode letters and numbers, chat markup, code.
@@ -58,9 +63,10 @@ PROBES = [
 ]
 
 
-def write_gguf_file(folder: Path, path: Path, outtype: str = "f32") -> dict:
+def write_gguf_file(folder: Path, path: Path, outtype: str = "f32", system_prompt: str | None = None) -> dict:
     """folder (Hugging Face layout: config.json, safetensors, tokenizer files) -> path (.gguf), written beside it under
-    a hidden name and renamed into place, so an interrupted export leaves no half file. -> a summary (arch, pre, ...)."""
+    a hidden name and renamed into place, so an interrupted export leaves no half file; system_prompt, given, is the
+    chat template's default system message (alignment/output_folders.py). -> a summary (arch, pre, ...)."""
     folder, path = Path(folder), Path(path)
     config = read_config(folder)
     weights = read_weights(folder)
@@ -70,7 +76,7 @@ def write_gguf_file(folder: Path, path: Path, outtype: str = "f32") -> dict:
         writer.add_name(folder.resolve().name)
         add_hyperparameters(writer, config)
         writer.add_file_type(int(OUTTYPES[outtype][1]))
-        pre = add_tokenizer(writer, folder, config)
+        pre = add_tokenizer(writer, folder, config, system_prompt=system_prompt)
         add_tensors(writer, config, weights, OUTTYPES[outtype][0])
         finish(writer)
         staging.replace(path)
@@ -83,10 +89,28 @@ def read_config(folder: Path) -> dict:
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") not in ARCHITECTURES:
         raise GGUFExportError(f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}; the GGUF export writes {', '.join(ARCHITECTURES)}")
-    scaling = config.get("rope_scaling") or {}
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-        raise GGUFExportError(f"{folder / 'config.json'}: rope_scaling {scaling} (scaled rotary positions): not supported")
+    scaling = rope_scaling_of(config)
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in (None, "default") and not (kind == "llama3" and config["model_type"] == "llama"):
+        raise GGUFExportError(f"{folder / 'config.json'}: rope_scaling {scaling} (scaled rotary positions): not supported; the export writes llama3 scaling of llama models")
+    missing = [key for key in LLAMA3_KEYS if key not in scaling] if kind == "llama3" else []
+    if missing:
+        raise GGUFExportError(f"{folder / 'config.json'}: rope_scaling {scaling} (llama3) lacks {', '.join(missing)}")
     return config
+
+
+def rope_scaling_of(config: dict) -> dict:
+    """config.json's rope_scaling, else transformers 5's rope_parameters, else {}."""
+    return config.get("rope_scaling") or config.get("rope_parameters") or {}
+
+
+def llama3_scaling(config: dict) -> dict | None:
+    scaling = rope_scaling_of(config)
+    return scaling if scaling.get("rope_type", scaling.get("type")) == "llama3" else None
+
+
+def rope_theta(config: dict) -> float:
+    return float(config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
 
 
 def read_weights(folder: Path) -> dict:
@@ -114,7 +138,9 @@ def add_hyperparameters(writer, config: dict) -> None:
     writer.add_value_length(head_dim(config))
     writer.add_rope_dimension_count(head_dim(config))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_freq_base(float(config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(rope_theta(config))
+    if llama3_scaling(config):
+        writer.add_rope_scaling_orig_ctx_len(int(llama3_scaling(config)["original_max_position_embeddings"]))
     writer.add_vocab_size(config["vocab_size"])
 
 
@@ -146,9 +172,13 @@ def encoded(weight: np.ndarray, qtype: Q) -> tuple:
 
 
 def add_tensors(writer, config: dict, weights: dict, qtype: Q) -> None:
-    """weights ({Hugging Face name: fp32 array}) -> the writer's tensors; a tied model's lm_head.weight is left out."""
+    """weights ({Hugging Face name: fp32 array}) -> the writer's tensors; a tied model's lm_head.weight is left out; llama3
+    rotary scaling as rope_freqs.weight."""
     arch = config["model_type"]
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    if llama3_scaling(config):
+        factors = llama3_rope_factors(rope_theta(config), head_dim(config), llama3_scaling(config))  # (head_dim/2,)
+        writer.add_tensor("rope_freqs.weight", factors, raw_dtype=Q.F32)
     for name, weight in weights.items():
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
@@ -167,10 +197,14 @@ def finish(writer) -> None:
     writer.close()
 
 
-def add_tokenizer(writer, folder: Path, config: dict, pre: str | None = None) -> str:
-    """The folder's byte-level BPE tokenizer as tokenizer.ggml.* metadata; pre (the pre-tokenizer's name) found by
-    probing unless given. -> the pre-tokenizer written."""
+def add_tokenizer(writer, folder: Path, config: dict, pre: str | None = None, system_prompt: str | None = None) -> str:
+    """The folder's byte-level BPE tokenizer as tokenizer.ggml.* metadata, system_prompt (if any) baked into its chat
+    template; pre (the pre-tokenizer's name) found by probing unless given. -> the pre-tokenizer written."""
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if system_prompt and not tokenizer.chat_template:
+        raise GGUFExportError(f"{folder}: the tokenizer has no chat template to hold the run's system prompt; pass --no_system_prompt")
+    if system_prompt:
+        tokenizer.chat_template = baked_templates(tokenizer.chat_template, system_prompt)
     metadata = tokenizer_metadata(folder, config, tokenizer)
     pre = pre or pre_tokenizer_of(folder, metadata, tokenizer)
     writer.add_tokenizer_model("gpt2")

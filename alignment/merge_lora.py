@@ -9,7 +9,8 @@ becomes W + A @ B * (lora_alpha / r), computed in float32 and stored in --dtype 
 trained in, bf16 / fp16 / float32). The folder holds what `python -m alignment.export` writes for a full
 fine-tuning checkpoint (config.json, model.safetensors, generation_config.json when the base has one, the
 tokenizer of the checkpoint, else of the base) and loads with transformers' AutoModelForCausalLM. It is
-written into a hidden folder beside OUTPUT_DIR and renamed into place once complete.
+written into a hidden folder beside OUTPUT_DIR and renamed into place once complete. As with the export, the run's
+system_prompt becomes the chat template's default system message unless --no_system_prompt is given.
 """
 
 import argparse
@@ -19,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.output_folders import TOKENIZER_FILES, ExportError, check_output, replace_folder
+from alignment.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
 from alignment.config import names_gguf
 from alignment.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.modeling import load_causal_lm, save_model
@@ -43,8 +44,10 @@ def run_dtype(checkpoint: Path) -> str:
     return "bfloat16" if settings.get("bf16") else "float16" if settings.get("fp16") else "float32"
 
 
-def merge_lora(checkpoint: Path, output: Path, base: str | None = None, dtype: str | None = None, overwrite: bool = False) -> list:
-    """Writes base + checkpoint's adapter to output -> the names of the merged layers."""
+def merge_lora(checkpoint: Path, output: Path, base: str | None = None, dtype: str | None = None, overwrite: bool = False,
+               system_prompt: str | None = None) -> list:
+    """Writes base + checkpoint's adapter to output, system_prompt (if any) baked into the chat template as its default
+    system message -> the names of the merged layers."""
     checkpoint, output = checkpoint.resolve(), output.resolve()
     if not (checkpoint / ADAPTER_CONFIG).is_file():
         raise ExportError(f"{checkpoint}: no {ADAPTER_CONFIG}, so not a LoRA checkpoint (python -m alignment.export copies a full one)")
@@ -59,6 +62,8 @@ def merge_lora(checkpoint: Path, output: Path, base: str | None = None, dtype: s
         save_model(model, str(staging))
         for file in {f for pattern in TOKENIZER_FILES for f in tokenizer_source.glob(pattern) if f.is_file()}:
             shutil.copyfile(file, staging / file.name)
+        if system_prompt:
+            bake_system_prompt(tokenizer_source, staging, system_prompt)
         replace_folder(staging, output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful rename
@@ -72,13 +77,17 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--base", help="the base model folder (default: actor_model_name_or_path of the checkpoint's grpo_config.json)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="dtype of the merged weights (default: the run's)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists and is not empty")
+    parser.add_argument("--no_system_prompt", action="store_true", help="leave the chat template as it is instead of making the run's system_prompt its default system message")
     args = parser.parse_args(argv)
     try:
-        merged = merge_lora(args.checkpoint, args.output, args.base, args.dtype, args.overwrite)
+        system_prompt = None if args.no_system_prompt else run_system_prompt(args.checkpoint)
+        merged = merge_lora(args.checkpoint, args.output, args.base, args.dtype, args.overwrite, system_prompt)
     except (ExportError, ValueError, OSError) as error:
         print(f"merge_lora: error: {error}", file=sys.stderr)
         return 2
     print(f"{args.output}: merged the adapters of {len(merged)} layers")
+    if system_prompt:
+        print(baked_notice(args.output, system_prompt))
     return 0
 
 

@@ -36,8 +36,8 @@ def load_tokenizer(path: str, chat_template: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # the tokenizers library raises a bare Exception for a damaged tokenizer.json
         raise ModelLoadError(f"{path}: the tokenizer does not load: {_one_line(e)}") from e
-    if chat_template:
-        tokenizer.chat_template = Path(chat_template).read_text() if Path(chat_template).is_file() else chat_template
+    if chat_template:  # the template's text (the config reads a file's), never a path: long templates are no file name
+        tokenizer.chat_template = chat_template
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -5,10 +5,16 @@
         loads MODEL_DIR with AutoModelForCausalLM and AutoTokenizer, writes the fp32 logits for INPUTS'
         input_ids / attention_mask / position_ids (B, L) as OUT's "logits" (B, L, V), and prints as JSON
         the tokenizer's ids for TEXT and for TEXT as a user turn through the chat template.
+    hf_side.py gguf MODEL.gguf INPUTS.npz OUT.npz
+        loads MODEL.gguf with transformers' own GGUF loader (from_pretrained(folder, gguf_file=name)), writes the fp32
+        logits as forward does, and prints as JSON the eos its tokenizer, config and generation config name and the
+        sha256 of every weight it loaded (fp32 bytes).
 """
 
+import hashlib
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,17 +50,31 @@ def save(arch: str, out_dir: str, tokenizer_dir: str) -> None:
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
 
 
-def forward(model_dir: str, inputs_path: str, out_path: str, text: str) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+def write_logits(model, inputs_path: str, out_path: str) -> None:
     inputs = {k: torch.from_numpy(v) for k, v in np.load(inputs_path).items()}
     with torch.no_grad():
         logits = model(**inputs).logits  # (B, L, V)
     np.savez(out_path, logits=logits.float().numpy())
+
+
+def forward(model_dir: str, inputs_path: str, out_path: str, text: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    write_logits(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), inputs_path, out_path)
     chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     print(json.dumps({"text_ids": tokenizer(text).input_ids, "chat_ids": list(chat)}))
 
 
+def gguf(gguf_path: str, inputs_path: str, out_path: str) -> None:
+    folder, name = str(Path(gguf_path).parent), Path(gguf_path).name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    write_logits(model, inputs_path, out_path)
+    eos = {"tokenizer": [tokenizer.eos_token, tokenizer.eos_token_id], "config": model.config.eos_token_id,
+           "generation_config": model.generation_config.eos_token_id}
+    weights = {name: hashlib.sha256(t.float().contiguous().numpy().tobytes()).hexdigest() for name, t in model.state_dict().items()}
+    print(json.dumps({"eos": eos, "weights": weights}))
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"save": save, "forward": forward}[command](*args)
+    {"save": save, "forward": forward, "gguf": gguf}[command](*args)

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from alignment.config import ALIASES, ConfigError, GRPOConfig, load_config
+from alignment.modeling import load_tokenizer
 
 TINY = "config/tiny/grpo_argument.json"
 
@@ -215,3 +216,12 @@ def test_a_chat_template_path_that_does_not_exist_is_refused_and_a_file_is_read(
     template = tmp_path / "template.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert load_config(["config/tiny/grpo_argument.json", "--chat_template", str(template)]).chat_template == template.read_text()
+
+
+def test_a_long_inline_chat_template_reaches_the_tokenizer():
+    # Longer than a file name may be (255 bytes), with no "/": once taken for a path ("File name too long").
+    template = "{% for m in messages %}" + "{{ m['role'] }}: {{ m['content'] }}" * 10 + "{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    config = load_config(["config/tiny/grpo_argument.json", "--chat_template", template])
+    tokenizer = load_tokenizer("data/tiny-qwen2", config.chat_template)
+    assert len(template) > 255 and tokenizer.chat_template == template
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False).endswith("user: hiA:")

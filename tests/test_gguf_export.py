@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from safetensors.numpy import load_file
 from test_gguf import TINY, random_model, smollm2  # noqa: F401  (smollm2: a fixture)
+from tiny_models import LLAMA3_ROPE
 
 from alignment.checkpoint import save_checkpoint
 from alignment.config import GRPOConfig
@@ -92,10 +93,11 @@ def test_f16_and_q8_0_exports_hold_the_rounded_weights(checkpoint, outtype, qtyp
         assert np.all(np.abs(weight - w).reshape(bound.shape) <= bound), name
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama3"])
 def test_random_llama_and_qwen3_round_trip(arch, tmp_path):
     """llama: q/k rows permuted on the way out and back on the way in; qwen3: per-head q/k norms, head size 32 with
-    hidden / heads 16 (attention.key_length and value_length written)."""
+    hidden / heads 16 (attention.key_length and value_length written); llama3: its rope scaling as rope_freqs.weight and
+    the original context, read back into config.json."""
     folder = tmp_path / arch
     save_model(random_model(arch), str(folder))
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -107,6 +109,7 @@ def test_random_llama_and_qwen3_round_trip(arch, tmp_path):
     for name, weight in imported.items():
         np.testing.assert_array_equal(weight, original[name], err_msg=name)
     assert json.loads((back / "config.json").read_text())["head_dim"] == json.loads((folder / "config.json").read_text()).get("head_dim", 16)
+    assert json.loads((back / "config.json").read_text())["rope_scaling"] == (LLAMA3_ROPE if arch == "llama3" else None)
 
 
 def test_lora_checkpoint_is_merged_first(tmp_path):
@@ -141,6 +144,9 @@ def test_refusals_name_the_file(checkpoint, tmp_path):
     with pytest.raises(GGUFExportError, match=r"gemma/config.json: model_type is 'gemma'; the GGUF export writes llama, qwen2, qwen3"):
         export_gguf(gemma, tmp_path / "gemma.gguf")
     assert not list(tmp_path.glob("*gemma.gguf*"))  # nothing half-written
+    (gemma / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()), "rope_scaling": LLAMA3_ROPE}))
+    with pytest.raises(GGUFExportError, match=r"gemma/config.json: rope_scaling .* \(scaled rotary positions\): not supported; the export writes llama3 scaling of llama models"):
+        export_gguf(gemma, tmp_path / "gemma.gguf")  # llama3 scaling on a qwen2 model
     done = subprocess.run([sys.executable, "-m", "alignment.export", str(tmp_path / "none"), str(tmp_path / "x.gguf"), "--format", "gguf"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and done.stderr == f"export: error: {tmp_path / 'none'}: no such folder\n"

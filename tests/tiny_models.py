@@ -27,6 +27,17 @@ def llama_untied():
     return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **SHAPE))
 
 
+# Llama 3.1 / 3.2's rotary scaling with a small original context: at head size 16 and rope_theta 10000 it leaves the
+# highest of the 8 frequencies as it is, blends the next and divides the other 6 by the factor.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def llama3_tied():
+    """Llama 3.2's layout: tied embeddings, llama3 rope scaling."""
+    paddle.seed(15)
+    return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_scaling=dict(LLAMA3_ROPE), **SHAPE))  # a copy: the config adds keys to it
+
+
 
 def put_a_nan_in_the_final_norm(folder: Path) -> None:
     """A model folder gone bad: its final norm's first weight becomes NaN."""

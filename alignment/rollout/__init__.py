@@ -15,7 +15,7 @@ def build_engine(config, model, eos_token_ids: list, pad_token_id: int) -> Rollo
         from alignment.rollout.ops import load_ops
 
         ops, why_not = load_ops()
-        why_not = why_not or unsupported_reason(model, per_head_qk_norms=True)
+        why_not = why_not or unsupported_reason(model)
         if why_not is None:
             return FusedEngine(model, eos_token_ids, pad_token_id, ops, config.weight_sync_tolerance)
         warnings.warn(f"use_fusemt: the fused engine cannot run here ({why_not}); generating with the eager engine")

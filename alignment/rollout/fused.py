@@ -38,15 +38,12 @@ PROBE_LENGTHS = (24, 17)  # two probe rows of different lengths, so the check co
 COMPACT_FRACTION = 8  # compact once at least 1/8 of the active rows have finished
 
 
-def unsupported_reason(model, per_head_qk_norms: bool = False) -> Optional[str]:
-    """Why the fused engine cannot run this model (None: it can). per_head_qk_norms: whether the caller applies
-    Qwen3's per-head q/k RMSNorms (this engine does; alignment/fused_train.py's modules, which share the rest
-    of this check, do not, so they are told no for Qwen3)."""
+def unsupported_reason(model) -> Optional[str]:
+    """Why the fused engine cannot run this model (None: it can); alignment/fused_train.py's modules share the check.
+    Both apply Qwen3's per-head q/k RMSNorms."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {config.model_type!r} (the fused engine runs {', '.join(SUPPORTED_MODEL_TYPES)})"
-    if not per_head_qk_norms and hasattr(model.model.layers[0].self_attn, "q_norm"):
-        return f"model_type {config.model_type!r}: per-head q/k RMSNorms, which these operators do not apply"
     if model.lm_head.weight.dtype != paddle.float32:
         return f"{model.lm_head.weight.dtype} weights (the CPU operators are float32)"
     if getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False):
