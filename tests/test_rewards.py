@@ -279,6 +279,29 @@ def test_recipe_format_tables(completion, soft, strict):
     assert score("strict_format", completion, "18") == strict
 
 
+# A chat template that opens the response with the tag (config/smollm2/gsm8k_chat_template.jinja, R1-distill's
+# "<think>\n"): the model writes the rest, and the format rewards score the tag, its whitespace and the rest.
+CHATML_CUE = "<|im_start|>user\nJanet's ducks?<|im_end|>\n<|im_start|>assistant\n"
+OPENED_TABLE = [
+    # (reward, prompt_text, completion, expected)
+    ("xmlcount", CHATML_CUE + "<reasoning>\n", RECIPE.removeprefix("<reasoning>\n"), 0.5),
+    ("soft_format", CHATML_CUE + "<reasoning>\n", RECIPE.removeprefix("<reasoning>\n"), 0.5),
+    ("strict_format", CHATML_CUE + "<reasoning>\n", RECIPE.removeprefix("<reasoning>\n"), 0.5),
+    ("strict_format", CHATML_CUE + "<reasoning>", RECIPE.removeprefix("<reasoning>"), 0.5),  # the model writes the "\n"
+    ("xmlcount", CHATML_CUE + "<reasoning>\n", RECIPE, 0.375),  # a second "<reasoning>\n": that tag no longer counts
+    ("xmlcount", CHATML_CUE, RECIPE.removeprefix("<reasoning>\n"), 0.375),  # nobody opened it
+    ("format", CHATML_CUE + "<think>\n", "12+7=19.\n</think>\n<answer>19</answer>", 1.0),
+    ("format", CHATML_CUE, "12+7=19.\n</think>\n<answer>19</answer>", 0.0),
+    ("format", "Question: <think> means what?", "</think><answer>19</answer>", 0.0),  # a tag inside, not at the end
+]
+
+
+@pytest.mark.parametrize("name,prompt_text,completion,expected", OPENED_TABLE)
+def test_format_rewards_score_the_response_a_chat_template_opened(name, prompt_text, completion, expected):
+    sample = {"answer": "18", "prompt": "Janet's ducks?", "prompt_text": prompt_text}
+    assert get_reward(name).fn(completion, sample) == pytest.approx(expected, abs=1e-12)
+
+
 INT_ANSWER_TABLE = [
     (RECIPE, 0.5),
     ("<answer>\n1,080\n</answer>", 0.0),  # GSM8K train line 346's answer has a comma

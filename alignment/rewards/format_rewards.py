@@ -9,11 +9,26 @@ _R1_FORMAT = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", 
 _R1_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
+def opened_response(completion: str, sample: Mapping[str, Any], opening_tag: str) -> str:
+    """The whole response: the completion, after opening_tag and the whitespace that follows it where the prompt the
+    model saw ends with them. A chat template may open the assistant's turn with the tag (DeepSeek-R1-distill's ends
+    with "<think>\n", config/kk's with "<think>", config/smollm2/gsm8k_chat_template.jinja with "<reasoning>\n"), so
+    the model writes only the rest; a format reward scores the response the reader sees. The prompt is the sample's
+    prompt_text (the templated prompt the trainer adds), else its prompt (what a reward server client sends as src)."""
+    prompt = sample.get("prompt_text", sample.get("prompt"))
+    if not isinstance(prompt, str):
+        return completion
+    opened = prompt.rstrip()
+    return prompt[len(opened) - len(opening_tag) :] + completion if opened.endswith(opening_tag) else completion
+
+
 @register_reward(
     "format",
-    "1.0 if the completion is exactly <think>...</think><answer>...</answer>, both non-empty, else 0.0",
+    "1.0 if the completion is exactly <think>...</think><answer>...</answer>, both non-empty, else 0.0 "
+    "(<think> may end the prompt instead)",
 )
 def r1_format(completion: str, sample: Mapping[str, Any]) -> float:
+    completion = opened_response(completion, sample, "<think>")
     # Counted first: with one of each tag the pattern has one way to match, while with thousands of
     # "</think>" and "</answer>" it would try each pair (quadratic).
     if any(completion.count(tag) != 1 for tag in _R1_TAGS):
@@ -24,7 +39,8 @@ def r1_format(completion: str, sample: Mapping[str, Any]) -> float:
 
 # The five rewards of the GSM8K GRPO recipe (willccbb's grpo_demo.py, reused by the TRL and unsloth
 # examples), with its exact values. Its system prompt asks for
-# "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>\n".
+# "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>\n". The three format rewards score the
+# opened response: a chat template may write the "<reasoning>\n" itself (opened_response).
 
 
 def _xml_answer(text: str) -> str:
@@ -37,6 +53,7 @@ def _xml_answer(text: str) -> str:
     "minus 0.001 per character after </answer>",
 )
 def xmlcount(completion: str, sample: Mapping[str, Any]) -> float:
+    completion = opened_response(completion, sample, "<reasoning>")
     count = 0.0
     if completion.count("<reasoning>\n") == 1:
         count += 0.125
@@ -88,7 +105,7 @@ def _strict_format_matches(text: str) -> bool:
     "(with re.DOTALL, the common fix; the original omits it)",
 )
 def soft_format(completion: str, sample: Mapping[str, Any]) -> float:
-    return 0.5 if _soft_format_matches(completion) else 0.0
+    return 0.5 if _soft_format_matches(opened_response(completion, sample, "<reasoning>")) else 0.0
 
 
 @register_reward(
@@ -97,7 +114,7 @@ def soft_format(completion: str, sample: Mapping[str, Any]) -> float:
     "<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n (with re.DOTALL)",
 )
 def strict_format(completion: str, sample: Mapping[str, Any]) -> float:
-    return 0.5 if _strict_format_matches(completion) else 0.0
+    return 0.5 if _strict_format_matches(opened_response(completion, sample, "<reasoning>")) else 0.0
 
 
 @register_reward("int_answer", "GSM8K recipe: 0.5 if the <answer> content is all digits")

