@@ -139,8 +139,8 @@ def add_hyperparameters(writer, config: dict) -> None:
     writer.add_rope_dimension_count(head_dim(config))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(rope_theta(config))
-    if llama3_scaling(config):
-        writer.add_rope_scaling_orig_ctx_len(int(llama3_scaling(config)["original_max_position_embeddings"]))
+    if scaling := llama3_scaling(config):
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
     writer.add_vocab_size(config["vocab_size"])
 
 
@@ -176,8 +176,8 @@ def add_tensors(writer, config: dict, weights: dict, qtype: Q) -> None:
     rotary scaling as rope_freqs.weight."""
     arch = config["model_type"]
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
-    if llama3_scaling(config):
-        factors = llama3_rope_factors(rope_theta(config), head_dim(config), llama3_scaling(config))  # (head_dim/2,)
+    if scaling := llama3_scaling(config):
+        factors = llama3_rope_factors(rope_theta(config), head_dim(config), scaling)  # (head_dim/2,)
         writer.add_tensor("rope_freqs.weight", factors, raw_dtype=Q.F32)
     for name, weight in weights.items():
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):

@@ -20,16 +20,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
+from alignment.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_settings, run_system_prompt
 from alignment.config import names_gguf
 from alignment.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.modeling import load_causal_lm, save_model
 
 
 def base_model_of(checkpoint: Path) -> str:
-    run_config = checkpoint / "grpo_config.json"
-    if run_config.is_file() and json.loads(run_config.read_text()).get("actor_model_name_or_path"):
-        base = json.loads(run_config.read_text())["actor_model_name_or_path"]
+    if base := run_settings(checkpoint).get("actor_model_name_or_path"):
         # a .gguf base: the folder the run imported it into, beside its checkpoints (alignment/run_start.py)
         return str(checkpoint.parent / "imported" / Path(base).stem) if names_gguf(base) else base
     adapter_base = json.loads((checkpoint / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
@@ -39,8 +37,7 @@ def base_model_of(checkpoint: Path) -> str:
 
 
 def run_dtype(checkpoint: Path) -> str:
-    run_config = checkpoint / "grpo_config.json"
-    settings = json.loads(run_config.read_text()) if run_config.is_file() else {}
+    settings = run_settings(checkpoint)
     return "bfloat16" if settings.get("bf16") else "float16" if settings.get("fp16") else "float32"
 
 

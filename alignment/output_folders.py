@@ -34,16 +34,25 @@ def replace_folder(staging: Path, output: Path) -> None:
     shutil.rmtree(old)
 
 
+def run_settings(checkpoint: Path) -> dict:
+    """The settings of the run that wrote checkpoint (its grpo_config.json), or {} where it has none."""
+    run_config = checkpoint / "grpo_config.json"
+    if not run_config.is_file():
+        return {}
+    try:
+        settings = json.loads(run_config.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ExportError(f"{run_config}: not a JSON object ({error})") from None
+    if not isinstance(settings, dict):
+        raise ExportError(f"{run_config}: not a JSON object (a {type(settings).__name__})")
+    return settings
+
+
 def run_system_prompt(checkpoint: Path) -> str | None:
     """The system prompt of the run that wrote checkpoint: its grpo_config.json's system_prompt, which holds the text
     (config validation reads a file's name into its text), or None (no run config, or a run without one)."""
     run_config = checkpoint / "grpo_config.json"
-    if not run_config.is_file():
-        return None
-    try:
-        prompt = json.loads(run_config.read_text(encoding="utf-8")).get("system_prompt")
-    except (ValueError, AttributeError) as error:
-        raise ExportError(f"{run_config}: not a JSON object ({error})") from None
+    prompt = run_settings(checkpoint).get("system_prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise ExportError(f"{run_config}: system_prompt is {json.dumps(prompt)[:60]}, not text")
     return prompt or None
