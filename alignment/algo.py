@@ -102,6 +102,7 @@ def chunked_token_logprobs(
     tokens: paddle.Tensor,
     temperature: float = 1.0,
     chunk_tokens: int = 512,
+    matmul=paddle.matmul,
 ) -> tuple:
     """token_logprobs and token_entropy of the logits hidden @ weight^T + bias, without ever holding them
     for more than chunk_tokens tokens at a time: a micro-batch of 8 x 512 tokens over Qwen2.5's 151,936
@@ -110,16 +111,17 @@ def chunked_token_logprobs(
     hidden (B, T, H) final hidden states, weight (V, H) lm_head's weight (tied to the embedding or not),
     bias (V,) or None, tokens (B, T) int64 -> (log pi(token) (B, T) float32, differentiable with respect
     to hidden, weight and bias; entropy (B, T) float32 in nats, detached: it is only logged). The backward
-    pass recomputes each chunk's logits instead of keeping them."""
+    pass recomputes each chunk's logits instead of keeping them. matmul(x, y, transpose_x, transpose_y) computes
+    the three products (paddle.matmul, or cpu_bf16's bf16 one)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
-    return _ChunkedLogprobs.apply(hidden, weight, bias, tokens, temperature, chunk_tokens)
+    return _ChunkedLogprobs.apply(hidden, weight, bias, tokens, temperature, chunk_tokens, matmul)
 
 
-def _scaled_logits(rows: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, temperature: float) -> paddle.Tensor:
+def _scaled_logits(rows: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, temperature: float, matmul) -> paddle.Tensor:
     """rows (c, H) -> (c, V) float32 logits / temperature, the lm_head's matmul in the weight's dtype then
     cast, as completion_logits does."""
-    logits = paddle.matmul(rows, weight, transpose_y=True)
+    logits = matmul(rows, weight, False, True)
     if bias is not None:
         logits = logits + bias
     return logits.astype("float32") / temperature
@@ -131,13 +133,13 @@ class _ChunkedLogprobs(paddle.autograd.PyLayer):
     grad hidden = G @ W, grad W = sum over chunks of G^T @ h, grad bias = sum over chunks and rows of G."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_tokens):
+    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_tokens, matmul):
         rows = hidden.reshape([-1, hidden.shape[-1]])  # (N, H), N = B T
         targets = tokens.reshape([-1, 1])  # (N, 1)
         logprobs, entropies, normalisers = [], [], []
         for start in range(0, rows.shape[0], chunk_tokens):
             end = start + chunk_tokens
-            scaled = _scaled_logits(rows[start:end], weight, bias, temperature)  # (c, V)
+            scaled = _scaled_logits(rows[start:end], weight, bias, temperature, matmul)  # (c, V)
             normaliser = paddle.logsumexp(scaled, axis=-1, keepdim=True)  # (c, 1)
             chunk_logprobs = scaled.subtract_(normaliser)  # (c, V), in place: the logits are not needed again
             logprobs.append(paddle.take_along_axis(chunk_logprobs, targets[start:end], axis=-1))  # (c, 1)
@@ -147,7 +149,7 @@ class _ChunkedLogprobs(paddle.autograd.PyLayer):
         ctx.mark_non_differentiable(entropy)
         # saved: only (N, 1) normalisers besides the inputs, so backward gets softmax without a logsumexp
         ctx.save_for_backward(hidden, weight, bias, targets, paddle.concat(normalisers))
-        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
+        ctx.temperature, ctx.chunk_tokens, ctx.matmul = temperature, chunk_tokens, matmul
         return paddle.concat(logprobs).reshape(tokens.shape), entropy
 
     @staticmethod
@@ -162,14 +164,14 @@ class _ChunkedLogprobs(paddle.autograd.PyLayer):
             end = start + ctx.chunk_tokens
             chunk = rows[start:end]  # (c, H)
             # G in place of the recomputed logits: softmax, times -g/t, plus g/t at the chosen token
-            grad_logits = _scaled_logits(chunk, weight, bias, ctx.temperature).subtract_(normalisers[start:end]).exp_()
+            grad_logits = _scaled_logits(chunk, weight, bias, ctx.temperature, ctx.matmul).subtract_(normalisers[start:end]).exp_()
             grad_logits.multiply_(-scale[start:end])
             grad_logits.put_along_axis_(targets[start:end], scale[start:end], axis=-1, reduce="add")  # (c, V)
             grad_logits = grad_logits.astype(weight.dtype)
             if not hidden.stop_gradient:
-                grad_rows.append(paddle.matmul(grad_logits, weight))  # (c, H)
+                grad_rows.append(ctx.matmul(grad_logits, weight, False, False))  # (c, H)
             if grad_weight is not None:
-                grad_weight.add_(paddle.matmul(grad_logits, chunk, transpose_x=True).astype("float32"))  # (V, H)
+                grad_weight.add_(ctx.matmul(grad_logits, chunk, True, False).astype("float32"))  # (V, H)
             if grad_bias is not None:
                 grad_bias.add_(grad_logits.astype("float32").sum(axis=0))
         grads = [

@@ -19,6 +19,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from alignment.cpu_bf16 import Bf16Matmuls
 from alignment.lora import lora_update
 from alignment.rollout import fused
 from alignment.rollout.ops import load_ops
@@ -42,32 +43,65 @@ def unsupported_reason(model) -> Optional[str]:
     return None
 
 
-def use_training_ops(model) -> Optional[str]:
-    """Swap the training modules into `model` in place; -> None, or why not (nothing is changed then)."""
-    ops, reason = load_ops()
-    reason = reason or unsupported_reason(model)
+def training_ops_unavailable(model) -> Optional[str]:
+    """Why use_training_ops would change nothing (None: it would swap the modules)."""
+    return load_ops()[1] or unsupported_reason(model)
+
+
+def bf16_unavailable(model, training_ops_on: bool) -> Optional[str]:
+    """Why the bf16 matmuls cannot run in this model, whatever the CPU (None: they can)."""
+    if not training_ops_on:
+        return "they run in the training operators and use_fused_train_ops is false"
+    reason = training_ops_unavailable(model)
+    if reason is None and not hasattr(load_ops()[0], "grpo_bf16_linear"):
+        reason = "the operators were built without oneDNN (paddle/libs has no libdnnl.so.3)"
+    return reason
+
+
+def use_training_ops(model, bf16: bool = False) -> Optional[str]:
+    """Swap the training modules into `model` in place; -> None, or why not (nothing is changed then). With bf16,
+    the projections and the log-prob head (head_matmul) multiply in bf16 (alignment/cpu_bf16.py); after every
+    change of the weights, weights_changed(model) must be called."""
+    reason = training_ops_unavailable(model)
     if reason:
         return reason
-    config = model.config
+    ops, config = load_ops()[0], model.config
+    matmuls = Bf16Matmuls(ops) if bf16 else None
     for layer in model.model.layers:
         layer.input_layernorm = TrainingRMSNorm(layer.input_layernorm, ops)
         layer.post_attention_layernorm = TrainingRMSNorm(layer.post_attention_layernorm, ops)
-        layer.self_attn = TrainingAttention(layer.self_attn, config, ops)
-        layer.mlp = TrainingMLP(layer.mlp, ops)
+        layer.self_attn = TrainingAttention(layer.self_attn, config, ops, matmuls)
+        layer.mlp = TrainingMLP(layer.mlp, ops, matmuls)
     model.model.norm = TrainingRMSNorm(model.model.norm, ops)
+    model.bf16_matmuls = matmuls  # a plain attribute: not a sublayer, not in the state_dict
     return None
 
 
-def _concat_weights(layers):
-    """[W_1 | W_2 | ...] (in, sum of outs) of Linear layers sharing an input, for one matmul instead of several.
-    Concatenated on every call (a copy of a few MB at most), so gradients reach each layer's own Parameter."""
-    return paddle.concat([layer.weight for layer in layers], axis=1)
+def head_matmul(model):
+    """The product the log-prob head (algo.chunked_token_logprobs) uses for this model: bf16 where
+    use_training_ops turned it on, else paddle.matmul."""
+    matmuls = getattr(model, "bf16_matmuls", None)
+    return paddle.matmul if matmuls is None else matmuls.matmul
 
 
-def _project(x, layers, bias=None):
+def weights_changed(model) -> None:
+    """After the optimizer (or anything else) wrote the weights: the next bf16 product remakes its weight copy."""
+    matmuls = getattr(model, "bf16_matmuls", None)
+    if matmuls is not None:
+        matmuls.weights.clear()
+
+
+def _project(x, layers, bias=None, bf16=None):
     """x @ [W_1 | W_2 | ...] + bias (..., sum of outs), plus each LoRA adapter's term where a layer has one
-    (a merged weight would lose the adapter's dropout)."""
-    out = F.linear(x, _concat_weights(layers), bias)
+    (a merged weight would lose the adapter's dropout). The weights are concatenated on every call (a copy of a
+    few MB at most), so gradients reach each layer's own Parameter; with bf16 (a Bf16Matmuls), the product runs
+    in bf16 on the weights' cached bf16 copy."""
+    weights = [layer.weight for layer in layers]
+    if bf16 is None:
+        out = F.linear(x, weights[0] if len(weights) == 1 else paddle.concat(weights, axis=1), bias)
+    else:
+        out = bf16.linear(x, tuple(weights))
+        out = out if bias is None else out + bias
     updates = [lora_update(layer, x) for layer in layers]
     if all(update is None for update in updates):
         return out
@@ -97,15 +131,15 @@ class TrainingRMSNorm(nn.Layer):
 class TrainingMLP(nn.Layer):
     """down(silu(gate(x)) * up(x)), gate and up in one matmul."""
 
-    def __init__(self, mlp, ops):
+    def __init__(self, mlp, ops, bf16=None):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
-        self.ops = ops
+        self.ops, self.bf16 = ops, bf16
 
     def forward(self, x):
         projections = [self.gate_proj, self.up_proj]
-        gate_up = _project(x, projections, _concat_biases(projections))  # (..., 2I)
-        return self.down_proj(self.ops.grpo_silu_mul(gate_up))
+        gate_up = _project(x, projections, _concat_biases(projections), self.bf16)  # (..., 2I)
+        return _project(self.ops.grpo_silu_mul(gate_up), [self.down_proj], self.down_proj.bias, self.bf16)
 
 
 class TrainingAttention(nn.Layer):
@@ -114,14 +148,14 @@ class TrainingAttention(nn.Layer):
     scaling + mask) per KV head: the G = H / KVH query heads sharing a KV head are adjacent, so q (B, H, T, D)
     is (B, KVH, G T, D), and one matmul serves the group without repeating the keys and values G times."""
 
-    def __init__(self, attention, config, ops):
+    def __init__(self, attention, config, ops, bf16=None):
         super().__init__()
         self.q_proj, self.k_proj, self.v_proj = attention.q_proj, attention.k_proj, attention.v_proj
         self.o_proj = attention.o_proj
         self.layer_idx = attention.layer_idx
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
-        self.ops = ops
+        self.ops, self.bf16 = ops, bf16
         self.per_head_qk_norms = hasattr(attention, "q_norm")  # Qwen3; the attribute only where the model has it
         if self.per_head_qk_norms:
             self.q_norm, self.k_norm = TrainingRMSNorm(attention.q_norm, ops), TrainingRMSNorm(attention.k_norm, ops)
@@ -131,7 +165,7 @@ class TrainingAttention(nn.Layer):
             raise ValueError("the training attention needs paddleformers' 4-D additive mask (eager attention), got none")
         batch, length, _ = hidden_states.shape
         projections = [self.q_proj, self.k_proj, self.v_proj]
-        qkv = _project(hidden_states, projections)  # (B, T, (H + 2 KVH) D), the bias added below
+        qkv = _project(hidden_states, projections, bf16=self.bf16)  # (B, T, (H + 2 KVH) D), the bias added below
         bias = _concat_biases(projections)
         if self.per_head_qk_norms:  # as paddleformers' Qwen3: projection (with bias), per-head norms, rotary
             qkv, bias = self._norm_qk_heads(qkv if bias is None else qkv + bias), None
@@ -144,7 +178,7 @@ class TrainingAttention(nn.Layer):
         probs = self.ops.grpo_masked_softmax(scores, attention_mask, self.scaling)  # mask (B, 1, T, S)
         out = paddle.matmul(probs, v).reshape([batch, self.num_heads, length, self.head_dim])  # (B, H, T, D)
         out = out.transpose([0, 2, 1, 3]).reshape([batch, length, self.num_heads * self.head_dim])
-        return self.o_proj(out), None
+        return _project(out, [self.o_proj], self.o_proj.bias, self.bf16), None
 
     def _norm_qk_heads(self, qkv):
         """RMSNorm over each q head with q_norm and each k head with k_norm (weights (D,)): (B, T, (H + 2 KVH) D)

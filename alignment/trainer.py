@@ -37,7 +37,8 @@ from alignment.config import GRPOConfig
 from alignment.curves import plot_curves
 from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
-from alignment.fused_train import use_training_ops
+from alignment.cpu_bf16 import choose_compute
+from alignment.fused_train import bf16_unavailable, head_matmul, use_training_ops, weights_changed
 from alignment.logger import RunLogger
 from alignment.lora import adapters_disabled, apply_lora, load_adapter
 from alignment.modeling import (
@@ -119,8 +120,10 @@ def train(config: GRPOConfig) -> Path:
             load_adapter(model, resume.path)
     if config.recompute:
         enable_recompute(model, config.recompute_granularity)
+    on_gpu = not model.lm_head.weight.place.is_cpu_place()
+    compute = choose_compute(config.cpu_bf16_matmul, on_gpu, bf16_unavailable(model, config.use_fused_train_ops))
     if config.use_fused_train_ops:
-        why_not = use_training_ops(model)
+        why_not = use_training_ops(model, compute.bf16)
         if why_not:
             warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
     ref_model = None
@@ -129,7 +132,7 @@ def train(config: GRPOConfig) -> Path:
         ref_model.eval()
         for parameter in ref_model.parameters():
             parameter.stop_gradient = True
-    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
+    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, compute.bf16)
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, config, total_steps, world)
     state = load_training_state(resume.path, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
@@ -150,6 +153,7 @@ def train(config: GRPOConfig) -> Path:
     )
     if world.is_main:
         Path(config.output_dir, "grpo_config.json").write_text(config.to_json())
+    logger.print(f"compute: {compute.reason}")
     logger.print(
         f"{len(train_prompts)} training prompts ({truncated} truncated, {dropped} dropped over max_prompt_len), "
         f"{len(eval_prompts)} evaluation prompts; {total_steps} steps of {schedule.global_batch} prompts x {config.rollout_n}; "
@@ -573,6 +577,7 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
                 break
             if counts[0] > 0:
                 optimizer.step()
+                weights_changed(model)  # bf16 matmuls remake their weight copies
             optimizer.clear_grad()
     gap_max = world.max(np.array([totals.pop("is_logprob_gap_max", 0.0)]))[0]
     keys = sorted(totals)
@@ -604,7 +609,9 @@ def policy_logprobs(model, batch, config: GRPOConfig) -> tuple:
     tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time."""
     weight, bias = output_head(model)
     hidden = completion_hidden(model, batch)
-    return chunked_token_logprobs(hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens)
+    return chunked_token_logprobs(
+        hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens, head_matmul(model)
+    )
 
 
 def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timings: dict, world: World) -> dict:

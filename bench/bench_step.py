@@ -1,8 +1,9 @@
 """Seconds per GRPO step and per phase for one fixed workload: the eager engine with paddle's own kernels
-against the fused one (use_fusemt and use_fused_train_ops), and with --trl-python TRL's GRPOTrainer on the same
-workload (bench/trl_step.py), at float32 and / or bf16=True (--trl-precisions).
+against the fused one (use_fusemt and use_fused_train_ops, float32: cpu_bf16_matmul off) and fused-bf16 (the
+same with cpu_bf16_matmul on: needs a CPU with AVX512-BF16 or AMX), and with --trl-python TRL's GRPOTrainer on
+the same workload (bench/trl_step.py), at float32 and / or bf16=True (--trl-precisions).
 
-    .venv/bin/python bench/bench_step.py [--max_steps 6] [--engines eager,fused] [--model DIR]
+    .venv/bin/python bench/bench_step.py [--max_steps 6] [--engines eager,fused,fused-bf16] [--model DIR]
         [--prompts 4] [--rollout_n 8] [--dec_len 64]
         [--trl-python /work/torch-venv/bin/python] [--trl-precisions fp32,bf16] [-- extra run_grpo overrides]
 
@@ -43,6 +44,7 @@ BASE_CONFIG = REPO / "config/tiny/grpo_argument.json"
 FIXED = {"kl_loss_coeff": "0", "eval_datasets": "", "save_steps": "0", "logging_steps": "1"}
 PHASES = {"rollout": "time/rollout", "reward": "time/reward", "logprobs": "time/logprobs", "update": "time/train", "sync": "time/sync"}
 TRL_PRECISIONS = ("fp32", "bf16")
+ENGINES = ("eager", "fused", "fused-bf16")
 
 
 def workload(model: Path, prompts: int, rollout_n: int, dec_len: int) -> dict:
@@ -67,8 +69,9 @@ def run_paddle(engine: str, settings: dict, max_steps: int, overrides: list):
     """-> the JSON object for one engine, or None (reason on stderr)."""
     out = REPO / f"output/bench-step-{engine}"
     shutil.rmtree(out, ignore_errors=True)
-    settings = {**settings, "max_steps": str(max_steps), "output_dir": str(out), "use_fusemt": "true" if engine == "fused" else "false",
-                "use_fused_train_ops": "true" if engine == "fused" else "false"}
+    fused = engine.startswith("fused")
+    settings = {**settings, "max_steps": str(max_steps), "output_dir": str(out), "use_fusemt": str(fused).lower(),
+                "use_fused_train_ops": str(fused).lower(), "cpu_bf16_matmul": "on" if engine == "fused-bf16" else "off"}
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir", str(out / "launch_log"),
         "run_grpo.py", str(BASE_CONFIG.relative_to(REPO)), *[a for key, value in settings.items() for a in (f"--{key}", value)], *overrides,
@@ -84,7 +87,7 @@ def run_paddle(engine: str, settings: dict, max_steps: int, overrides: list):
         return None
     used = re.search(r"rollout with the (\w+)", log)
     engine_class = used.group(1) if used else None
-    if engine == "fused" and engine_class != "FusedEngine":
+    if fused and engine_class != "FusedEngine":
         why = re.search(r"use_fusemt: (.*)", log)
         print(f"bench_step: the fused run rolled out with the {engine_class or 'unknown engine'}"
               f"{' (' + why.group(1) + ')' if why else ''}; leaving it out", file=sys.stderr)
@@ -139,7 +142,7 @@ def ratios(results: dict) -> dict:
         fastest = min(trl, key=lambda r: r["seconds_per_step"])
         named["trl"] = fastest
         out["trl"] = fastest["engine"]
-    for a, b in (("eager", "fused"), ("trl", "fused"), ("trl", "eager")):
+    for a, b in (("eager", "fused"), ("fused", "fused-bf16"), ("trl", "fused"), ("trl", "fused-bf16"), ("trl", "eager")):
         if a in named and b in named:
             for phase in ("seconds_per_step", "rollout", "update"):
                 if named[a].get(phase) and named[b].get(phase):
@@ -169,8 +172,8 @@ def parse_args():
         parser.error(f"--model {args.model}: not a model folder (no config.json in it)")
     engines = [e for e in args.engines.split(",") if e]
     for engine in engines:
-        if engine not in ("eager", "fused"):
-            parser.error(f"--engines: unknown engine '{engine}' (eager, fused; trl comes with --trl-python)")
+        if engine not in ENGINES:
+            parser.error(f"--engines: unknown engine '{engine}' ({', '.join(ENGINES)}; trl comes with --trl-python)")
     if args.trl_precisions is not None and args.trl_python is None:
         parser.error("--trl-precisions needs --trl-python")
     precisions = [p for p in (args.trl_precisions or "fp32").split(",") if p]

@@ -54,6 +54,12 @@ def main() -> None:
         openmp += [f"-L{paddle_libs}", "-lmklml_intel", f"-Wl,-rpath,{paddle_libs}"]
     else:
         print(f"no libmklml_intel.so in {paddle_libs}: building without the packed-weight matmul")
+    # The bf16 matmuls (grpo_bf16.cc) call the oneDNN paddle ships; without it that file is empty.
+    if (paddle_libs / "libdnnl.so.3").is_file():
+        cxx_flags.append("-DGRPO_WITH_DNNL")
+        openmp += [f"-L{paddle_libs}", "-l:libdnnl.so.3", f"-Wl,-rpath,{paddle_libs}"]
+    else:
+        print(f"no libdnnl.so.3 in {paddle_libs}: building without the bf16 matmuls")
     load(
         name=NAME,
         sources=sources,

@@ -7,9 +7,10 @@ from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, Weigh
 from alignment.rollout.eager import EagerEngine
 
 
-def build_engine(config, model, eos_token_ids: list, pad_token_id: int) -> RolloutEngine:
+def build_engine(config, model, eos_token_ids: list, pad_token_id: int, bf16: bool = False) -> RolloutEngine:
     """use_fusemt picks the fused engine; where its operators are not built or the model is not one it
-    runs, a warning says why and the eager engine runs instead."""
+    runs, a warning says why and the eager engine runs instead. bf16: the fused engine multiplies in bf16
+    (cpu_bf16_matmul; the eager engine runs the actor's own modules, bf16 where use_training_ops made them so)."""
     if config.use_fusemt:
         from alignment.rollout.fused import FusedEngine, unsupported_reason
         from alignment.rollout.ops import load_ops
@@ -17,7 +18,7 @@ def build_engine(config, model, eos_token_ids: list, pad_token_id: int) -> Rollo
         ops, why_not = load_ops()
         why_not = why_not or unsupported_reason(model)
         if why_not is None:
-            return FusedEngine(model, eos_token_ids, pad_token_id, ops, config.weight_sync_tolerance)
+            return FusedEngine(model, eos_token_ids, pad_token_id, ops, config.weight_sync_tolerance, bf16)
         warnings.warn(f"use_fusemt: the fused engine cannot run here ({why_not}); generating with the eager engine")
     return EagerEngine(model, eos_token_ids, pad_token_id)
 

@@ -15,7 +15,11 @@ packed GEMM where the operators have it (csrc/grpo_gemm.cc: plain sgemm re-packs
 weight on every call, which at a few rows per decode step costs as much as the multiplication). `sync()`
 rebuilds these copies after every optimizer step and then checks the engine against the actor on a fixed
 probe: the log-probs the engine computes must equal the actor's forward ones within `tolerance`, or the
-run stops (WeightSyncError).
+run stops (WeightSyncError). With bf16 matmuls (cpu_bf16_matmul) the engine holds bf16 copies of the four
+matrices of each layer and of lm_head instead, made at sync() as the actor's training modules make theirs;
+the two forwards then differ by rounding (bf16 rounding of inputs that differ in their last fp32 bits), so
+the tolerance is wider (BF16_TOLERANCE) and the check first compares every bf16 copy with a fresh
+conversion of the actor's weight, bit for bit: a stale copy fails however small the change.
 A projection with a LoRA adapter (alignment/lora.py) enters as its merged weight W + A @ B * scale, a copy
 that `sync()` rebuilds too: decoding then costs what it costs without adapters.
 """
@@ -36,6 +40,10 @@ from alignment.runtime import contiguous_kernels
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 PROBE_LENGTHS = (24, 17)  # two probe rows of different lengths, so the check covers left padding
 COMPACT_FRACTION = 8  # compact once at least 1/8 of the active rows have finished
+FP32_TOLERANCE = 1e-4  # the default weight_sync_tolerance with float32 matmuls
+# ... and with bf16 ones: measured probe gaps of a freshly synced engine were 0.039 on SmolLM2-135M and 0.012 on
+# data/tiny-qwen2 (bf16 rounding); a wrong operator or layout moves log-probs by whole nats.
+BF16_TOLERANCE = 0.25
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -56,17 +64,21 @@ def unsupported_reason(model) -> Optional[str]:
 
 
 class Projection:
-    """x (..., K) -> x @ W (..., N) for a (K, N) weight (or W^T of a (N, K) one, as lm_head's): through the
-    packed copy the csrc operators make on the CPU, or paddle.matmul on a GPU or where they were built
-    without MKL."""
+    """x (..., K) -> x @ W (..., N) for a (K, N) weight (or W^T of a (N, K) one, as lm_head's): in bf16 on a
+    bf16 copy (cpu_bf16_matmul), through the packed copy the csrc operators make on the CPU, or paddle.matmul
+    on a GPU or where they were built without MKL."""
 
-    def __init__(self, weight: paddle.Tensor, ops, transpose: bool = False):
+    def __init__(self, weight: paddle.Tensor, ops, transpose: bool = False, bf16: bool = False):
         self.n = weight.shape[0] if transpose else weight.shape[1]
-        packable = hasattr(ops, "grpo_pack_weight") and weight.place.is_cpu_place()
+        packable = hasattr(ops, "grpo_pack_weight") and weight.place.is_cpu_place() and not bf16
         self.packed = ops.grpo_pack_weight(weight, transpose) if packable else None
-        self.weight, self.transpose, self.ops = (None if self.packed is not None else weight), transpose, ops
+        self.bf16 = ops.grpo_to_bf16(weight) if bf16 else None
+        self.weight = weight if self.packed is None and self.bf16 is None else None
+        self.transpose, self.ops = transpose, ops
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        if self.bf16 is not None:
+            return self.ops.grpo_bf16_matmul(x, self.bf16, False, self.transpose)
         if self.packed is not None:
             return self.ops.grpo_packed_matmul(x, self.packed, self.n)
         return paddle.matmul(x, self.weight, transpose_y=self.transpose)
@@ -74,6 +86,8 @@ class Projection:
 
 @dataclass
 class LayerWeights:
+    """The four matrices are bfloat16 copies when the engine multiplies in bf16 (cpu_bf16_matmul)."""
+
     input_norm: paddle.Tensor  # (Hd,) the actor's
     qkv: paddle.Tensor  # (Hd, (H + 2 KVH) D) concatenated copy
     qkv_bias: Optional[paddle.Tensor]  # ((H + 2 KVH) D,) concatenated copy, None without biases
@@ -85,28 +99,30 @@ class LayerWeights:
     down_proj: paddle.Tensor  # (I, Hd) the actor's (a merged copy with a LoRA adapter)
 
 
-def _fuse_layer(layer) -> LayerWeights:
+def _fuse_layer(layer, matrix) -> LayerWeights:
+    """matrix: what each (K, N) weight matrix is held as (the fp32 tensor itself, or its bf16 copy)."""
     attention, mlp = layer.self_attn, layer.mlp
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
     biases = [p.bias for p in projections]
     q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
     return LayerWeights(
         input_norm=layer.input_layernorm.weight,
-        qkv=paddle.concat([effective_weight(p) for p in projections], axis=1),
+        qkv=matrix(paddle.concat([effective_weight(p) for p in projections], axis=1)),
         qkv_bias=paddle.concat(biases) if all(b is not None for b in biases) else None,
         q_norm=q_norm.weight if q_norm is not None else None,
         k_norm=k_norm.weight if k_norm is not None else None,
-        o_proj=effective_weight(attention.o_proj),
+        o_proj=matrix(effective_weight(attention.o_proj)),
         post_norm=layer.post_attention_layernorm.weight,
-        gate_up=paddle.concat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)], axis=1),
-        down_proj=effective_weight(mlp.down_proj),
+        gate_up=matrix(paddle.concat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)], axis=1)),
+        down_proj=matrix(effective_weight(mlp.down_proj)),
     )
 
 
 class FusedEngine:
-    def __init__(self, model, eos_token_ids: list, pad_token_id: int, ops, tolerance: float = 1e-4):
+    def __init__(self, model, eos_token_ids: list, pad_token_id: int, ops, tolerance: Optional[float] = None, bf16: bool = False):
         config = model.config
-        self.model, self.ops, self.tolerance = model, ops, tolerance
+        self.model, self.ops, self.bf16 = model, ops, bf16
+        self.tolerance = tolerance if tolerance is not None else BF16_TOLERANCE if bf16 else FP32_TOLERANCE
         self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -124,16 +140,41 @@ class FusedEngine:
     @paddle.no_grad()
     def sync(self) -> None:
         """Rebuild the concatenated and packed weights from the actor, then check the engine against it."""
-        self.layers = [_fuse_layer(layer) for layer in self.model.model.layers]
+        self.layers = self._layer_weights()
         # Only lm_head is packed: the layers' matrices are a few MB each, and packed copies of them (3x
         # larger in MKL's layout) measured no faster (bench/RESULTS.md).
-        self.lm_head = Projection(self.model.lm_head.weight, self.ops, transpose=True)  # (V, Hd) weight
+        self.lm_head = Projection(self.model.lm_head.weight, self.ops, transpose=True, bf16=self.bf16)  # (V, Hd) weight
         self.check_weight_sync()
+
+    def _layer_weights(self) -> list:
+        matrix = self.ops.grpo_to_bf16 if self.bf16 else (lambda weight: weight)
+        return [_fuse_layer(layer, matrix) for layer in self.model.model.layers]
+
+    def _stale_bf16_copies(self) -> list:
+        """Names of the bf16 copies that differ from a fresh conversion of the actor's weights."""
+        fresh = self._layer_weights() + [self.ops.grpo_to_bf16(self.model.lm_head.weight)]
+        held = self.layers + [self.lm_head.bf16]
+        stale = []
+        for index, (mine, theirs) in enumerate(zip(held, fresh)):
+            if isinstance(mine, LayerWeights):
+                names = ("qkv", "o_proj", "gate_up", "down_proj")
+                pairs = [(f"layer {index} {name}", getattr(mine, name), getattr(theirs, name)) for name in names]
+            else:
+                pairs = [("lm_head", mine, theirs)]
+            stale += [name for name, a, b in pairs if not np.array_equal(a.numpy(), b.numpy())]  # bf16 as uint16 bits
+        return stale
 
     @paddle.no_grad()
     def check_weight_sync(self) -> float:
         """Max |log-prob difference| between this engine and the actor's forward on the probe; raises
-        WeightSyncError beyond tolerance."""
+        WeightSyncError beyond tolerance, or with bf16 copies, where a copy is not the actor's weight."""
+        stale = self._stale_bf16_copies() if self.bf16 else []
+        if stale:
+            raise WeightSyncError(
+                f"the fused rollout engine's bf16 weight copies are stale: {', '.join(stale[:4])}"
+                f"{f' and {len(stale) - 4} more' if len(stale) > 4 else ''} differ from the actor's weights; "
+                "rollouts from it would not be the policy being trained."
+            )
         input_ids, attention_mask, position_ids, first_slot = self._left_padded(self.probe)
         targets = input_ids[:, 1:]  # (B, L-1): each position predicts the next token
         hidden = self._forward(self.model.model.embed_tokens(input_ids), position_ids, first_slot,
@@ -142,7 +183,12 @@ class FusedEngine:
         was_training = self.model.training
         self.model.eval()
         with contiguous_kernels():
-            logits = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True).logits
+            if self.bf16:  # the actor's head in bf16 too, on a fresh bf16 copy of its weight (a stale one shows)
+                actor_hidden = self.model.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
+                logits = self.ops.grpo_bf16_matmul(actor_hidden.last_hidden_state, self.model.lm_head.weight, False, True)
+                logits = logits if self.model.lm_head.bias is None else logits + self.model.lm_head.bias
+            else:
+                logits = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True).logits
         if was_training:
             self.model.train()
         actor = token_logprobs(logits[:, :-1].astype("float32"), targets).numpy()
@@ -185,15 +231,22 @@ class FusedEngine:
         residual = None
         for index, layer in enumerate(self.layers):
             hidden, residual = ops.grpo_add_rms_norm(x, residual, layer.input_norm, self.eps)
-            qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)  # (B, T, (H + 2 KVH) D)
+            qkv = self._linear(hidden, layer.qkv, layer.qkv_bias)  # (B, T, (H + 2 KVH) D)
             if layer.q_norm is not None:
                 qkv = self._norm_qk_heads(qkv, layer)
             q, _ = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, index, start, self.num_heads, self.num_kv_heads)
             attention = ops.grpo_cache_attention(q, cache, first_slot, index, start)  # (B, T, H D)
-            hidden, residual = ops.grpo_add_rms_norm(paddle.matmul(attention, layer.o_proj), residual, layer.post_norm, self.eps)
-            x = paddle.matmul(ops.grpo_silu_mul(paddle.matmul(hidden, layer.gate_up)), layer.down_proj)
+            hidden, residual = ops.grpo_add_rms_norm(self._linear(attention, layer.o_proj), residual, layer.post_norm, self.eps)
+            x = self._linear(ops.grpo_silu_mul(self._linear(hidden, layer.gate_up)), layer.down_proj)
         hidden, _ = ops.grpo_add_rms_norm(x, residual, self.model.model.norm.weight, self.eps)
         return hidden
+
+    def _linear(self, x, weight, bias=None):
+        """x (..., K) @ weight (K, N) + bias: in bf16 with fp32 sums when the weight is a bf16 copy."""
+        if weight.dtype == paddle.bfloat16:
+            out = self.ops.grpo_bf16_matmul(x, weight, False, False)
+            return out if bias is None else out + bias
+        return F.linear(x, weight, bias)
 
     def _norm_qk_heads(self, qkv, layer: LayerWeights):
         """Qwen3's RMSNorm over each q and k head: (B, T, (H + 2 KVH) D) -> the same layout, v untouched."""

@@ -19,6 +19,9 @@ Inputs come first and attributes after them, positionally or by keyword:
     probs = ops.grpo_masked_softmax(scores, mask, scale)
     packed = ops.grpo_pack_weight(weight, transpose)          # where paddle ships MKL: x @ weight (or weight^T)
     out = ops.grpo_packed_matmul(x, packed, n)                # through the packed copy, n output columns
+    weight_bf16 = ops.grpo_to_bf16(weight)                    # where paddle ships oneDNN: bf16 products, fp32 sums
+    out = ops.grpo_bf16_matmul(x, y, transpose_x, transpose_y)  # x, y float32 or bfloat16; no gradient
+    out, x_saved = ops.grpo_bf16_linear(x, weight, weight_bf16, weight_grad)  # with backward to x and weight
 
 grpo_silu_mul has a backward kernel too. grpo_rope_kv_write, grpo_stop_update and grpo_compact_rows
 write their cache / presence / x argument in place and also return it. Shapes and semantics:
@@ -93,9 +96,22 @@ def grpo_packed_matmul(x, packed, n: int):
     return _run("grpo_packed_matmul", x, packed, int(n))
 
 
+def grpo_to_bf16(x):
+    return _run("grpo_to_bf16", x)
+
+
+def grpo_bf16_matmul(x, y, transpose_x: bool = False, transpose_y: bool = False):
+    return _run("grpo_bf16_matmul", x, y, bool(transpose_x), bool(transpose_y))
+
+
+def grpo_bf16_linear(x, weight, weight_bf16, weight_grad: bool):
+    return _run("grpo_bf16_linear", x, weight, weight_bf16, bool(weight_grad))
+
+
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
        grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax)
 MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
+DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear)  # csrc/grpo_bf16.cc: only where paddle ships oneDNN
 
 
 def _stale() -> bool:
@@ -119,4 +135,4 @@ def load_ops():
     missing = [op.__name__ for op in OPS if op.__name__ not in registered]
     if missing:
         return None, f"the fused ops library lacks {', '.join(missing)}: rerun make ops"
-    return SimpleNamespace(**{op.__name__: op for op in OPS + MKL_OPS if op.__name__ in registered}), ""
+    return SimpleNamespace(**{op.__name__: op for op in OPS + MKL_OPS + DNNL_OPS if op.__name__ in registered}), ""

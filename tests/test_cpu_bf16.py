@@ -1,0 +1,286 @@
+"""bf16 matmuls on the CPU (csrc/grpo_bf16.cc, alignment/cpu_bf16.py): the operators against float64 references
+with the bound bf16 rounding allows, the actor's loss and gradients with bf16 against float32, the fused engine in
+bf16 against the actor, the weight copies' refresh, and the choice of compute (CPU flags, the fallback that
+GRPO_CPU_BF16=0 forces, errors). oneDNN emulates bf16 on CPUs without it, so all of this runs on any x86 CPU.
+
+The bound: bf16 keeps 8 significant bits, so a rounding moves a value by at most 2^-8 of itself, each product of
+two rounded inputs is off by at most (1 + 2^-8)^2 - 1 < 1.01 x 2^-7 of |x||w|, and a sum of K products
+(accumulated in fp32) by at most that times |X| @ |W|, plus fp32's own rounding."""
+
+import numpy as np
+import paddle
+import pytest
+import test_ops
+from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
+
+from alignment.algo import chunked_token_logprobs, token_logprobs
+from alignment.config import ConfigError, GRPOConfig, validate
+from alignment.cpu_bf16 import choose_compute, cpu_bf16_flags
+from alignment.fused_train import head_matmul, use_training_ops, weights_changed
+from alignment.modeling import completion_hidden, completion_logits, make_token_batch, output_head
+from alignment.rollout import SamplingParams, WeightSyncError
+from alignment.runtime import contiguous_kernels
+
+ops, rng = test_ops.ops, test_ops.rng  # fixtures: the loaded operators (or a skip), a seeded Generator
+BF16_PRODUCT = 1.01 * 2.0**-7
+
+
+@pytest.fixture
+def bf16_ops(ops):
+    if not hasattr(ops, "grpo_bf16_linear"):
+        pytest.skip("the operators were built without oneDNN (paddle/libs has no libdnnl.so.3)")
+    return ops
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest bf16 value (ties to even), as float64: the reference conversion."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def assert_within_bf16_bound(actual, a, b, what):
+    """actual ~ a @ b (float64 inputs): |error| <= 1.01 x 2^-7 |a| @ |b| + fp32 rounding of the sum, elementwise."""
+    exact = a @ b
+    bound = BF16_PRODUCT * (np.abs(a) @ np.abs(b)) + 1e-6 * np.abs(exact) + 1e-6
+    excess = np.abs(actual - exact) - bound
+    assert excess.max(initial=0.0) <= 0, f"{what}: error over the bf16 bound by {excess.max():.3g}"
+
+
+@pytest.mark.parametrize(
+    "value, expected_bits",
+    [
+        (1.0, 0x3F80),
+        (1.0 + 2.0**-8, 0x3F80),  # a tie: to the even neighbour below
+        (1.0 + 3 * 2.0**-8, 0x3F82),  # a tie: to the even neighbour above
+        (1.0 + 2.0**-8 + 2.0**-20, 0x3F81),  # above the tie: up
+        (-2.5, 0xC020),
+        (3.0e38, 0x7F62),  # rounds to the bf16 value below float32's largest
+        (float("inf"), 0x7F80),
+        (-float("inf"), 0xFF80),
+        (1e-40, 0x0000),  # float32 subnormals flush to zero (as the AVX512-BF16 instruction does)
+        (-1e-40, 0x8000),
+    ],
+)
+def test_conversion_rounds_to_nearest_even(bf16_ops, value, expected_bits):
+    # 17 copies: the vector loop (16 at a time) and the scalar tail both convert it
+    converted = bf16_ops.grpo_to_bf16(paddle.full([17], value, "float32")).numpy()
+    assert converted.dtype == np.uint16 and (converted == expected_bits).all(), [hex(v) for v in converted]
+
+
+def test_conversion_keeps_nan(bf16_ops):
+    values = np.full(33, np.nan, np.float32)
+    back = bf16_ops.grpo_to_bf16(paddle.to_tensor(values)).astype("float32").numpy()
+    assert np.isnan(back).all()
+
+
+@pytest.mark.parametrize("transpose_x, transpose_y", [(False, False), (False, True), (True, False), (True, True)])
+def test_matmul_against_float64(bf16_ops, rng, transpose_x, transpose_y):
+    m, k, n = 37, 70, 29  # not multiples of any block size
+    x = rng.standard_normal((k, m) if transpose_x else (m, k)).astype(np.float32)
+    y = rng.standard_normal((n, k) if transpose_y else (k, n)).astype(np.float32)
+    out = bf16_ops.grpo_bf16_matmul(paddle.to_tensor(x), paddle.to_tensor(y), transpose_x, transpose_y).numpy()
+    a, b = (x.T if transpose_x else x).astype(np.float64), (y.T if transpose_y else y).astype(np.float64)
+    assert out.shape == (m, n) and out.dtype == np.float32
+    assert_within_bf16_bound(out, a, b, f"x{'^T' if transpose_x else ''} y{'^T' if transpose_y else ''}")
+    # inputs that bf16 holds exactly: then only fp32 summation separates the product from float64's
+    exact = bf16_ops.grpo_bf16_matmul(paddle.to_tensor(bf16_round(x).astype(np.float32)), paddle.to_tensor(y), transpose_x, transpose_y)
+    np.testing.assert_allclose(exact.numpy(), (bf16_round(x.T if transpose_x else x)) @ bf16_round(b), rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_takes_bf16_inputs_and_leading_dimensions(bf16_ops, rng):
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    from_fp32 = bf16_ops.grpo_bf16_matmul(paddle.to_tensor(x), paddle.to_tensor(w))
+    from_bf16 = bf16_ops.grpo_bf16_matmul(paddle.to_tensor(x), bf16_ops.grpo_to_bf16(paddle.to_tensor(w)))
+    assert from_fp32.shape == [2, 3, 8]
+    np.testing.assert_array_equal(from_fp32.numpy(), from_bf16.numpy())
+
+
+def test_matmul_names_what_is_wrong(bf16_ops):
+    with pytest.raises(Exception, match="inner dimensions differ"):
+        bf16_ops.grpo_bf16_matmul(paddle.ones([4, 5]), paddle.ones([6, 3]))
+    with pytest.raises(Exception, match="must be float32 or bfloat16, got int64"):
+        bf16_ops.grpo_bf16_matmul(paddle.ones([4, 5], "int64"), paddle.ones([5, 3]))
+
+
+@pytest.mark.parametrize("shape", [(9, 24), (2, 7, 24), (0, 24)])
+def test_linear_and_its_gradients_against_float64(bf16_ops, rng, shape):
+    k, n = shape[-1], 40
+    x_np = rng.standard_normal(shape).astype(np.float32)
+    w_np = rng.standard_normal((k, n)).astype(np.float32)
+    dy = rng.standard_normal((*shape[:-1], n)).astype(np.float32)
+    x = paddle.to_tensor(x_np, stop_gradient=False)
+    w = paddle.to_tensor(w_np, stop_gradient=False)
+    out, saved = bf16_ops.grpo_bf16_linear(x, w, bf16_ops.grpo_to_bf16(w), True)
+    assert saved.dtype == paddle.bfloat16 and saved.shape == x.shape
+    dx, dw = paddle.grad(out, [x, w], paddle.to_tensor(dy))
+    rows, grads = x_np.reshape(-1, k).astype(np.float64), dy.reshape(-1, n).astype(np.float64)
+    w64 = w_np.astype(np.float64)
+    assert_within_bf16_bound(out.numpy().reshape(-1, n), rows, w64, "x @ w")
+    assert_within_bf16_bound(dx.numpy().reshape(-1, k), grads, w64.T, "dx = dy w^T")
+    assert_within_bf16_bound(dw.numpy(), rows.T, grads, "dw = x^T dy")
+    if rows.size:  # and not a looser computation that the bound would also admit
+        assert np.abs(out.numpy().reshape(-1, n) - rows @ w64).max() > 0
+
+
+def test_linear_with_a_frozen_weight_gives_its_input_a_gradient_only(bf16_ops, rng):
+    x = paddle.to_tensor(rng.standard_normal((5, 12)).astype(np.float32), stop_gradient=False)
+    w = paddle.to_tensor(rng.standard_normal((12, 4)).astype(np.float32))  # stop_gradient: LoRA's base
+    out, _ = bf16_ops.grpo_bf16_linear(x, w, bf16_ops.grpo_to_bf16(w), False)
+    out.sum().backward()
+    assert w.grad is None
+    assert_within_bf16_bound(x.grad.numpy(), np.ones((5, 4)), w.numpy().astype(np.float64).T, "dx")
+
+
+# --------------------------------------------------------------------------------------------- the actor
+
+
+def batch():
+    draw = np.random.default_rng(0)
+    prompts = [draw.integers(3, VOCAB, n).tolist() for n in (5, 9, 3, 7)]
+    completion_mask = np.ones((4, 6), np.float32)
+    completion_mask[1, 4:] = completion_mask[3, 2:] = 0
+    return make_token_batch(prompts, draw.integers(3, VOCAB, (4, 6)), completion_mask, PAD)
+
+
+def loss_and_gradients(model) -> tuple:
+    """The trainer's log-probs (chunked head, 5 tokens per chunk) -> masked mean; every parameter's gradient."""
+    tokens = batch()
+    model.train()
+    with contiguous_kernels():
+        weight, bias = output_head(model)
+        logprobs, _ = chunked_token_logprobs(completion_hidden(model, tokens), weight, bias, tokens.completion_ids, 1.0, 5, head_matmul(model))
+        loss = -(logprobs * tokens.completion_mask).sum() / tokens.completion_mask.sum()
+        loss.backward()
+    return logprobs.numpy(), {name: p.grad.numpy() for name, p in model.named_parameters() if not p.stop_gradient}
+
+
+@pytest.mark.parametrize("build", [qwen2_tied, llama_untied], ids=["qwen2-tied-bias", "llama-untied"])
+def test_bf16_log_probs_and_gradients_are_close_to_float32(bf16_ops, build):
+    exact, fast = build(), build()
+    assert use_training_ops(exact) is None and use_training_ops(fast, bf16=True) is None
+    logprobs, grads = loss_and_gradients(exact)
+    fast_logprobs, fast_grads = loss_and_gradients(fast)
+    assert np.abs(fast_logprobs - logprobs).max() < 0.05  # measured: 0.013 (qwen2), 0.017 (llama)
+    assert fast_grads.keys() == grads.keys()
+    everything = np.concatenate([g.ravel() for g in grads.values()])
+    difference = np.concatenate([(fast_grads[name] - g).ravel() for name, g in grads.items()])
+    assert np.linalg.norm(difference) / np.linalg.norm(everything) < 0.03  # measured: 0.0097 (qwen2), 0.011 (llama)
+    assert 0 < np.abs(difference).max()  # bf16 did run
+
+
+def test_weight_copies_are_remade_after_weights_changed(bf16_ops):
+    model = qwen2_tied()
+    use_training_ops(model, bf16=True)
+    before, _ = loss_and_gradients(model)
+    optimizer = paddle.optimizer.SGD(learning_rate=1.0, parameters=model.parameters())
+    optimizer.step()  # a large step: the log-probs move by far more than bf16 rounding
+    optimizer.clear_grad()
+    stale, _ = loss_and_gradients(model)  # the projections still multiply the copies made before the step
+    optimizer.clear_grad()
+    weights_changed(model)  # what the trainer calls after every optimizer step
+    fresh, _ = loss_and_gradients(model)
+    reference = qwen2_tied()
+    reference.set_state_dict(model.state_dict())
+    use_training_ops(reference, bf16=True)
+    np.testing.assert_array_equal(fresh, loss_and_gradients(reference)[0])
+    assert np.abs(stale - fresh).max() > 0.1 and np.abs(fresh - before).max() > 0.1
+
+
+# --------------------------------------------------------------------------------------------- the engine
+
+
+def test_the_bf16_engine_samples_what_the_bf16_actor_computes(bf16_ops):
+    from alignment.rollout.fused import BF16_TOLERANCE, FusedEngine
+
+    model = qwen2_tied()
+    use_training_ops(model, bf16=True)
+    model.eval()
+    engine = FusedEngine(model, [7, 11], PAD, bf16_ops, bf16=True)
+    assert engine.tolerance == BF16_TOLERANCE and engine.check_weight_sync() < BF16_TOLERANCE
+    paddle.seed(3)
+    rollout = engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=10, temperature=0.8))
+    tokens = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, PAD)
+    with paddle.no_grad(), contiguous_kernels():
+        hidden = completion_hidden(model, tokens)
+        weight, bias = output_head(model)
+        actor = chunked_token_logprobs(hidden, weight, bias, tokens.completion_ids, 0.8, 512, head_matmul(model))[0].numpy()
+        fp32_actor = token_logprobs(completion_logits(model, tokens), tokens.completion_ids, 0.8).numpy()
+    gap = np.abs(rollout.logprobs - actor * rollout.completion_mask).max()
+    assert gap < 0.05, gap  # the importance-sampling correction's business, and small
+    assert np.abs(rollout.logprobs - fp32_actor * rollout.completion_mask).max() > 0  # the engine did run in bf16
+
+
+def test_the_bf16_weight_sync_check_catches_any_stale_copy(bf16_ops):
+    from alignment.rollout.fused import FusedEngine
+
+    model = qwen2_tied()
+    use_training_ops(model, bf16=True)
+    engine = FusedEngine(model, [VOCAB - 1], PAD, bf16_ops, bf16=True)
+    for weight, name in [(model.model.layers[1].mlp.down_proj.weight, "layer 1 down_proj"), (model.lm_head.weight, "lm_head")]:
+        with paddle.no_grad():
+            weight[0, 0] = weight[0, 0] * 1.5  # one element: far below the log-prob tolerance
+        weights_changed(model)
+        with pytest.raises(WeightSyncError, match=f"bf16 weight copies are stale: {name}"):
+            engine.check_weight_sync()
+        engine.sync()
+
+
+# --------------------------------------------------------------------------------------------- the choice
+
+
+CPUINFO = {
+    "amx-xeon": "fpu vme avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8",
+    "avx512-bf16-epyc": "fpu vme avx2 avx512f avx512_bf16 avx512_vnni",
+    "avx2-epyc": "fpu vme avx2 fma",
+}
+
+
+@pytest.mark.parametrize(
+    "cpu, flags",
+    [("amx-xeon", ["amx_bf16", "avx512_bf16"]), ("avx512-bf16-epyc", ["avx512_bf16"]), ("avx2-epyc", [])],
+)
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path, cpu, flags):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: x\nflags\t\t: {CPUINFO[cpu]}\n\nprocessor\t: 1\nflags\t\t: {CPUINFO[cpu]}\n")
+    assert cpu_bf16_flags(str(cpuinfo)) == flags
+    assert cpu_bf16_flags(str(tmp_path / "absent")) == []  # not Linux: no bf16, fp32 as before
+
+
+def test_the_environment_variable_forces_the_fallback(monkeypatch):
+    monkeypatch.setenv("GRPO_CPU_BF16", "0")
+    assert cpu_bf16_flags() == []
+    choice = choose_compute("auto", False, None)
+    assert not choice.bf16 and "neither amx_bf16 nor avx512_bf16" in choice.reason
+    with pytest.raises(ValueError, match="cpu_bf16_matmul is on but this CPU lists neither"):
+        choose_compute("on", False, None)
+    with pytest.raises(ConfigError, match="cpu_bf16_matmul is on but this CPU lists neither"):
+        validate(GRPOConfig(cpu_bf16_matmul="on", use_fused_train_ops=True))
+
+
+@pytest.mark.parametrize(
+    "setting, on_gpu, blocker, flags, bf16, says",
+    [
+        ("auto", False, None, ["avx512_bf16"], True, "this CPU has avx512_bf16"),
+        ("auto", False, None, ["amx_bf16", "avx512_bf16"], True, "this CPU has amx_bf16 and avx512_bf16"),
+        ("on", False, None, ["amx_bf16"], True, "cpu_bf16_matmul on"),
+        ("off", False, None, ["avx512_bf16"], False, "cpu_bf16_matmul off"),
+        ("auto", False, "use_fused_train_ops is false", ["avx512_bf16"], False, "cannot run: use_fused_train_ops is false"),
+        ("auto", True, None, ["avx512_bf16"], False, "the bf16 key"),
+    ],
+)
+def test_choose_compute(monkeypatch, setting, on_gpu, blocker, flags, bf16, says):
+    monkeypatch.setattr("alignment.cpu_bf16.cpu_bf16_flags", lambda: flags)
+    choice = choose_compute(setting, on_gpu, blocker)
+    assert choice.bf16 is bf16 and says in choice.reason, choice.reason
+
+
+@pytest.mark.parametrize(
+    "setting, on_gpu, blocker, message",
+    [("on", False, "use_fused_train_ops is false", "cpu_bf16_matmul is on but the bf16 matmuls cannot run"), ("on", True, None, "set bf16 true there")],
+)
+def test_on_where_it_cannot_run_is_an_error(monkeypatch, setting, on_gpu, blocker, message):
+    monkeypatch.setattr("alignment.cpu_bf16.cpu_bf16_flags", lambda: ["avx512_bf16"])
+    with pytest.raises(ValueError, match=message):
+        choose_compute(setting, on_gpu, blocker)
