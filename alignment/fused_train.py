@@ -11,6 +11,8 @@ The swapped modules hold the model's own Parameter objects (and Linear layers) u
 the state_dict, checkpoints, the optimizer's state and the fused rollout engine's in-place weight
 references stay valid. Only float32 rounding differs from paddleformers' forward. Projections with LoRA
 adapters (alignment/lora.py) keep them: each adds its dropout(x) @ A @ B * scale beside the one matmul.
+With bf16 (cpu_bf16_matmul, alignment/cpu_bf16.py), every projection's matmul runs in bf16 on a copy of its
+weights that weights_changed() discards after each optimizer step; the adapters' terms stay fp32.
 """
 
 from typing import Optional

@@ -1,10 +1,11 @@
 """Generation throughput of the rollout engines: tokens per second for the eager engine, the fused engine
 (built as the trainer builds it with use_fusemt; skipped with the reason on stderr where it cannot run:
-not written yet, operators not built, failed weight check) and, with
+not written yet, operators not built, failed weight check), fused-bf16 (the same with cpu_bf16_matmul's bf16
+weight copies, on its own copy of the model) and, with
 --torch-python, transformers' generate in PyTorch (bench/torch_generate.py under that interpreter).
 
     .venv/bin/python bench/bench_rollout.py [--shapes tiny,qwen2.5-0.5b] [--batches 8,32,128]
-        [--engines eager,fused] [--new-tokens 128] [--prompt 64] [--repeats N]
+        [--engines eager,fused,fused-bf16] [--new-tokens 128] [--prompt 64] [--repeats N]
         [--torch-python /work/torch-venv/bin/python]
 
 Models are Qwen2 with random (seeded) float32 weights, built from a config, never downloaded:
@@ -74,16 +75,21 @@ def build_model(shape: str, seed: int):
     return model
 
 
-def fused_engine(model, eos_token_ids: list, pad_token_id: int):
-    """The fused engine as the trainer builds it (build_engine with use_fusemt), or None with the reason on
-    stderr: not written yet, operators not built, a model it does not run, or a failed weight check."""
+def fused_engine(model, eos_token_ids: list, pad_token_id: int, bf16: bool = False):
+    """The fused engine as the trainer builds it (build_engine with use_fusemt; with bf16, on a model whose
+    training modules multiply in bf16 too, as cpu_bf16_matmul makes them), or None with the reason on stderr:
+    not written yet, operators not built, a model it does not run, or a failed weight check."""
     try:
+        from alignment.fused_train import use_training_ops
         from alignment.rollout import build_engine
         from alignment.rollout.fused import FusedEngine
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            engine = build_engine(SimpleNamespace(use_fusemt=True, weight_sync_tolerance=1e-4), model, eos_token_ids, pad_token_id)
+            why_not = use_training_ops(model, bf16=True) if bf16 else None
+            if why_not:
+                raise RuntimeError(f"no bf16 training modules: {why_not}")
+            engine = build_engine(SimpleNamespace(use_fusemt=True, weight_sync_tolerance=None), model, eos_token_ids, pad_token_id, bf16)
     except Exception as error:  # ImportError while it is being written, WeightSyncError, ...
         print(f"bench_rollout: the fused engine is not available ({type(error).__name__}: {error}); skipping it", file=sys.stderr)
         return None
@@ -127,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="tiny,qwen2.5-0.5b")
     parser.add_argument("--batches", default="8,32,128")
-    parser.add_argument("--engines", default="eager,fused", help="paddle engines: eager, fused")
+    parser.add_argument("--engines", default="eager,fused", help="paddle engines: eager, fused, fused-bf16 (cpu_bf16_matmul's engine)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=None, help="timed generates per point (default: 3 tiny, 1 qwen2.5-0.5b)")
@@ -142,8 +148,8 @@ def main() -> None:
 
     engines = [e for e in args.engines.split(",") if e]
     for name in engines:
-        if name not in ("eager", "fused"):
-            parser.error(f"unknown engine '{name}' (eager, fused; torch comes with --torch-python)")
+        if name not in ("eager", "fused", "fused-bf16"):
+            parser.error(f"unknown engine '{name}' (eager, fused, fused-bf16; torch comes with --torch-python)")
 
     params = SamplingParams(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, temperature=1.0)
     threads = int(os.environ["OMP_NUM_THREADS"])
@@ -156,6 +162,9 @@ def main() -> None:
             built = {"eager": EagerEngine(model, eos, pad)} if "eager" in engines else {}
             if "fused" in engines and (fused := fused_engine(model, eos, pad)) is not None:
                 built["fused"] = fused
+            # its own copy of the model: the bf16 training modules would change what the eager engine runs
+            if "fused-bf16" in engines and (fused := fused_engine(build_model(shape, args.seed), eos, pad, bf16=True)) is not None:
+                built["fused-bf16"] = fused
             for batch in batches:
                 prompts = make_prompts(SHAPES[shape]["vocab_size"], batch, args.prompt, args.seed + batch)
                 for name, engine in built.items():
@@ -177,7 +186,8 @@ def main() -> None:
     ratios = {}
     for (shape, batch), by_engine in speeds.items():
         pairs = {f"{a}_over_{b}": round(by_engine[a] / by_engine[b], 2)
-                 for a, b in (("fused", "eager"), ("fused", "torch"), ("eager", "torch")) if a in by_engine and b in by_engine}
+                 for a, b in (("fused", "eager"), ("fused-bf16", "fused"), ("fused", "torch"), ("eager", "torch"))
+                 if a in by_engine and b in by_engine}
         if pairs:
             ratios[f"{shape}/{batch}"] = pairs
     print(json.dumps({"ratios": ratios}))

@@ -2,6 +2,7 @@
 
 import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from reward_servers import free_port, reward_server
 
+from alignment.cpu_bf16 import cpu_bf16_flags
 from alignment.rewards import score_completions
 from alignment.rollout.ops import load_ops
 
@@ -21,12 +23,12 @@ STEP_KEYS = [
 ]
 
 
-def launch(tmp_path: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
+def launch(tmp_path: Path, *overrides: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir", str(tmp_path / "launch"),
         "run_grpo.py", TINY, "--output_dir", str(tmp_path / "out"), *overrides,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1500, env=None if env is None else {**os.environ, **env})
     if check and done.returncode != 0:
         pytest.fail(f"run_grpo failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done
@@ -59,6 +61,16 @@ def test_run_writes_metrics_for_every_step(three_steps):
     completions = read_jsonl(out / "completions.jsonl")
     assert len(completions) == 3 * 4 and {"prompt", "completion", "rewards", "advantage"} <= set(completions[0])
     assert f"checkpoint: {out}/checkpoint-3" in done.stdout and f"visualdl --logdir {out}/vdl_log" in done.stdout
+    first_line = next(line for line in done.stdout.splitlines() if line.startswith("compute: "))  # the run's first line
+    if load_ops()[0] is not None and hasattr(load_ops()[0], "grpo_bf16_linear"):  # cpu_bf16_matmul auto chose by the CPU
+        assert first_line.startswith("compute: bf16 matmuls" if cpu_bf16_flags() else "compute: float32 matmuls"), first_line
+
+
+def test_a_cpu_without_bf16_trains_in_float32(tmp_path):
+    """GRPO_CPU_BF16=0 hides the CPU's bf16 flags, as on a CPU without them: auto falls back and says why."""
+    done = launch(tmp_path, "--max_steps", "1", "--eval_datasets", "", env={"GRPO_CPU_BF16": "0"})
+    assert "compute: float32 matmuls (cpu_bf16_matmul auto: this CPU lists neither amx_bf16 nor avx512_bf16" in done.stdout
+    assert [s["step"] for s in read_jsonl(tmp_path / "out" / "metrics.jsonl") if "reward_mean" in s] == [1]
 
 
 def test_visualdl_log_reads_back(three_steps):
