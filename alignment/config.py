@@ -652,8 +652,8 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         from alignment.cpu_bf16 import cpu_bf16_flags
 
         _check(c.use_fused_train_ops, "cpu_bf16_matmul is on but use_fused_train_ops is false: the bf16 matmuls run in the training operators")
-        _check(c.bf16 or cpu_bf16_flags(), "cpu_bf16_matmul is on but this CPU lists neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo (oneDNN would emulate bf16, slower than float32); use auto or off")
         _check(not c.bf16, "cpu_bf16_matmul is on and bf16 is true: bf16 is the GPU's AMP, cpu_bf16_matmul the CPU's bf16 matmuls; set one")
+        _check(cpu_bf16_flags(), "cpu_bf16_matmul is on but this CPU lists neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo (oneDNN would emulate bf16, slower than float32); use auto or off")
     if c.bf16 or c.fp16:
         import paddle
 

@@ -47,13 +47,11 @@ def choose_compute(setting: str, on_gpu: bool, blocker: str | None) -> ComputeCh
     if setting == "off":
         return ComputeChoice(False, "float32 matmuls (cpu_bf16_matmul off)")
     flags = cpu_bf16_flags()
-    why_not = (
-        "this CPU lists neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo (oneDNN would emulate bf16, slower than fp32)"
-        if not flags
-        else f"the bf16 matmuls cannot run: {blocker}"
-        if blocker
-        else None
-    )
+    why_not = None
+    if not flags:
+        why_not = "this CPU lists neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo (oneDNN would emulate bf16, slower than fp32)"
+    elif blocker:
+        why_not = f"the bf16 matmuls cannot run: {blocker}"
     if why_not and setting == "on":
         raise ValueError(f"cpu_bf16_matmul is on but {why_not}")
     if why_not:

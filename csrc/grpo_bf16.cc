@@ -30,6 +30,7 @@ extern "C" int dnnl_gemm_bf16bf16f32(char transa, char transb, int64_t m, int64_
 
 namespace {
 
+using grpo::dense;
 using grpo::shape_str;
 constexpr auto kF32 = paddle::DataType::FLOAT32;
 constexpr auto kBF16 = paddle::DataType::BFLOAT16;
@@ -59,7 +60,6 @@ void convert(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
-paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 uint16_t* bf16_data(paddle::Tensor& t) { return static_cast<uint16_t*>(t.data()); }
 const uint16_t* bf16_data(const paddle::Tensor& t) { return static_cast<const uint16_t*>(t.data()); }
 

@@ -47,7 +47,7 @@ std::vector<paddle::Tensor> PackWeight(const paddle::Tensor& w_in, bool transpos
   const char* op = "grpo_pack_weight";
   check_cpu_float32(w_in, op, "weight");
   PD_CHECK(w_in.shape().size() == 2, op, ": weight must be 2-D, got ", shape_str(w_in.shape()));
-  const auto w = w_in.is_contiguous() ? w_in : w_in.contiguous();
+  const auto w = grpo::dense(w_in);
   const int64_t rows = w.shape()[0], cols = w.shape()[1];
   const int64_t k = transpose ? cols : rows, n = transpose ? rows : cols;
   auto packed = paddle::empty({packed_floats(n, k)}, paddle::DataType::FLOAT32, w.place());
@@ -63,7 +63,7 @@ std::vector<paddle::Tensor> PackedMatmul(const paddle::Tensor& x_in, const paddl
   check_cpu_float32(packed, op, "packed");
   PD_CHECK(!x_in.shape().empty() && n > 0, op, ": x must be [..., K] and n positive, got ", shape_str(x_in.shape()),
            " and n = ", n);
-  const auto x = x_in.is_contiguous() ? x_in : x_in.contiguous();
+  const auto x = grpo::dense(x_in);
   const int64_t k = x.shape().back();
   PD_CHECK(packed.numel() == packed_floats(n, k), op, ": packed holds ", packed.numel(),
            " floats, not a packed (", k, ", ", n, ") matrix (", packed_floats(n, k), ")");

@@ -23,6 +23,7 @@
 
 namespace {
 
+using grpo::dense;
 using grpo::shape_str;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -51,8 +52,6 @@ void cpu_only(const paddle::Tensor& t, const char* op) {
   PD_CHECK(t.is_cpu(), op, ": CPU kernels only (a training operator), got a tensor on ", t.place().DebugString());
 }
 
-// Inputs may be strided views when paddle's stride kernels are on; kernels index densely.
-paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
 // exp for x <= 0 (arguments are max-subtracted logits), vectorisable under `omp simd`: Cephes
 // range reduction to 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, relative error ~2e-7,

@@ -12,6 +12,9 @@
 
 namespace grpo {
 
+// Inputs may be strided views when paddle's stride kernels are on; kernels index densely.
+inline paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
 inline std::string shape_str(const std::vector<int64_t>& shape) {
   std::ostringstream os;
   os << "[";

@@ -18,8 +18,9 @@ probe: the log-probs the engine computes must equal the actor's forward ones wit
 run stops (WeightSyncError). With bf16 matmuls (cpu_bf16_matmul) the engine holds bf16 copies of the four
 matrices of each layer and of lm_head instead, made at sync() as the actor's training modules make theirs;
 the two forwards then differ by rounding (bf16 rounding of inputs that differ in their last fp32 bits), so
-the tolerance is wider (BF16_TOLERANCE) and the check first compares every bf16 copy with a fresh
-conversion of the actor's weight, bit for bit: a stale copy fails however small the change.
+the tolerance is wider (BF16_TOLERANCE), and check_weight_sync() first compares every bf16 copy with a fresh
+conversion of the actor's weight, bit for bit: a stale copy fails however small the change (sync(), which has
+just made the copies, checks the probe only).
 A projection with a LoRA adapter (alignment/lora.py) enters as its merged weight W + A @ B * scale, a copy
 that `sync()` rebuilds too: decoding then costs what it costs without adapters.
 """
@@ -139,12 +140,13 @@ class FusedEngine:
 
     @paddle.no_grad()
     def sync(self) -> None:
-        """Rebuild the concatenated and packed weights from the actor, then check the engine against it."""
+        """Rebuild the concatenated and packed weights from the actor, then check the engine against it on the
+        probe (the bf16 copies were made from the actor's weights a moment ago: no bit-for-bit comparison)."""
         self.layers = self._layer_weights()
         # Only lm_head is packed: the layers' matrices are a few MB each, and packed copies of them (3x
         # larger in MKL's layout) measured no faster (bench/RESULTS.md).
         self.lm_head = Projection(self.model.lm_head.weight, self.ops, transpose=True, bf16=self.bf16)  # (V, Hd) weight
-        self.check_weight_sync()
+        self._check_probe()
 
     def _layer_weights(self) -> list:
         matrix = self.ops.grpo_to_bf16 if self.bf16 else (lambda weight: weight)
@@ -175,6 +177,9 @@ class FusedEngine:
                 f"{f' and {len(stale) - 4} more' if len(stale) > 4 else ''} differ from the actor's weights; "
                 "rollouts from it would not be the policy being trained."
             )
+        return self._check_probe()
+
+    def _check_probe(self) -> float:
         input_ids, attention_mask, position_ids, first_slot = self._left_padded(self.probe)
         targets = input_ids[:, 1:]  # (B, L-1): each position predicts the next token
         hidden = self._forward(self.model.model.embed_tokens(input_ids), position_ids, first_slot,
@@ -183,10 +188,9 @@ class FusedEngine:
         was_training = self.model.training
         self.model.eval()
         with contiguous_kernels():
-            if self.bf16:  # the actor's head in bf16 too, on a fresh bf16 copy of its weight (a stale one shows)
+            if self.bf16:  # the actor's head in bf16 too: the engine's copy, which is the actor's weight (checked or just made)
                 actor_hidden = self.model.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
-                logits = self.ops.grpo_bf16_matmul(actor_hidden.last_hidden_state, self.model.lm_head.weight, False, True)
-                logits = logits if self.model.lm_head.bias is None else logits + self.model.lm_head.bias
+                logits = self._logits(actor_hidden.last_hidden_state)
             else:
                 logits = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True).logits
         if was_training:
