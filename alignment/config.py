@@ -107,6 +107,15 @@ class GRPOConfig:
     reward_server_timeout: float = _key(60.0, "Seconds to wait for one scoring request.")
     reward_server_retries: int = _key(3, "Retries of a failed request (with exponential backoff) before the run stops.")
     reward_server_api_key: Optional[str] = _key(None, "Bearer token for the reward server; default: $GRPO_REWARD_SERVER_API_KEY.")
+    # Multi-turn rollouts with tools (alignment/rollout/multi_turn.py)
+    tools: list[str] = _key([], "Tools the model may call, by name: calculator, python (built in), or @register_tool functions of external_plugins; shown to the model through the chat template's tools=. Given: rollouts are multi-turn (environment tools).")
+    environment: Optional[str] = _key(None, "What answers each model turn: a registered environment (built in: tools, which runs the turn's tool calls and ends the episode at a turn without one; more from external_plugins' @register_environment); default: tools when tools are given, else single-turn rollouts.")
+    max_turns: int = _key(4, "Model turns per episode at most; a turn that still calls a tool at the last one ends the episode unanswered (finish reason max_turns).")
+    max_turn_tokens: Optional[int] = _key(None, "Tokens the model may generate in one turn; a turn that reaches it ends the episode (finish reason length). Default: max_dec_len, which bounds the whole trajectory after the prompt, tool answers included.")
+    tool_timeout: float = _key(10.0, "Seconds one tool call may take (wall clock); a slower one is killed and answered with an error, and the episode goes on.")
+    tool_memory_mb: int = _key(512, "Address-space limit (MB) of a tool's process (python and plugin tools).")
+    tool_output_bytes: int = _key(4096, "Bytes of a tool's output kept; a tool that prints more is stopped and its answer says so.")
+    tool_workers: int = _key(8, "Tool calls running at once.")
     # Optimisation
     learning_rate: float = _key(1e-6, "Peak learning rate.")
     min_learning_rate: float = _key(0.0, "Learning rate at the end of the linear or cosine schedule.")
@@ -155,6 +164,11 @@ class GRPOConfig:
     def resolved_logging_dir(self) -> str:
         return self.logging_dir or os.path.join(self.output_dir, "vdl_log")
 
+    @property
+    def resolved_environment(self) -> Optional[str]:
+        """The environment of multi-turn rollouts; None: single-turn."""
+        return self.environment or ("tools" if self.tools else None)
+
     def reward_settings(self):
         from alignment.rewards import RewardSettings
 
@@ -198,6 +212,9 @@ ALIASES = {
     "lora_r": "lora_rank",  # TRL
     "lora_target_modules": "target_modules",  # TRL
     "reward_funcs": "reward_functions",  # TRL, ms-swift
+    "multi_turn_scheduler": "environment",  # ms-swift
+    "max_assistant_turns": "max_turns",  # verl's multi_turn
+    "max_tool_response_length": "tool_output_bytes",  # verl (there in characters)
     "reward_weights": "reward_function_weights",  # TRL, ms-swift
     "min_lr": "min_learning_rate",  # Megatron, ms-swift
     "lr": "learning_rate",  # verl (actor.optim.lr), Megatron, most training scripts' --lr
@@ -453,11 +470,36 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_tools(c: GRPOConfig) -> None:
+    """After external_plugins are loaded: they may register tools and environments."""
+    from alignment.tools import get_environment, get_tool
+
+    for name in c.tools:
+        try:
+            get_tool(name).schema  # made here, so a tool without type hints or argument descriptions fails now
+        except ValueError as e:
+            raise ConfigError(f"tools: {e}") from None
+    if c.environment is not None:
+        try:
+            get_environment(c.environment)
+        except ValueError as e:
+            raise ConfigError(f"environment: {e}") from None
+    _check(c.environment != "tools" or bool(c.tools), "environment is tools but tools is empty: name the tools the model may call")
+    _check(c.max_turns >= 1, f"max_turns = {c.max_turns}: must be at least 1")
+    _check(
+        c.max_turn_tokens is None or 1 <= c.max_turn_tokens <= c.max_dec_len,
+        f"max_turn_tokens = {c.max_turn_tokens}: must lie in [1, max_dec_len ({c.max_dec_len})], which bounds the whole trajectory",
+    )
+    _check(c.tool_timeout > 0, f"tool_timeout = {c.tool_timeout}: must be > 0")
+    _check(c.tool_memory_mb >= 64 and c.tool_output_bytes >= 1 and c.tool_workers >= 1,
+           "tool_memory_mb must be at least 64, tool_output_bytes and tool_workers at least 1")
+
+
 def validate(c: GRPOConfig) -> GRPOConfig:
     """Checks values against each other and fills the derived ones; raises ConfigError naming the keys."""
     from alignment.checkpoint import is_complete_checkpoint
     from alignment.rewards import REWARD_MODEL, get_reward
-    from alignment.rewards.plugins import load_plugins
+    from alignment.plugins import load_plugins
 
     for f in dataclasses.fields(c):  # from the file or the command line: no key gives inf or NaN a meaning
         value = getattr(c, f.name)
@@ -597,6 +639,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         f"reward_function_weights has {len(weights)} values but reward_functions names {len(c.reward_functions)} functions",
     )
 
+    _check_tools(c)
     if c.use_rm_server:
         _check(bool(c.reward_server), "use_rm_server is true but reward_server (http://host:port) is not set")
         _check(

@@ -237,22 +237,24 @@ def with_system_prompt(messages: tuple, system_prompt: Optional[str]) -> list:
     return list(messages)
 
 
-def encode_messages(messages: tuple, tokenizer, system_prompt: Optional[str] = None) -> list:
-    """Chat turns -> prompt token ids through the tokenizer's chat template, ending with the assistant's cue."""
+def encode_messages(messages: tuple, tokenizer, system_prompt: Optional[str] = None, tools: Optional[list] = None) -> list:
+    """Chat turns -> prompt token ids through the tokenizer's chat template, ending with the assistant's cue;
+    tools: the JSON schemas of the tools the model may call, which the template shows it."""
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("the tokenizer has no chat template: set chat_template in the config (text or a .jinja file)")
-    ids = tokenizer.apply_chat_template(with_system_prompt(messages, system_prompt), add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(with_system_prompt(messages, system_prompt), tools=tools or None, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
-def encode_prompts(records: list, tokenizer, max_prompt_len: int, truncation: str, system_prompt: Optional[str] = None):
+def encode_prompts(records: list, tokenizer, max_prompt_len: int, truncation: str, system_prompt: Optional[str] = None,
+                   tools: Optional[list] = None):
     """-> (EncodedPrompts, number truncated, number dropped). Prompts over max_prompt_len tokens are cut
     from the left (truncation="left", as TRL does: the question at the end survives) or dropped. Each record
     gets its prompt_text, the kept ids decoded: a reward can tell what the template put after the question
     (a chat template that ends in "<think>" opens the thinking block for the model)."""
     encoded, truncated, dropped = [], 0, 0
     for record in records:
-        ids = encode_messages(record.messages, tokenizer, system_prompt)
+        ids = encode_messages(record.messages, tokenizer, system_prompt, tools)
         if len(ids) > max_prompt_len:
             if truncation == "drop":
                 dropped += 1

@@ -34,10 +34,10 @@ from alignment.algo import (
 )
 from alignment.checkpoint import checkpoint_path, load_training_state, save_checkpoint
 from alignment.config import GRPOConfig
+from alignment.cpu_bf16 import choose_compute
 from alignment.curves import plot_curves
 from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
-from alignment.cpu_bf16 import choose_compute
 from alignment.fused_train import bf16_unavailable, head_matmul, use_training_ops, weights_changed
 from alignment.logger import RunLogger
 from alignment.lora import adapters_disabled, apply_lora, load_adapter
@@ -52,13 +52,14 @@ from alignment.modeling import (
 )
 from alignment.optim import NonFiniteError, build_optimizer, sum_gradients
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
-from alignment.rewards.plugins import plugin_sources
+from alignment.plugins import plugin_sources
 from alignment.rewards.pool import ScoringPool
 from alignment.rewards.registry import reference_readers
 from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
-from alignment.runtime import contiguous_kernels
+from alignment.rollout.multi_turn import MultiTurnEngine, check_template, episode_sums, tool_schemas, tool_use, with_environment
 from alignment.run_start import model_folders, nothing_to_train, start_point
+from alignment.runtime import contiguous_kernels
 
 
 @dataclass
@@ -105,6 +106,8 @@ def train(config: GRPOConfig) -> Path:
     resume, lineage = start_point(config, world)  # refuses another run's output_dir; verifies the checkpoint
     actor_folder, tokenizer_folder = model_folders(config, world)  # a .gguf is imported once, into <output_dir>/imported
     tokenizer = load_tokenizer(tokenizer_folder, config.chat_template)
+    if config.resolved_environment:
+        check_template(tokenizer, tool_schemas(config))
     train_prompts, truncated, dropped = load_prompts(config.train_datasets, tokenizer, config)
     eval_prompts = load_prompts(config.eval_datasets, tokenizer, config)[0] if config.eval_datasets else []
     schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
@@ -133,6 +136,7 @@ def train(config: GRPOConfig) -> Path:
         for parameter in ref_model.parameters():
             parameter.stop_gradient = True
     engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, compute.bf16)
+    engine = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))  # multi-turn with tools
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, config, total_steps, world)
     state = load_training_state(resume.path, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
@@ -309,10 +313,18 @@ def sample_and_score(engine, scorer, prompts: list, tokenizer, config: GRPOConfi
     started = time.perf_counter()
     first_row = world.rank * len(prompts) * config.rollout_n  # this rank's rows in the global batch
     params = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, phase, attempt), first_row=first_row)
-    rollout = engine.generate([p.ids for p in prompts], config.rollout_n, params)
+    rollout = generate(engine, prompts, config.rollout_n, params)
     rolled_out = time.perf_counter()
     scored = score_rollout(prompts, rollout, scorer, tokenizer, config)
     return scored, {"rollout": rolled_out - started, "reward": time.perf_counter() - rolled_out}
+
+
+def generate(engine, prompts: list, group_size: int, params: SamplingParams) -> Rollout:
+    """group_size completions of each EncodedPrompt; a multi-turn engine's environment also sees each prompt's sample."""
+    ids = [p.ids for p in prompts]
+    if isinstance(engine, MultiTurnEngine):
+        return engine.generate(ids, group_size, params, samples=[p.record.reward_sample() for p in prompts])
+    return engine.generate(ids, group_size, params)
 
 
 def keep_groups_with_signal(scored: ScoredBatch, engine, scorer, train_prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int, timings: dict) -> tuple:
@@ -367,7 +379,7 @@ def load_prompts(paths: str, tokenizer, config: GRPOConfig):
     if needed_by is None and reference_readers([config.accuracy_function]):
         needed_by = f"accuracy_function {config.accuracy_function}; name one there that reads none"
     records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by)
-    return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt)
+    return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt, tool_schemas(config))
 
 
 def build_scorer(config: GRPOConfig):
@@ -451,12 +463,15 @@ def decode_completions(rollout: Rollout, tokenizer) -> list:
 
 
 def score_rollout(prompts: list, rollout: Rollout, scorer, tokenizer, config: GRPOConfig) -> ScoredBatch:
-    completions = decode_completions(rollout, tokenizer)
-    lengths = rollout.lengths
+    completions = decode_completions(rollout, tokenizer)  # multi-turn: the whole conversation after the prompt
+    generated = rollout.loss_mask.sum(axis=1).astype(np.int64)
     samples = [
-        {**prompts[row // rollout.group_size].record.reward_sample(), "completion_tokens": int(lengths[row])}
+        {**prompts[row // rollout.group_size].record.reward_sample(), "completion_tokens": int(generated[row])}
         for row in range(len(completions))
     ]
+    if rollout.episodes is not None:  # rewards may read the model's turns and its tool calls
+        for sample, episode in zip(samples, rollout.episodes):
+            sample.update(turns=list(episode.turns), tool_calls=[call.as_dict() for call in episode.calls])
     table: ScoreTable = scorer(completions, samples)
     columns = {name: _as_array(values) for name, values in table.columns.items()}  # none from a PaddleNLP server
     if config.accuracy_function not in columns:  # the accuracy metric is computed here whatever scores the reward
@@ -491,7 +506,7 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
     sequences in all processes (loss_type), so the gradient does not depend on the micro-batch size."""
     rollout = scored.rollout
     rows_total = len(rollout.prompt_ids)
-    loss_mask = rollout.completion_mask * np.isfinite(scored.rewards)[:, None]  # (B, T): failed rewards stay out
+    loss_mask = rollout.loss_mask * np.isfinite(scored.rewards)[:, None]  # (B, T): tool answers and failed rewards stay out
     if config.overlong_filter:
         loss_mask = loss_mask * np.array([reason != "length" for reason in rollout.finish_reasons])[:, None]
     micro, mini = config.per_device_train_batch_size, config.mini_batch_size
@@ -628,6 +643,11 @@ def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timing
     (count, n_valid, reward_sum, reward_squares, correct, length_sum, truncated, advantage_sum, *rest) = world.sum(np.array(local, dtype=np.float64))
     reward_mean = reward_sum / max(n_valid, 1)
     seconds = sum(timings.values())
+    tools = {}
+    if rollout.episodes is not None:
+        sums = episode_sums(rollout, scored.correct)
+        summed = dict(zip(sums, world.sum(np.array(list(sums.values()), dtype=np.float64))))
+        tools = {f"tools/{name}": value if name == "tool_seconds" else value / count for name, value in summed.items()}
     return {
         "reward_mean": reward_mean,
         "reward_std": math.sqrt(max(reward_squares / max(n_valid, 1) - reward_mean**2, 0.0)),
@@ -642,7 +662,8 @@ def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timing
         "loss": update["loss"],
         "lr": learning_rate,
         "grad_norm": update["grad_norm"],
-        "tokens_per_second": length_sum / seconds,  # generated tokens over the whole step's wall time
+        **tools,
+        "tokens_per_second": length_sum / seconds,  # tokens after the prompts (tool answers included) over the step's wall time
         **{f"time/{phase}": t for phase, t in timings.items()},
         "time/step": seconds,
     }
@@ -666,6 +687,9 @@ def completion_rows(scored: ScoredBatch, limit: int) -> list:
             "finish_reason": scored.rollout.finish_reasons[row],
             "error": scored.errors[row],
         })
+        if scored.rollout.episodes is not None:
+            episode = scored.rollout.episodes[row]
+            rows[-1].update(turns=episode.turns, tool_calls=[call.as_dict() for call in episode.calls])
     return rows
 
 
@@ -683,16 +707,16 @@ def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world
     starts = starts[: config.max_evaluate_steps] if config.max_evaluate_steps > 0 else starts
     greedy = SamplingParams(max_new_tokens=config.max_dec_len, greedy=True)
     columns = reported_reward_functions(config)
-    # count, correct, length, truncated, reward sum, valid rewards, mean@k, pass@k, failed processes, per function
-    sums, failure = np.zeros(9 + len(columns)), None
+    # count, correct, length, truncated, reward sum, valid rewards, mean@k, pass@k, failed processes, per function,
+    # then tool_use's two counts
+    sums, failure = np.zeros(9 + len(columns) + 2), None
     for start in starts:
         chunk = prompts[start : min(start + size, end)]
-        ids = [p.ids for p in chunk]
         mean_at_k = pass_at_k = np.zeros(len(chunk))
         try:
-            scored = score_rollout(chunk, engine.generate(ids, 1, greedy), scorer, tokenizer, config)
+            scored = score_rollout(chunk, generate(engine, chunk, 1, greedy), scorer, tokenizer, config)
             if k:
-                samples = engine.generate(ids, k, dataclasses.replace(sampling, first_row=start * k))
+                samples = generate(engine, chunk, k, dataclasses.replace(sampling, first_row=start * k))
                 sampled = score_rollout(chunk, samples, scorer, tokenizer, config)
                 mean_at_k, pass_at_k = mean_and_pass_at_k(sampled.correct.reshape(len(chunk), k))
         except RewardServerError as error:
@@ -705,8 +729,10 @@ def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world
             np.nansum(scored.rewards), np.isfinite(scored.rewards).sum(),
             mean_at_k.sum(), pass_at_k.sum(),
         ]
-        sums[9:] += [np.nansum(scored.reward_columns[c]) for c in columns]
-    count, correct, length, truncated, reward_sum, valid, mean_at_k, pass_at_k, failed, *per_function = world.sum(sums)
+        sums[9 : 9 + len(columns)] += [np.nansum(scored.reward_columns[c]) for c in columns]
+        if scored.rollout.episodes is not None:
+            sums[-2:] += list(tool_use(scored.rollout.episodes, scored.correct).values())
+    count, correct, length, truncated, reward_sum, valid, mean_at_k, pass_at_k, failed, *per_function, called, useful = world.sum(sums)
     if failed:
         return None, failure or RewardServerError("another process's reward scoring failed during evaluation: its log names the cause")
     count = max(count, 1)
@@ -717,6 +743,7 @@ def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world
         **{f"eval_reward/{c}": per_function[i] / count for i, c in enumerate(columns)},
         "eval_response_length_mean": length / count,
         "eval_truncated_fraction": truncated / count,
+        **({"eval_tool_call_rate": called / count, "eval_useful_call_rate": useful / count} if config.resolved_environment else {}),
         "eval_samples": int(count),
     }, None
 

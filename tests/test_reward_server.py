@@ -19,7 +19,7 @@ from openapi_spec_validator import validate as validate_openapi
 from schemathesis import GenerationMode
 
 from alignment.rewards import RewardSettings, score_completions
-from alignment.rewards.plugins import load_plugins
+from alignment.plugins import load_plugins
 from alignment.rewards.remote import RewardServerError, score_remote
 from reward_servers import API_KEY_ENV, REPO, foreign_server, free_port, reward_server, server_command
 
@@ -348,8 +348,8 @@ def test_a_plugin_that_cannot_be_loaded_stops_the_server_naming_the_file(tmp_pat
         server_command(free_port(), "--plugins", str(broken)), cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert run.returncode != 0
-    assert f"reward plugin {broken} failed to import: ModuleNotFoundError" in run.stderr
-    with pytest.raises(FileNotFoundError, match="reward plugin missing.py: no such file"):
+    assert f"plugin {broken} failed to import: ModuleNotFoundError" in run.stderr
+    with pytest.raises(FileNotFoundError, match="plugin missing.py: no such file"):
         load_plugins(["missing.py"])
 
 

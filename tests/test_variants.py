@@ -216,7 +216,7 @@ def test_a_plugin_reward_sees_every_dataset_column(tmp_path):
 def test_a_missing_plugin_file_is_a_config_error(tmp_path):
     from alignment.config import ConfigError
 
-    with pytest.raises(ConfigError, match="external_plugins: reward plugin nowhere.py: no such file"):
+    with pytest.raises(ConfigError, match="external_plugins: plugin nowhere.py: no such file"):
         load_config(["config/tiny/grpo_argument.json", "--external_plugins", "nowhere.py"])
 
 

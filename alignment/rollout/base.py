@@ -21,6 +21,7 @@ class SamplingParams:
     # from paddle's generator. The eager engine samples from paddle's generator and ignores both.
     seed: Optional[int] = None
     first_row: int = 0
+    row_keys: Optional[tuple] = None  # each row's key in place of first_row + row (a multi-turn rollout's later turns)
 
 
 @dataclass
@@ -32,12 +33,22 @@ class Rollout:
     completion_ids: np.ndarray  # (B, T) int64, pad_token_id after each completion's end
     completion_mask: np.ndarray  # (B, T) float32, 1 on generated tokens, the eos token included
     logprobs: np.ndarray  # (B, T) float32: log pi(token) under the temperature-scaled policy, 0 on padding
-    finish_reasons: list  # B strings: "eos" (stopped by an eos token) or "length" (hit max_new_tokens)
+    finish_reasons: list  # B strings: "eos" (stopped by an eos token), "length" (a token budget), "max_turns"
     group_size: int
+    # Multi-turn rollouts (alignment/rollout/multi_turn.py): (B, T) float32, 1 on tokens the environment put between
+    # the model's turns (tool answers, the template's markup), which the loss leaves out; and B Episodes.
+    environment_mask: Optional[np.ndarray] = None
+    episodes: Optional[list] = None
 
     @property
-    def lengths(self) -> np.ndarray:  # (B,)
+    def lengths(self) -> np.ndarray:  # (B,) tokens after the prompt, the environment's included
         return self.completion_mask.sum(axis=1).astype(np.int64)
+
+    @property
+    def loss_mask(self) -> np.ndarray:  # (B, T) float32: 1 on the tokens the model generated
+        if self.environment_mask is None:
+            return self.completion_mask
+        return self.completion_mask * (1.0 - self.environment_mask)
 
     def groups(self, indices: list) -> "Rollout":
         """The groups at `indices` (prompt positions), in that order."""
@@ -49,12 +60,15 @@ class Rollout:
             logprobs=self.logprobs[rows],
             finish_reasons=[self.finish_reasons[row] for row in rows],
             group_size=self.group_size,
+            environment_mask=None if self.environment_mask is None else self.environment_mask[rows],
+            episodes=None if self.episodes is None else [self.episodes[row] for row in rows],
         )
 
 
 def concat_rollouts(rollouts: list, pad_token_id: int) -> Rollout:
     """Rollouts of the same group size, one after the other; shorter completions are padded to the longest."""
     width = max(r.completion_ids.shape[1] for r in rollouts)
+    multi_turn = next((r for r in rollouts if r.episodes is not None), None)  # all are, or none
 
     def padded(array: np.ndarray, value) -> np.ndarray:
         return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=value)
@@ -66,6 +80,8 @@ def concat_rollouts(rollouts: list, pad_token_id: int) -> Rollout:
         logprobs=np.concatenate([padded(r.logprobs, 0.0) for r in rollouts]),
         finish_reasons=[reason for r in rollouts for reason in r.finish_reasons],
         group_size=rollouts[0].group_size,
+        environment_mask=None if multi_turn is None else np.concatenate([padded(r.environment_mask, 0.0) for r in rollouts]),
+        episodes=None if multi_turn is None else [episode for r in rollouts for episode in r.episodes],
     )
 
 

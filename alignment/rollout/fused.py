@@ -21,6 +21,8 @@ the two forwards then differ by rounding (bf16 rounding of inputs that differ in
 the tolerance is wider (BF16_TOLERANCE), and check_weight_sync() first compares every bf16 copy with a fresh
 conversion of the actor's weight, bit for bit: a stale copy fails however small the change (sync(), which has
 just made the copies, checks the probe only).
+Multi-turn rollouts (alignment/rollout/multi_turn.py) call generate_turn: each row's context starts from the keys and
+values its last turn left, copied into the new cache, and only the tokens after them are prefilled.
 A projection with a LoRA adapter (alignment/lora.py) enters as its merged weight W + A @ B * scale, a copy
 that `sync()` rebuilds too: decoding then costs what it costs without adapters.
 """
@@ -269,13 +271,31 @@ class FusedEngine:
 
     # --- generation ----------------------------------------------------------------------------------
 
-    @paddle.no_grad()
     def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout:
-        ops = self.ops
         rows = [list(p) for p in prompts for _ in range(group_size)]
+        return self._generate(rows, group_size, params, on_tokens)[0]
+
+    def generate_turn(self, contexts: list, known: list, params: SamplingParams) -> tuple:
+        """A multi-turn rollout's turn (alignment/rollout/multi_turn.py): contexts are B token lists, known[r] the keys
+        and values (L, 2, k, KVH, D) of the first k tokens of contexts[r] (None: none), as this method returned them
+        for the row's last turn, so only the tokens after them are prefilled. -> (Rollout of group size 1, for each
+        row that ended on eos the keys and values of its context and completion but the eos, else None)."""
+        return self._generate(contexts, 1, params, None, known)
+
+    @paddle.no_grad()
+    def _generate(self, rows: list, group_size: int, params: SamplingParams, on_tokens: TokenStream, known: Optional[list] = None) -> tuple:
+        ops = self.ops
         batch, width, new_tokens = len(rows), max(len(r) for r in rows), params.max_new_tokens
         input_ids, _, position_ids, first_slot = self._left_padded(rows)
         cache = self._empty_cache(batch, width + new_tokens)
+        window = width  # the last `window` slots are prefilled: all of them, or those after each row's known tokens
+        if known is not None:
+            window = max(len(row) - (0 if kv is None else kv.shape[2]) for row, kv in zip(rows, known))
+            for row, kv in enumerate(known):
+                if kv is not None:
+                    begin = width - len(rows[row])
+                    cache[:, :, row, begin : begin + kv.shape[2]] = kv
+        saved = [None] * batch  # with known: each eos row's keys and values, for its next turn
         presence = np.zeros([batch, self.model.config.vocab_size], dtype=np.uint8)  # tokens seen, for the penalty
         for row, prompt in enumerate(rows):
             presence[row, prompt] = 1
@@ -291,11 +311,13 @@ class FusedEngine:
         row_ids = np.arange(batch)  # active position -> original row
         alive = np.ones(batch, dtype=bool)  # per active position: not finished yet
 
-        hidden = self._forward(self.model.model.embed_tokens(input_ids), position_ids, first_slot, cache, start=0)
+        embedded = self.model.model.embed_tokens(input_ids[:, width - window :])
+        hidden = self._forward(embedded, position_ids[:, width - window :], first_slot, cache, start=width - window)
         logits = self._logits(hidden[:, -1])  # (B, V)
         positions = position_ids[:, -1:] + 1  # (B, 1) rotary position of the next token
+        keys = np.asarray(params.row_keys, dtype=np.int64) if params.row_keys is not None else params.first_row + row_ids
         for step in range(new_tokens):
-            row_keys = paddle.to_tensor(params.first_row + row_ids, dtype="int64")
+            row_keys = paddle.to_tensor(keys[row_ids], dtype="int64")
             tokens, chosen_logprobs = ops.grpo_sample(
                 logits, presence, self.eos, row_keys, base_seed * 1_000_003 + step, step, params.min_new_tokens,
                 temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty, params.greedy,
@@ -307,6 +329,10 @@ class FusedEngine:
             completion_mask[live_rows, step] = 1.0
             logprobs[live_rows, step] = chosen_logprobs.numpy()[alive]
             finished_by_eos[live_rows] = done_np[alive]
+            if known is not None:  # slots up to this step's (the eos is not in the cache: the next turn prefills it)
+                begins = first_slot.numpy()
+                for position in np.flatnonzero(alive & done_np):
+                    saved[row_ids[position]] = cache[:, :, int(position), int(begins[position]) : width + step].clone()
             if on_tokens is not None:
                 on_tokens(completion_ids[:, step])
             alive &= ~done_np
@@ -322,7 +348,7 @@ class FusedEngine:
             hidden = self._forward(embedded, positions, first_slot, cache, start=width + step)
             logits = self._logits(hidden[:, 0])
             positions = positions + 1
-        return Rollout(
+        rollout = Rollout(
             prompt_ids=rows,
             completion_ids=completion_ids[:, : step + 1],
             completion_mask=completion_mask[:, : step + 1],
@@ -330,3 +356,4 @@ class FusedEngine:
             finish_reasons=["eos" if done else "length" for done in finished_by_eos],
             group_size=group_size,
         )
+        return rollout, saved

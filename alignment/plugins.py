@@ -1,9 +1,10 @@
-"""Reward plugins: Python files whose @register_reward functions join the shared registry.
+"""Plugins: Python files whose @register_reward, @register_tool and @register_environment functions join the
+shared registries (external_plugins).
 
-The trainer (in process) and the reward server (in each worker process) load the same files, so a
-function written once is scored the same way in both places. A file is read once per process: the
-scoring workers execute the text their parent read (plugin_sources), so a plugin edited or deleted
-while a run or a server is up changes nothing, not even in a worker started later to replace one.
+The trainer (in process), its scoring workers, its sandboxed tool calls and the reward server (in each worker
+process) load the same files, so a function written once behaves the same in every place. A file is read once per
+process: the workers execute the text their parent read (plugin_sources), so a plugin edited or deleted while a run
+or a server is up changes nothing, not even in a worker started later to replace one.
 """
 
 import hashlib
@@ -28,11 +29,11 @@ def load_plugins(paths: list[str]) -> None:
         if resolved in _loaded:
             continue
         if not Path(resolved).is_file():  # also for a path the OS refuses (too long, a NUL byte)
-            raise FileNotFoundError(f"reward plugin {path}: no such file")
+            raise FileNotFoundError(f"plugin {path}: no such file")
         try:
             text = Path(resolved).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ImportError(f"reward plugin {path} cannot be read: {exc}") from None
+            raise ImportError(f"plugin {path} cannot be read: {exc}") from None
         load_plugin_sources([PluginSource(resolved, text)])
 
 
@@ -49,7 +50,7 @@ def load_plugin_sources(sources: list[PluginSource]) -> None:
         # One module name per file: loading the same file twice (trainer and server code paths in one
         # process) must not register its functions twice, which the registry rightly refuses.
         stem = Path(source.path).stem
-        module_name = f"_reward_plugin_{stem}_{hashlib.sha1(source.path.encode()).hexdigest()[:10]}"
+        module_name = f"_plugin_{stem}_{hashlib.sha1(source.path.encode()).hexdigest()[:10]}"
         spec = importlib.util.spec_from_loader(module_name, loader=None, origin=source.path)
         module = importlib.util.module_from_spec(spec)
         module.__file__ = source.path
@@ -58,5 +59,5 @@ def load_plugin_sources(sources: list[PluginSource]) -> None:
             exec(compile(source.text, source.path, "exec"), module.__dict__)
         except Exception as exc:
             del sys.modules[module_name]
-            raise ImportError(f"reward plugin {source.path} failed to import: {type(exc).__name__}: {exc}") from exc
+            raise ImportError(f"plugin {source.path} failed to import: {type(exc).__name__}: {exc}") from exc
         _loaded[source.path] = source

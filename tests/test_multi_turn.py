@@ -1,0 +1,169 @@
+"""Multi-turn rollouts (alignment/rollout/multi_turn.py) over both engines: the trajectory, its masks, the limits,
+and the loss, which must take no gradient from the environment's tokens."""
+
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+from alignment.algo import policy_loss
+from alignment.config import ConfigError, GRPOConfig
+from alignment.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids
+from alignment.plugins import load_plugins
+from alignment.rollout import EagerEngine, SamplingParams
+from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits, check_template, episode_sums
+from alignment.rollout.ops import load_ops
+from alignment.tools import ToolSettings, get_environment, get_tool
+from alignment.tools.sandbox import SandboxLimits
+from alignment.trainer import policy_logprobs
+
+OPS, WHY_NOT = load_ops()
+PLUGINS = "tests/plugins/tool_plugins.py"
+TEMPLATE = Path("data/tiny_tools/chat_template.jinja")
+QUESTIONS = ["Mia has 12 apples. She buys 7 more. How many apples does Mia have now?", "Tom has 30 coins. He loses 4. Then he loses 9. How many coins does Tom have now?"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    load_plugins([PLUGINS])
+    tokenizer = load_tokenizer("data/tiny-qwen2", (Path(__file__).parents[1] / TEMPLATE).read_text())
+    model = load_causal_lm("data/tiny-qwen2")
+    model.eval()
+    return model, tokenizer
+
+
+def prompts(tokenizer, tools=None) -> list:
+    system = Path("data/arith/system_prompt.txt").read_text()
+    return [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
+                                          tools=tools, add_generation_prompt=True, tokenize=True) for q in QUESTIONS]
+
+
+def multi_turn(engine, tokenizer, environment: str = "nudge", tools: tuple = (), **limits) -> MultiTurnEngine:
+    settings = ToolSettings(tools=tools, limits=SandboxLimits(seconds=5.0), plugin_sources=())
+    turn_limits = TurnLimits(**{"max_turns": 3, "max_turn_tokens": 48, "max_total_tokens": 160, **limits})
+    schemas = [get_tool(name).schema for name in tools]
+    return MultiTurnEngine(engine, tokenizer, get_environment(environment).factory(settings), turn_limits, schemas)
+
+
+def engines(model, tokenizer) -> dict:
+    eos = stop_token_ids(model, tokenizer)
+    found = {"eager": EagerEngine(model, eos, tokenizer.pad_token_id)}
+    if OPS is not None:
+        from alignment.rollout.fused import FusedEngine
+
+        found["fused"] = FusedEngine(model, eos, tokenizer.pad_token_id, OPS)
+    return found
+
+
+def test_each_turn_follows_the_environments_answer_in_the_chat_template(tiny):
+    model, tokenizer = tiny
+    rollout = multi_turn(engines(model, tokenizer)["eager"], tokenizer).generate(prompts(tokenizer), 2, SamplingParams(max_new_tokens=160, greedy=True))
+    markup = TemplateMarkup(tokenizer, None)
+    for row, episode in enumerate(rollout.episodes):
+        assert len(episode.turns) == 3 and rollout.finish_reasons[row] == "max_turns"
+        n = int(rollout.lengths[row])
+        ids, environment = rollout.completion_ids[row, :n].tolist(), rollout.environment_mask[row, :n].astype(bool)
+        # the environment's tokens are exactly its two answers, each after a turn that ended with eos
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], environment.astype(int), [0]])))
+        answers = [ids[start:end] for start, end in zip(runs[::2], runs[1::2])]
+        assert answers == [markup.ids([{"role": "user", "content": f"turn {t} please"}], tokenizer.eos_token_id) for t in (2, 3)]
+        assert all(ids[start - 1] == tokenizer.eos_token_id for start in runs[::2])
+        # the text the model and the environment wrote together is the conversation the chat template renders
+        text = tokenizer.decode(ids)
+        assert "<|im_start|>user\nturn 2 please<|im_end|>\n<|im_start|>assistant\n" in text
+        assert (rollout.logprobs[row, :n][environment] == 0).all() and (rollout.logprobs[row, :n][~environment] < 0).any()
+    np.testing.assert_array_equal(rollout.loss_mask, rollout.completion_mask * (1 - rollout.environment_mask))
+    sums = episode_sums(rollout, np.zeros(len(rollout.episodes), bool))
+    assert sums["turns"] == 12 and sums["ended_by_max_turns"] == 4
+    assert sums["generated_tokens"] + sums["environment_tokens"] == rollout.lengths.sum()
+
+
+@pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
+def test_greedy_tool_turns_are_token_identical_in_both_engines(tiny):
+    model, tokenizer = tiny
+    greedy = SamplingParams(max_new_tokens=160, greedy=True)
+    found = {name: multi_turn(engine, tokenizer).generate(prompts(tokenizer), 1, greedy) for name, engine in engines(model, tokenizer).items()}
+    eager, fused = found["eager"], found["fused"]
+    np.testing.assert_array_equal(fused.completion_ids, eager.completion_ids)
+    np.testing.assert_array_equal(fused.environment_mask, eager.environment_mask)
+    assert fused.finish_reasons == eager.finish_reasons
+    np.testing.assert_allclose(fused.logprobs, eager.logprobs, atol=2e-4)
+
+
+@pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
+def test_a_rows_samples_do_not_depend_on_the_other_rows_of_the_batch(tiny):
+    model, tokenizer = tiny
+    engine = multi_turn(engines(model, tokenizer)["fused"], tokenizer, max_turns=2)
+    sampling = SamplingParams(max_new_tokens=160, temperature=1.0, seed=7)
+    both = engine.generate(prompts(tokenizer), 2, sampling)
+    second = engine.generate(prompts(tokenizer)[1:], 2, SamplingParams(max_new_tokens=160, temperature=1.0, seed=7, first_row=2))
+    width = int(second.lengths.max())
+    np.testing.assert_array_equal(both.completion_ids[2:, :width], second.completion_ids[:, :width])
+    assert [e.turns for e in both.episodes[2:]] == [e.turns for e in second.episodes]
+
+
+@pytest.mark.parametrize(
+    "limits, reasons, most_turns",
+    [
+        ({"max_turns": 1}, {"max_turns"}, 1),  # the nudge would answer, but no turn is left
+        ({"max_turn_tokens": 6}, {"length"}, 1),  # every first turn is longer than 6 tokens
+        ({"max_total_tokens": 60}, {"length"}, 3),  # cut within the budget, wherever it falls
+    ],
+)
+def test_each_limit_ends_the_episode_with_its_reason(tiny, limits, reasons, most_turns):
+    model, tokenizer = tiny
+    engine = multi_turn(engines(model, tokenizer)["eager"], tokenizer, **limits)
+    rollout = engine.generate(prompts(tokenizer), 2, SamplingParams(max_new_tokens=160, greedy=True))
+    assert set(rollout.finish_reasons) == reasons
+    assert max(len(e.turns) for e in rollout.episodes) <= most_turns
+    budget = limits.get("max_total_tokens", 160)
+    assert rollout.lengths.max() <= budget
+    for row, episode in enumerate(rollout.episodes):  # no turn is longer than its budget
+        turn_lengths = np.diff(np.flatnonzero(np.diff(np.concatenate([[1], rollout.environment_mask[row], [1]]))))[::2]
+        assert max(turn_lengths) <= limits.get("max_turn_tokens", 48)
+
+
+def test_the_environments_tokens_get_no_gradient(tiny):
+    """The loss over a multi-turn rollout equals, in value and in every parameter's gradient, a loss summed by hand
+    over the generated tokens only; counting the environment's tokens too changes the gradient."""
+    model, tokenizer = tiny
+    model.train()
+    rollout = multi_turn(engines(model, tokenizer)["eager"], tokenizer).generate(prompts(tokenizer), 2, SamplingParams(max_new_tokens=160, temperature=1.0))
+    batch = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, tokenizer.pad_token_id)
+    advantages = paddle.to_tensor(np.array([1.0, -1.0, 0.5, -0.5], np.float32))
+    config = GRPOConfig()
+
+    def gradients(mask: np.ndarray, by_hand: bool) -> list:
+        model.clear_gradients()
+        logprobs = policy_logprobs(model, batch, config)[0]
+        weights = paddle.to_tensor((mask / mask.sum()).astype(np.float32))
+        if by_hand:  # - sum over generated tokens of A * ratio(=1, value) * grad log pi
+            loss = -(advantages.unsqueeze(1) * paddle.exp(logprobs - logprobs.detach()) * weights).sum()
+        else:
+            loss = policy_loss(logprobs, logprobs.detach(), advantages, weights, paddle.to_tensor(mask), 0.2, 0.2)[0]
+        loss.backward()
+        return [p.grad.numpy().copy() for p in model.parameters() if p.grad is not None]
+
+    ours = gradients(rollout.loss_mask, by_hand=False)
+    reference = gradients(rollout.loss_mask, by_hand=True)
+    every_token = gradients(rollout.completion_mask, by_hand=False)
+    model.eval()
+    assert rollout.environment_mask.sum() > 0
+    for mine, theirs in zip(ours, reference):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-7)
+    assert max(np.abs(a - b).max() for a, b in zip(ours, every_token)) > 1e-4
+
+
+def test_a_chat_template_that_cannot_show_tools_is_caught_before_any_model_loads(tiny):
+    _, tokenizer = tiny
+    schemas = [get_tool("calculator").schema]
+    check_template(tokenizer, schemas)  # the tools template renders both
+    plain = load_tokenizer("data/tiny-qwen2")  # ChatML without tools: a warning, the run goes on
+    with pytest.warns(UserWarning, match="does not show tools= to the model"):
+        check_template(plain, schemas)
+    strict = load_tokenizer("data/tiny-qwen2", "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+                                               "{{ raise_exception('Only user and assistant roles are supported') }}{% endif %}"
+                                               "{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ConfigError, match="chat_template: the chat template cannot render a tool's answer.*Only user and assistant"):
+        check_template(strict, schemas)

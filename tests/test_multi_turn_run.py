@@ -1,0 +1,47 @@
+"""A multi-turn run as a user starts it (run_grpo.py with an environment from a plugin file): its logs show the
+conversations and the tool metrics, and a resumed run ends exactly as an uninterrupted one."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+RUN = [
+    "run_grpo.py", "config/tiny/grpo_argument.json", "--external_plugins", "tests/plugins/tool_plugins.py",
+    "--environment", "nudge", "--max_turns", "2", "--max_dec_len", "64", "--max_turn_tokens", "32",
+    "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "8",
+    "--learning_rate", "1e-4", "--eval_datasets", "", "--save_steps", "2",
+]
+WALL_CLOCK = ("time/", "tokens_per_second", "tools/tool_seconds")
+
+
+def run(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, *RUN, "--output_dir", str(out), *extra], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def records(out: Path) -> list:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(WALL_CLOCK)} for row in rows]
+
+
+def test_a_multi_turn_run_logs_conversations_and_resumes_exactly(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(straight, "--max_steps", "4")
+    steps = records(straight)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    for step in steps:
+        assert step["tools/turns"] > 1 and step["tools/environment_tokens"] > 0
+        assert step["tools/ended_by_max_turns"] + step["tools/ended_by_length"] == 1.0  # nudge never ends an episode
+        assert step["tools/tool_calls"] == 0 and step["tools/tool_errors"] == 0
+    completion = json.loads((straight / "completions.jsonl").read_text().splitlines()[0])
+    assert len(completion["turns"]) in (1, 2) and completion["tool_calls"] == []
+    assert "turn 2 please" in completion["completion"] or completion["finish_reason"] == "length"
+
+    run(resumed, "--max_steps", "2")
+    done = run(resumed, "--max_steps", "4", "--resume_from_checkpoint", "auto")
+    assert "after step 2" in done.stdout + done.stderr
+    assert records(resumed) == steps
+    assert (resumed / "checkpoint-4" / "model.safetensors").read_bytes() == (straight / "checkpoint-4" / "model.safetensors").read_bytes()
+    assert (resumed / "completions.jsonl").read_text() == (straight / "completions.jsonl").read_text()
