@@ -17,7 +17,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: venv train train-tools train-smollm2 test test-hf test-gguf data ops FORCE
+.PHONY: venv train train-tools train-smollm2 test test-tools-recipe test-hf test-gguf data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -92,6 +92,10 @@ FORCE:
 # make test-hf: the Hugging Face interop tests against transformers in PyTorch; tests/hf_side.py runs in .venv-torch.
 test-hf: $(INSTALLED) $(OPS) .venv-torch/.installed
 	GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python $(PY) -m pytest -m hf
+
+# make test-tools-recipe: the tools recipe's learning test (two runs of config/tiny_tools, about 15 minutes).
+test-tools-recipe: $(INSTALLED) $(OPS)
+	GRPO_TOOLS_RECIPE=1 $(PY) -m pytest tests/test_multi_turn_run.py -k recipe
 
 # Rebuild the bundled task and tiny model (deterministic; the model takes about 35 minutes on 2 cores).
 data: $(INSTALLED)

@@ -86,6 +86,32 @@ def encode_example(tokenizer, problem, rng: random.Random):
     return tokenizer(prompt, add_special_tokens=False)["input_ids"], tokenizer(completion, add_special_tokens=False)["input_ids"]
 
 
+def fine_tune(model, examples: list, pad: int, steps: int, batch: int, lr: float, warmup: int, report_every: int) -> None:
+    """Supervised steps over examples in order, `batch` at a time: (prompt ids, completion ids[, loss mask: 1 on the
+    tokens to learn, default all]); AdamW, linear warmup then cosine decay to 0, gradient norm clipped to 1."""
+    schedule = paddle.optimizer.lr.LambdaDecay(
+        lr, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
+    optimizer = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    model.train()
+    start = time.time()
+    for step in range(steps):
+        chunk = examples[step * batch : (step + 1) * batch]
+        completion_ids, completion_mask = pad_right([c[1] for c in chunk], pad)
+        loss_mask = paddle.to_tensor(pad_right([c[2] if len(c) > 2 else [1] * len(c[1]) for c in chunk], 0)[0].astype(np.float32))  # (B, T)
+        tokens = make_token_batch([c[0] for c in chunk], completion_ids, completion_mask, pad)
+        with contiguous_kernels():
+            logprobs = token_logprobs(completion_logits(model, tokens), tokens.completion_ids)
+            loss = -(logprobs * loss_mask).sum() / loss_mask.sum()
+            loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        schedule.step()
+        if step % report_every == 0 or step == steps - 1:
+            print(json.dumps({"step": step, "loss": round(float(loss), 4), "lr": schedule.get_lr(), "seconds": round(time.time() - start)}), flush=True)
+    model.eval()
+
+
 def pad_right(rows: list, pad: int) -> tuple:
     width = max(len(r) for r in rows)
     ids = np.full((len(rows), width), pad, dtype=np.int64)
@@ -145,28 +171,9 @@ def main() -> None:
 
     rng = random.Random(SFT_SEED)
     examples = [encode_example(tokenizer, p, rng) for p in problems]
-    schedule = paddle.optimizer.lr.LambdaDecay(
-        args.lr, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))
-    )
-    optimizer = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
     order = rng.sample(range(len(examples)), len(examples)) * 4
     test_rows = [json.loads(line) for line in open(HERE / "arith" / "test.jsonl")]
-    model.train()
-    start = time.time()
-    for step in range(args.steps):
-        chunk = [examples[i] for i in order[step * args.batch : (step + 1) * args.batch]]
-        completion_ids, completion_mask = pad_right([c for _, c in chunk], tokenizer.pad_token_id)
-        batch = make_token_batch([p for p, _ in chunk], completion_ids, completion_mask, tokenizer.pad_token_id)
-        with contiguous_kernels():
-            logprobs = token_logprobs(completion_logits(model, batch), batch.completion_ids)
-            loss = -(logprobs * batch.completion_mask).sum() / batch.completion_mask.sum()
-            loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        schedule.step()
-        if step % 100 == 0 or step == args.steps - 1:
-            print(json.dumps({"step": step, "loss": round(float(loss), 4), "lr": schedule.get_lr(), "seconds": round(time.time() - start)}), flush=True)
-    model.eval()
+    fine_tune(model, [examples[i] for i in order], tokenizer.pad_token_id, args.steps, args.batch, args.lr, warmup=100, report_every=100)
     if not args.skip_eval:
         print(json.dumps(evaluate(model, tokenizer, test_rows, samples=8)))
     save_model(model, str(out))

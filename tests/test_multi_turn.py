@@ -1,6 +1,8 @@
 """Multi-turn rollouts (alignment/rollout/multi_turn.py) over both engines: the trajectory, its masks, the limits,
 and the loss, which must take no gradient from the environment's tokens."""
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +169,43 @@ def test_a_chat_template_that_cannot_show_tools_is_caught_before_any_model_loads
                                                "{{ m['content'] }}{% endfor %}")
     with pytest.raises(ConfigError, match="chat_template: the chat template cannot render a tool's answer.*Only user and assistant"):
         check_template(strict, schemas)
+
+
+class PrefillAgain:
+    """The fused engine seen through generate() only, as the eager engine is: every turn prefills the whole context."""
+
+    def __init__(self, engine):
+        self.engine, self.pad_token_id = engine, engine.pad_token_id
+
+    def generate(self, contexts, group_size, params):
+        return self.engine.generate(contexts, group_size, params)
+
+
+@pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
+def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_nothing():
+    """data/tiny-qwen2-tools with the real `tools` environment, sampled: its calls are answered by the calculator, and the
+    fused engine continuing each row from its kept keys and values samples what it samples prefilling each turn whole."""
+    tokenizer, model = load_tokenizer("data/tiny-qwen2-tools"), load_causal_lm("data/tiny-qwen2-tools")
+    model.eval()
+    schemas = [get_tool("calculator").schema]
+    system = Path("data/tiny_tools/system_prompt.txt").read_text()
+    rows = [json.loads(line) for line in open("data/arith/test.jsonl")][:16]
+    prompts = [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": row["src"]}],
+                                             tools=schemas, add_generation_prompt=True, tokenize=True) for row in rows]
+    sampling = SamplingParams(max_new_tokens=128, temperature=1.0, seed=3)
+    fused = engines(model, tokenizer)["fused"]
+    kept, again = (multi_turn(engine, tokenizer, "tools", ("calculator",), max_total_tokens=128, max_turn_tokens=128).generate(prompts, 4, sampling)
+                   for engine in (fused, PrefillAgain(fused)))
+    np.testing.assert_array_equal(kept.completion_ids, again.completion_ids)
+    np.testing.assert_allclose(kept.logprobs, again.logprobs, atol=1e-4)
+    called = [(row, episode) for row, episode in enumerate(kept.episodes) if len(episode.calls) == 1 and episode.calls[0].error is None]
+    assert len(called) >= 4  # the others wrote no call, or one the tool answered with an error (counted too)
+    markup = TemplateMarkup(tokenizer, schemas)
+    for row, episode in called:
+        call = episode.calls[0]
+        expression = call.arguments["expression"]
+        assert call.name == "calculator" and re.fullmatch(r"[\d+\-*() ]+", expression)
+        assert call.answer == str(eval(expression))  # the reference: Python on an expression of digits, + - * and parentheses
+        n = int(kept.lengths[row])
+        ids, environment = kept.completion_ids[row, :n], kept.environment_mask[row, :n].astype(bool)
+        assert ids[environment].tolist() == markup.ids([{"role": "tool", "name": "calculator", "content": call.answer}], tokenizer.eos_token_id)
