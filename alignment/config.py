@@ -107,7 +107,7 @@ class GRPOConfig:
     reward_server_timeout: float = _key(60.0, "Seconds to wait for one scoring request.")
     reward_server_retries: int = _key(3, "Retries of a failed request (with exponential backoff) before the run stops.")
     reward_server_api_key: Optional[str] = _key(None, "Bearer token for the reward server; default: $GRPO_REWARD_SERVER_API_KEY.")
-    # Multi-turn rollouts with tools (alignment/rollout/multi_turn.py)
+    # Multi-turn rollouts with tools
     tools: list[str] = _key([], "Tools the model may call, by name: calculator, python (built in), or @register_tool functions of external_plugins; shown to the model through the chat template's tools=. Given: rollouts are multi-turn (environment tools).")
     environment: Optional[str] = _key(None, "What answers each model turn: a registered environment (built in: tools, which runs the turn's tool calls and ends the episode at a turn without one; more from external_plugins' @register_environment); default: tools when tools are given, else single-turn rollouts.")
     max_turns: int = _key(4, "Model turns per episode at most; a turn that still calls a tool at the last one ends the episode unanswered (finish reason max_turns).")

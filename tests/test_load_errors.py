@@ -170,7 +170,7 @@ def test_help_text_gives_each_key_its_type_default_aliases_and_meaning_in_groups
     assert "  --reward_functions STR [STR ...]  (default: [\"accuracy\", \"format\"]; alias: --reward_funcs)" in lines
     assert "  --lora [true|false]  (default: false; alias: --use_peft)" in lines
     titles = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
-    assert titles == ["Model and data:", "Rollout:", "Algorithm:", "Optimisation:", "Evaluation, logging, checkpoints:"]
+    assert titles == ["Model and data:", "Rollout:", "Algorithm:", "Multi-turn rollouts with tools:", "Optimisation:", "Evaluation, logging, checkpoints:"]
     assert lines.index("Rollout:") < lines.index(next(line for line in lines if line.startswith("  --rollout_n "))) < lines.index("Algorithm:")
     assert all(len(line) <= 80 for line in help_text(width=80).splitlines())
     assert len(KEYS) == sum(line.startswith("  --") for line in lines)

@@ -121,8 +121,8 @@ def test_each_limit_ends_the_episode_with_its_reason(tiny, limits, reasons, most
     assert max(len(e.turns) for e in rollout.episodes) <= most_turns
     budget = limits.get("max_total_tokens", 160)
     assert rollout.lengths.max() <= budget
-    for row, episode in enumerate(rollout.episodes):  # no turn is longer than its budget
-        turn_lengths = np.diff(np.flatnonzero(np.diff(np.concatenate([[1], rollout.environment_mask[row], [1]]))))[::2]
+    for row in range(len(rollout.episodes)):  # no turn is longer than its budget
+        turn_lengths = np.diff(np.flatnonzero(np.diff(np.concatenate([[1], rollout.environment_mask[row, : rollout.lengths[row]], [1]]))))[::2]
         assert max(turn_lengths) <= limits.get("max_turn_tokens", 48)
 
 
