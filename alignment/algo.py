@@ -4,6 +4,7 @@ Shapes: B sequences (prompt-major groups of G), T completion tokens, V vocabular
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import paddle
@@ -45,11 +46,75 @@ def group_advantages(rewards: np.ndarray, group_size: int, scale: str = "group",
     spread = np.where(valid, groups, -np.inf).max(axis=1, keepdims=True) - np.where(valid, groups, np.inf).min(axis=1, keepdims=True)
     has_signal = (counts >= 2) & (spread > 0)
     advantages = np.divide(filled - mean, denominator, out=np.zeros_like(filled), where=valid & has_signal)
-    metrics = {
+    return advantages.reshape(-1).astype(np.float32), _advantage_metrics(advantages, valid, has_signal)
+
+
+def rloo_advantages(rewards: np.ndarray, group_size: int) -> tuple:
+    """RLOO (Ahmadian et al. 2024; verl's and ms-swift's rloo): A_i = r_i - the mean of the other valid members
+    of i's group = n / (n - 1) (r_i - mean), n the group's valid members; no division by a std. rewards (B,),
+    NaN where failed -> (advantages (B,) float32, metrics). As in group_advantages, a failed member gets 0 and
+    a group with fewer than two valid members gets 0 throughout (verl would pass a lone reward through)."""
+    groups = rewards.astype(np.float64).reshape(-1, group_size)  # (P, G)
+    valid = np.isfinite(groups)
+    counts = valid.sum(axis=1, keepdims=True)  # (P, 1)
+    filled = np.where(valid, groups, 0.0)
+    others_mean = (filled.sum(axis=1, keepdims=True) - filled) / np.maximum(counts - 1, 1)
+    advantages = np.where(valid & (counts >= 2), filled - others_mean, 0.0)
+    return advantages.reshape(-1).astype(np.float32), _advantage_metrics(advantages, valid, counts >= 2)
+
+
+def baseline_subtracted(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """rewards (B,) NaN where failed -> r_i - mean of i's group's valid rewards (B,) float64, NaN kept:
+    REINFORCE++-baseline's first step (Hu et al. 2025), before whitening over the batch."""
+    groups = rewards.astype(np.float64).reshape(-1, group_size)
+    valid = np.isfinite(groups)
+    mean = np.where(valid, groups, 0.0).sum(axis=1, keepdims=True) / np.maximum(valid.sum(axis=1, keepdims=True), 1)
+    return (groups - mean).reshape(-1)
+
+
+def whitening_sums(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """values (B,) NaN where failed, weights (B,) >= 0 -> [sum w, sum w v, sum w v^2] float64 over the finite
+    values: the moments whiten() needs, summed over processes by the caller before whitening anything."""
+    finite = np.isfinite(values)
+    v, w = np.where(finite, values, 0.0), np.where(finite, weights, 0.0).astype(np.float64)
+    return np.array([w.sum(), (w * v).sum(), (w * v * v).sum()])
+
+
+def whiten(values: np.ndarray, sums: np.ndarray, eps: float = 1e-6) -> tuple:
+    """(v - mean) / (std + eps) with the weighted mean and the unbiased (Bessel) std of the global sums from
+    whitening_sums: weights = each sequence's loss tokens gives verl's masked_whiten over the batch's tokens
+    (REINFORCE++, where every token of a sequence carries its reward), weights = 1 a per-sequence one (GDPO's
+    batch normalisation in TRL). NaN values get 0. -> (advantages (B,) float32, metrics)."""
+    total, first, second = sums
+    mean = first / max(total, 1e-12)
+    variance = max(second / max(total, 1e-12) - mean * mean, 0.0) * total / max(total - 1.0, 1e-12)
+    finite = np.isfinite(values)
+    advantages = np.where(finite, (np.where(finite, values, 0.0) - mean) / (math.sqrt(variance) + eps), 0.0)
+    return advantages.astype(np.float32), {"advantage_abs_mean": float(np.abs(advantages[finite]).mean()) if finite.any() else 0.0}
+
+
+def normalized_per_function(columns: list, weights: list, group_size: int, eps: float = 1e-6) -> np.ndarray:
+    """GDPO (arXiv 2601.05242; TRL's multi_objective_aggregation = normalize_then_sum): each reward function's
+    values normalised within each group by its own mean and std (sample std, ddof=1) before the weighted sum,
+    so one function's scale cannot drown out another's. columns: K arrays (B,), NaN where failed; a row NaN
+    in any column is NaN in the result (it is left out of the loss), and the group statistics use the other
+    rows only. -> (B,) float64, to be whitened over the batch (whiten with weights 1)."""
+    table = np.stack([np.asarray(c, dtype=np.float64) for c in columns], axis=1)  # (B, K)
+    failed = ~np.isfinite(table).all(axis=1)  # (B,)
+    table[failed] = np.nan
+    total = np.zeros(len(table))
+    for column, weight in zip(table.T, weights):
+        normalised, _ = group_advantages(column, group_size, "group", eps=eps)
+        total += weight * normalised.astype(np.float64)
+    total[failed] = np.nan
+    return total
+
+
+def _advantage_metrics(advantages: np.ndarray, valid: np.ndarray, has_signal: np.ndarray) -> dict:
+    return {
         "advantage_abs_mean": float(np.abs(advantages[valid]).mean()) if valid.any() else 0.0,
         "groups_without_signal": float(1.0 - has_signal.mean()),
     }
-    return advantages.reshape(-1).astype(np.float32), metrics
 
 
 def groups_with_signal(rewards: np.ndarray, group_size: int, min_std: float) -> np.ndarray:
@@ -103,6 +168,7 @@ def chunked_token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 512,
     matmul=paddle.matmul,
+    entropy_grad: bool = False,
 ) -> tuple:
     """token_logprobs and token_entropy of the logits hidden @ weight^T + bias, without ever holding them
     for more than chunk_tokens tokens at a time: a micro-batch of 8 x 512 tokens over Qwen2.5's 151,936
@@ -110,12 +176,13 @@ def chunked_token_logprobs(
 
     hidden (B, T, H) final hidden states, weight (V, H) lm_head's weight (tied to the embedding or not),
     bias (V,) or None, tokens (B, T) int64 -> (log pi(token) (B, T) float32, differentiable with respect
-    to hidden, weight and bias; entropy (B, T) float32 in nats, detached: it is only logged). The backward
-    pass recomputes each chunk's logits instead of keeping them. matmul(x, y, transpose_x, transpose_y) computes
-    the three products (paddle.matmul, or cpu_bf16's bf16 one)."""
+    to hidden, weight and bias; entropy (B, T) float32 in nats, differentiable too with entropy_grad (an entropy
+    bonus), else detached: it is only logged). The backward pass recomputes each chunk's logits instead of
+    keeping them. matmul(x, y, transpose_x, transpose_y) computes the three products (paddle.matmul, or
+    cpu_bf16's bf16 one)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
-    return _ChunkedLogprobs.apply(hidden, weight, bias, tokens, temperature, chunk_tokens, matmul)
+    return _ChunkedLogprobs.apply(hidden, weight, bias, tokens, temperature, chunk_tokens, matmul, entropy_grad)
 
 
 def _scaled_logits(rows: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, temperature: float, matmul) -> paddle.Tensor:
@@ -130,10 +197,12 @@ def _scaled_logits(rows: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tens
 class _ChunkedLogprobs(paddle.autograd.PyLayer):
     """d log p(y) / d z = onehot(y) - softmax(z) for z = logits / t, so with g the incoming gradient of the
     log-probs, G = g (onehot(y) - softmax(z)) / t (c, V) is the gradient of a chunk's raw logits, and
-    grad hidden = G @ W, grad W = sum over chunks of G^T @ h, grad bias = sum over chunks and rows of G."""
+    grad hidden = G @ W, grad W = sum over chunks of G^T @ h, grad bias = sum over chunks and rows of G.
+    The entropy H = -sum p log p has d H / d z = -p (log p + H), so with its incoming gradient e,
+    G = (g onehot(y) - p (g + e (log p + H))) / t."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_tokens, matmul):
+    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_tokens, matmul, entropy_grad):
         rows = hidden.reshape([-1, hidden.shape[-1]])  # (N, H), N = B T
         targets = tokens.reshape([-1, 1])  # (N, 1)
         logprobs, entropies, normalisers = [], [], []
@@ -145,27 +214,36 @@ class _ChunkedLogprobs(paddle.autograd.PyLayer):
             logprobs.append(paddle.take_along_axis(chunk_logprobs, targets[start:end], axis=-1))  # (c, 1)
             entropies.append(-(chunk_logprobs.exp() * chunk_logprobs).sum(axis=-1, keepdim=True))  # (c, 1)
             normalisers.append(normaliser)
-        entropy = paddle.concat(entropies).reshape(tokens.shape)  # (B, T)
-        ctx.mark_non_differentiable(entropy)
-        # saved: only (N, 1) normalisers besides the inputs, so backward gets softmax without a logsumexp
-        ctx.save_for_backward(hidden, weight, bias, targets, paddle.concat(normalisers))
-        ctx.temperature, ctx.chunk_tokens, ctx.matmul = temperature, chunk_tokens, matmul
-        return paddle.concat(logprobs).reshape(tokens.shape), entropy
+        entropy = paddle.concat(entropies)  # (N, 1)
+        entropy_out = entropy.reshape(tokens.shape)  # (B, T)
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy_out)
+        # saved: only (N, 1) normalisers and entropies besides the inputs, so backward gets softmax without a logsumexp
+        ctx.save_for_backward(hidden, weight, bias, targets, paddle.concat(normalisers), entropy)
+        ctx.temperature, ctx.chunk_tokens, ctx.matmul, ctx.entropy_grad = temperature, chunk_tokens, matmul, entropy_grad
+        return paddle.concat(logprobs).reshape(tokens.shape), entropy_out
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
-        hidden, weight, bias, targets, normalisers = ctx.saved_tensor()
+        hidden, weight, bias, targets, normalisers, entropy = ctx.saved_tensor()
         rows = hidden.reshape([-1, hidden.shape[-1]])  # (N, H)
         scale = grad_logprobs.reshape([-1, 1]).astype("float32") / ctx.temperature  # (N, 1) g / t
+        entropy_scale = None  # (N, 1) e / t
+        if ctx.entropy_grad and grad_entropy is not None:
+            entropy_scale = grad_entropy.reshape([-1, 1]).astype("float32") / ctx.temperature
         grad_rows = []
         grad_weight = None if weight.stop_gradient else paddle.zeros(weight.shape, "float32")  # (V, H)
         grad_bias = None if bias is None or bias.stop_gradient else paddle.zeros(bias.shape, "float32")  # (V,)
         for start in range(0, rows.shape[0], ctx.chunk_tokens):
             end = start + ctx.chunk_tokens
             chunk = rows[start:end]  # (c, H)
-            # G in place of the recomputed logits: softmax, times -g/t, plus g/t at the chosen token
-            grad_logits = _scaled_logits(chunk, weight, bias, ctx.temperature, ctx.matmul).subtract_(normalisers[start:end]).exp_()
-            grad_logits.multiply_(-scale[start:end])
+            # G in place of the recomputed logits: softmax, times -g/t (and -e/t (log p + H)), plus g/t at the chosen token
+            logp = _scaled_logits(chunk, weight, bias, ctx.temperature, ctx.matmul).subtract_(normalisers[start:end])  # (c, V)
+            if entropy_scale is None:
+                grad_logits = logp.exp_().multiply_(-scale[start:end])
+            else:
+                grad_logits = logp.exp()
+                grad_logits.multiply_(logp.add_(entropy[start:end]).multiply_(-entropy_scale[start:end]).subtract_(scale[start:end]))
             grad_logits.put_along_axis_(targets[start:end], scale[start:end], axis=-1, reduce="add")  # (c, V)
             grad_logits = grad_logits.astype(weight.dtype)
             if not hidden.stop_gradient:
@@ -198,22 +276,26 @@ def kl_estimate(logprobs: paddle.Tensor, ref_logprobs: paddle.Tensor, estimator:
     raise ValueError(f"kl estimator must be k1, k2 or k3, not {estimator!r}")
 
 
-def clipped_surrogate(
-    logprobs: paddle.Tensor,
-    old_logprobs: paddle.Tensor,
-    advantages: paddle.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-) -> tuple:
-    """PPO's clipped objective per token, as a loss: max(-A r, -A clip(r, 1 - low, 1 + high)), r = pi / pi_old,
-    with clip_high > clip_low being DAPO's clip-higher. With dual_clip = c > 1 (Ye et al. 2020, verl's
-    clip_ratio_c), a token with A < 0 loses at most -A c: a huge ratio on a bad token cannot dominate.
+def importance_ratio(logprobs: paddle.Tensor, old_logprobs: paddle.Tensor, mask: paddle.Tensor, level: str = "token") -> paddle.Tensor:
+    """pi / pi_old with its gradient. level "token": per token (B, T) (PPO, GRPO). level "sequence": GSPO's
+    (Zheng et al. 2025) s_i = exp(mean over i's loss tokens of log pi - log pi_old) (B, 1), the geometric
+    mean of the token ratios, so one sequence is clipped as a whole (TRL's importance_sampling_level)."""
+    log_ratio = logprobs - old_logprobs
+    if level == "token":
+        return paddle.exp(log_ratio)
+    if level == "sequence":
+        return paddle.exp((log_ratio * mask).sum(axis=-1, keepdim=True) / mask.sum(axis=-1, keepdim=True).clip(min=1.0))
+    raise ValueError(f"importance sampling level must be token or sequence, not {level!r}")
 
-    logprobs, old_logprobs (B, T); advantages (B,) -> (loss (B, T), flags: bool (B, T) tensors "clipped"
-    (the clipped branch is active, so the token's gradient is zero), "clipped_low" (A < 0 and r < 1 - low),
-    "clipped_high" (A > 0 and r > 1 + high), "dual_clipped" (A < 0 and the -A c bound is active))."""
-    ratio = paddle.exp(logprobs - old_logprobs)
+
+def clipped_surrogate(ratio: paddle.Tensor, advantages: paddle.Tensor, clip_low: float, clip_high: float, dual_clip: float | None = None) -> tuple:
+    """PPO's clipped objective as a loss: max(-A r, -A clip(r, 1 - low, 1 + high)), with clip_high > clip_low
+    being DAPO's clip-higher. With dual_clip = c > 1 (Ye et al. 2020, verl's clip_ratio_c), a token with A < 0
+    loses at most -A c: a huge ratio on a bad token cannot dominate.
+
+    ratio (B, T) or (B, 1) from importance_ratio; advantages (B,) -> (loss shaped as ratio, flags: bool tensors
+    of that shape "clipped" (the clipped branch is active, so the gradient is zero), "clipped_low" (A < 0 and
+    r < 1 - low), "clipped_high" (A > 0 and r > 1 + high), "dual_clipped" (A < 0 and the -A c bound is active))."""
     advantages = advantages.unsqueeze(-1)  # (B, 1)
     unclipped = -advantages * ratio
     clipped = -advantages * paddle.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -231,13 +313,54 @@ def clipped_surrogate(
     return loss, flags
 
 
-def truncated_importance_weights(old_logprobs: paddle.Tensor, rollout_logprobs: paddle.Tensor, cap: float) -> tuple:
+def cispo_surrogate(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, clip_low: float, clip_high: float) -> tuple:
+    """CISPO (MiniMax-M1, 2025): -sg(clip(r, 1 - low, 1 + high)) A log pi. The ratio is clipped as an importance
+    weight without a gradient, so no token's gradient is ever zeroed (PPO's clip drops tokens whose ratio left
+    the range, often the rare reflective ones). ratio (B, T) or (B, 1), logprobs (B, T), advantages (B,) ->
+    (loss (B, T), flags "clipped" (the weight was clipped), "clipped_low" (r < 1 - low), "clipped_high"
+    (r > 1 + high), any sign of A)."""
+    weight = paddle.clip(ratio, 1.0 - clip_low, 1.0 + clip_high).detach()
+    loss = -weight * advantages.unsqueeze(-1) * logprobs
+    low, high = ratio < 1.0 - clip_low, ratio > 1.0 + clip_high
+    shape = logprobs.shape
+    return loss, {"clipped": paddle.expand(low | high, shape), "clipped_low": paddle.expand(low, shape), "clipped_high": paddle.expand(high, shape)}
+
+
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def rollout_correction(
+    old_logprobs: paddle.Tensor, rollout_logprobs: paddle.Tensor, mask: paddle.Tensor, mode: str = "token_truncate", cap: float = 2.0, floor: float | None = None
+) -> tuple:
     """The rollout engine samples from pi_rollout, numerically not quite the trainer's pi_old (other kernels,
-    other summation order; with vLLM in other trainers, often more than that). Truncated importance sampling
-    (Yao et al. 2025, TRL's vllm_importance_sampling_correction, verl's TIS) weights each token's policy
-    loss by w = min(pi_old / pi_rollout, cap), detached. (B, T), (B, T) -> (w (B, T), capped (B, T) bool)."""
-    ratio = paddle.exp(old_logprobs - rollout_logprobs).detach()
-    return paddle.clip(ratio, max=cap), ratio > cap
+    other summation order, bf16 weights; with vLLM in other trainers, often more than that). Each token's policy
+    loss is weighted by the ratio pi_old / pi_rollout (Yao et al. 2025), detached, per token or per sequence
+    (the product of its loss tokens' ratios), and either truncated into [floor, cap] or set to 0 outside it
+    ("mask": IcePop's rejection): TRL's vllm_importance_sampling_mode values.
+
+    old_logprobs, rollout_logprobs, mask (B, T) -> (weights (B, T), outside (B, T) bool: the ratio of the token
+    (or of its sequence) left [floor, cap] and was truncated or masked)."""
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"importance sampling mode must be one of {', '.join(IMPORTANCE_SAMPLING_MODES)}, not {mode!r}")
+    log_ratio = ((old_logprobs - rollout_logprobs) * mask).detach()
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(axis=-1, keepdim=True)  # (B, 1)
+    ratio = paddle.exp(log_ratio)
+    outside = ratio > cap
+    if floor is not None:
+        outside = outside | (ratio < floor)
+    if mode.endswith("truncate"):
+        weights = paddle.clip(ratio, min=floor, max=cap)
+    else:
+        weights = paddle.where(outside, paddle.zeros_like(ratio), ratio)
+    return paddle.expand(weights, mask.shape), paddle.expand(outside, mask.shape)
+
+
+def entropy_threshold(entropies: np.ndarray, top_quantile: float) -> float:
+    """entropies (N,) of every loss token of the step (all processes) -> the entropy at quantile 1 - top_quantile
+    (linear interpolation, as torch.quantile in TRL): tokens at or above it are the top_quantile fraction with
+    the highest entropy ("Beyond the 80/20 rule", Wang et al. 2025; top_quantile 0.2 there). -inf without tokens."""
+    return float(np.quantile(entropies, 1.0 - top_quantile)) if len(entropies) else -math.inf
 
 
 def aggregation_counts(mask: np.ndarray) -> np.ndarray:
@@ -269,39 +392,70 @@ def loss_token_weights(mask: np.ndarray, loss_type: str, max_dec_len: int, count
     return weights.astype(np.float32)
 
 
+@dataclass(frozen=True)
+class LossSettings:
+    """How each token's loss is made: the config's algorithm keys, read once."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    level: str = "token"  # importance_sampling_level: token, or sequence (GSPO)
+    surrogate: str = "clip"  # clip (PPO), or cispo
+    kl_coeff: float = 0.0
+    kl_estimator: str = "k3"
+    kl_bias_correction: bool = False  # TRL's use_bias_correction_kl: the KL term times the ratio pi / pi_old
+
+
 def policy_loss(
     logprobs: paddle.Tensor,
     old_logprobs: paddle.Tensor,
     advantages: paddle.Tensor,
     weights: paddle.Tensor,
     mask: paddle.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
+    settings: LossSettings,
     importance_weights: paddle.Tensor | None = None,
-    kl_coeff: float = 0.0,
     ref_logprobs: paddle.Tensor | None = None,
-    kl_estimator: str = "k3",
+    selected: paddle.Tensor | None = None,
 ) -> tuple:
-    """Loss of one micro-batch: sum over its tokens of weights x (clipped surrogate x importance weight +
-    kl_coeff x KL). logprobs, old_logprobs, weights (from loss_token_weights), mask (1 on loss tokens),
-    importance_weights, ref_logprobs: (B, T); advantages (B,). Summing these losses over micro-batches and
-    processes gives the global batch's loss however the batch is cut.
+    """Loss of one micro-batch: sum over its tokens of weights x (surrogate x selected x importance weight
+    + kl_coeff x KL [x ratio]). logprobs, old_logprobs, weights (from loss_token_weights), mask (1 on loss
+    tokens), importance_weights, ref_logprobs, selected (1 on the tokens the entropy selection keeps): (B, T);
+    advantages (B,). As in TRL, the selection and the importance weights touch the policy term only, never the
+    KL. Summing these losses over micro-batches and processes gives the global batch's loss however the batch
+    is cut.
 
-    Returns (loss, sums): token sums over the mask of the clip flags, the KL and the importance weight,
-    which the caller divides by the global token count once all micro-batches are in."""
-    surrogate, flags = clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high, dual_clip)
+    Returns (loss, sums): token sums over the mask of the clip flags, the KL, the selected tokens, which the
+    caller divides by the global token count once all micro-batches are in."""
+    ratio = importance_ratio(logprobs, old_logprobs, mask, settings.level)  # (B, T) or (B, 1)
+    if settings.surrogate == "cispo":
+        per_token, flags = cispo_surrogate(ratio, logprobs, advantages, settings.clip_low, settings.clip_high)
+    elif settings.surrogate == "clip":
+        per_token, flags = clipped_surrogate(ratio, advantages, settings.clip_low, settings.clip_high, settings.dual_clip)
+    else:
+        raise ValueError(f"surrogate must be clip or cispo, not {settings.surrogate!r}")
     sums = {name: float((flag.astype("float32") * mask).sum()) for name, flag in flags.items()}
-    per_token = surrogate
+    if selected is not None:
+        per_token = per_token * selected
+        sums["selected"] = float((selected * mask).sum())
     if importance_weights is not None:
         per_token = per_token * importance_weights
-    if kl_coeff > 0:
+    if settings.kl_coeff > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coeff > 0 needs ref_logprobs")
-        kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
-        per_token = per_token + kl_coeff * kl
+        kl = kl_estimate(logprobs, ref_logprobs, settings.kl_estimator)
         sums["kl"] = float((kl * mask).sum())
+        if settings.kl_bias_correction:
+            kl = kl * ratio
+        per_token = per_token + settings.kl_coeff * kl
     return (per_token * weights).sum(), sums
+
+
+def entropy_bonus(entropy: paddle.Tensor, effective: np.ndarray, tokens: float, coeff: float) -> paddle.Tensor:
+    """-coeff x the mean entropy over the tokens the policy term trains on, as a loss to add: entropy (B, T) with
+    its gradient, effective (B, T) the loss mask (times the entropy selection), tokens their count over the
+    global mini-batch, so the micro-batches' terms sum to the mini-batch's mean. TRL's entropy_coef: the mean
+    whatever loss_type normalises the policy term by."""
+    return -coeff * (entropy * paddle.to_tensor(effective.astype(np.float32))).sum() / max(tokens, 1.0)
 
 
 def learning_rate_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, floor: float) -> float:

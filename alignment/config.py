@@ -69,8 +69,14 @@ class GRPOConfig:
     cpu_bf16_matmul: str = _key("auto", "CPU runs: the matmuls of the actor's projections and log-prob head in bfloat16 with float32 accumulation, master weights, gradients and AdamW in float32 (csrc/grpo_bf16.cc, paddle's oneDNN; needs use_fused_train_ops). auto: on where the CPU has AMX or AVX512-BF16 (the run's first line says which); off: float32 as before; on: bf16, an error where it cannot run. GPU runs use the bf16 key instead.", choices=["auto", "on", "off"])
     weight_sync_tolerance: Optional[float] = _key(None, "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh; default 1e-4 with float32 matmuls, 0.25 with bf16 ones (cpu_bf16_matmul: the gap is rounding there, 0.039 measured on SmolLM2-135M, and stale bf16 weight copies are caught exactly instead).")
     # Algorithm
-    loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=["dapo", "grpo", "dr_grpo"])
-    scale_rewards: str = _key("group", "Advantage = reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing (none: Dr.GRPO).", choices=["group", "batch", "none"])
+    loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=["dapo", "grpo", "dr_grpo", "cispo"])
+    advantage_estimator: str = _key("grpo", "How rewards become advantages: grpo (reward - group mean, scaled by scale_rewards), rloo (reward - the mean of the group's other members, unscaled), reinforce_plus_plus (the reward whitened over the step's loss tokens, no group baseline), reinforce_plus_plus_baseline (reward - group mean, then whitened over the step's loss tokens).", choices=["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+    scale_rewards: str = _key("group", "advantage_estimator grpo: reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing (none: Dr.GRPO).", choices=["group", "batch", "none"])
+    multi_objective_aggregation: str = _key("sum_then_normalize", "Several reward functions: sum_then_normalize (the weighted sum is the reward) or normalize_then_sum (GDPO: each function's values normalised within their group first, the weighted sum then whitened over the step; advantage_estimator grpo).", choices=["sum_then_normalize", "normalize_then_sum"])
+    importance_sampling_level: str = _key("token", "The ratio pi / pi_old per token (PPO, GRPO) or per sequence (GSPO: the geometric mean of its tokens' ratios, clipped as a whole; the GSPO paper clips at clip_range_ratio_low 3e-4, clip_range_ratio_high 4e-4).", choices=["token", "sequence"])
+    surrogate: str = _key("clip", "Per-token policy objective: clip (PPO's clipped ratio x advantage) or cispo (MiniMax-M1: the ratio clipped to [1 - clip_range_ratio_low, 1 + clip_range_ratio_high] as a weight without gradient, times advantage x log pi; no token's gradient is dropped).", choices=["clip", "cispo"])
+    top_entropy_quantile: float = _key(1.0, "Train the policy term on this fraction of each step's loss tokens with the highest entropy under the policy before the update (\"Beyond the 80/20 rule\": 0.2); 1.0: all tokens.")
+    entropy_coeff: float = _key(0.0, "Entropy bonus: entropy_coeff x the tokens' entropy (with its gradient) is subtracted from each token's loss, aggregated as loss_type aggregates (0: off).")
     clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c] (both sides unless the next two keys are given).")
     clip_range_ratio_low: Optional[float] = _key(None, "Lower clip: the ratio is kept above 1 - low; default: clip_range_ratio.")
     clip_range_ratio_high: Optional[float] = _key(None, "Upper clip (DAPO's clip-higher, e.g. 0.28): the ratio is kept below 1 + high; default: clip_range_ratio.")
@@ -78,10 +84,13 @@ class GRPOConfig:
     num_iterations: int = _key(1, "Policy updates over each rollout batch (the old log-probs are computed once per batch).")
     mini_batch_size: Optional[int] = _key(None, "Sequences per process per optimizer step; default: the whole step's sequences (one optimizer step per iteration).")
     shuffle_minibatch: bool = _key(False, "Shuffle the sequences (seeded per step and iteration) before cutting mini-batches.")
-    importance_sampling_correction: bool = _key(True, "Weight each token's policy loss by min(pi_old / pi_rollout, importance_sampling_cap): truncated importance sampling for the rollout engine's numerical gap to the trainer.")
-    importance_sampling_cap: float = _key(2.0, "Truncation threshold of the importance-sampling weight.")
+    importance_sampling_correction: bool = _key(True, "Weight each token's policy loss by pi_old / pi_rollout, the rollout engine's numerical gap to the trainer, as importance_sampling_mode says.")
+    importance_sampling_mode: str = _key("token_truncate", "token_truncate (each token's ratio clipped to [importance_sampling_min, importance_sampling_cap]), token_mask (a token's weight 0 outside that range), sequence_truncate / sequence_mask (the same with one ratio per sequence, the product of its tokens'); verl's token and sequence mean the truncating ones.", choices=["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "token", "sequence"])
+    importance_sampling_cap: float = _key(2.0, "Upper bound of the importance-sampling weight (truncated to it, or masked above it).")
+    importance_sampling_min: Optional[float] = _key(None, "Lower bound of the importance-sampling weight (null: none).")
     kl_loss_coeff: float = _key(0.0, "Weight of the KL penalty to the reference model; 0 loads no reference model.")
     kl_estimator: str = _key("k3", "Per-token KL estimator with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1).", choices=["k1", "k2", "k3"])
+    use_bias_correction_kl: bool = _key(False, "Multiply each token's KL term by the ratio pi / pi_old (TRL's option, DeepSeek-V3.2's unbiased KL estimate under off-policy samples).")
     dynamic_sampling: bool = _key(False, "DAPO's dynamic sampling: drop groups whose reward std is below dynamic_sampling_min_std and refill with groups of freshly sampled prompts.")
     dynamic_sampling_min_std: float = _key(1e-4, "A group whose reward sample std is below this carries no signal (not exact equality: rewards can differ by rounding).")
     max_resample_times: int = _key(3, "Refill rounds per step at most; groups still missing are filled with dropped ones (their advantage is 0) and counted.")
@@ -201,7 +210,14 @@ ALIASES = {
     "beta": "kl_loss_coeff",  # TRL, ms-swift
     "kl_loss_type": "kl_estimator",  # verl
     "vllm_importance_sampling_correction": "importance_sampling_correction",  # TRL
-    "vllm_importance_sampling_clip_max": "importance_sampling_cap",  # TRL (mode token_truncate)
+    "vllm_importance_sampling_clip_max": "importance_sampling_cap",  # TRL
+    "vllm_importance_sampling_clip_min": "importance_sampling_min",  # TRL
+    "vllm_importance_sampling_mode": "importance_sampling_mode",  # TRL
+    "rollout_importance_sampling_mode": "importance_sampling_mode",  # ms-swift
+    "rollout_is": "importance_sampling_mode",  # verl (token, sequence)
+    "rollout_is_threshold": "importance_sampling_cap",  # verl (a number: truncation)
+    "adv_estimator": "advantage_estimator",  # verl
+    "entropy_coef": "entropy_coeff",  # TRL
     "vllm_importance_sampling_cap": "importance_sampling_cap",  # TRL, deprecated there
     "delta": "dual_clip_ratio",  # TRL's two-sided GRPO clipping (INTELLECT-2): the same bound for A < 0
     "rollout_importance_sampling_threshold": "importance_sampling_cap",  # ms-swift
@@ -590,11 +606,41 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     clip_high = c.clip_range_ratio if c.clip_range_ratio_high is None else c.clip_range_ratio_high
     _check(c.clip_range_ratio > 0, f"clip_range_ratio = {c.clip_range_ratio}: must be > 0")
     low_source = "clip_range_ratio_low" if c.clip_range_ratio_low is not None else "clip_range_ratio (the lower clip, clip_range_ratio_low not given)"
-    _check(0 < clip_low < 1, f"{low_source} = {clip_low}: must lie in (0, 1) (the ratio is kept above 1 - low)")
+    _check(
+        c.loss_type != "cispo",
+        "loss_type = cispo is TRL's spelling: here it is surrogate: cispo (loss_type dapo aggregates as TRL's cispo does); "
+        "TRL's epsilon_high is then the weight's cap itself, here the cap is 1 + clip_range_ratio_high (TRL's recommended 5.0 "
+        "is clip_range_ratio_high 4.0)",
+    )
+    if c.surrogate == "cispo":  # a weight, not a trust region: 1 removes the lower bound (MiniMax-M1 uses none)
+        _check(0 < clip_low <= 1, f"{low_source} = {clip_low}: must lie in (0, 1] with surrogate cispo (the weight is kept above 1 - low)")
+    else:
+        _check(0 < clip_low < 1, f"{low_source} = {clip_low}: must lie in (0, 1) (the ratio is kept above 1 - low)")
     _check(clip_high > 0, f"clip_range_ratio_high = {clip_high}: must be > 0")
     _check(c.dual_clip_ratio is None or c.dual_clip_ratio > 1, f"dual_clip_ratio = {c.dual_clip_ratio}: must be > 1 (or null: off)")
     _check(c.num_iterations >= 1, f"num_iterations = {c.num_iterations}: must be at least 1")
     _check(c.importance_sampling_cap >= 1, f"importance_sampling_cap = {c.importance_sampling_cap}: must be >= 1")
+    _check(
+        c.importance_sampling_min is None or 0 <= c.importance_sampling_min < 1,
+        f"importance_sampling_min = {c.importance_sampling_min}: must lie in [0, 1) (null: no lower bound)",
+    )
+    importance_sampling_mode = {"token": "token_truncate", "sequence": "sequence_truncate"}.get(c.importance_sampling_mode, c.importance_sampling_mode)
+    _check(0 <= c.top_entropy_quantile <= 1, f"top_entropy_quantile = {c.top_entropy_quantile}: must lie in [0, 1] (1.0: every token)")
+    _check(c.entropy_coeff >= 0, f"entropy_coeff = {c.entropy_coeff}: must be >= 0 (0: no entropy bonus)")
+    _check(
+        c.advantage_estimator == "grpo" or c.scale_rewards == "group",
+        f"scale_rewards = {c.scale_rewards} applies to advantage_estimator grpo only; {c.advantage_estimator} scales its own way",
+    )
+    if c.multi_objective_aggregation == "normalize_then_sum":
+        _check(
+            c.advantage_estimator == "grpo",
+            f"multi_objective_aggregation = normalize_then_sum is GDPO's group normalisation, for advantage_estimator grpo, not {c.advantage_estimator}",
+        )
+        _check(
+            not (c.use_rm_server and c.reward_server_protocol == "paddlenlp"),
+            "multi_objective_aggregation = normalize_then_sum needs each reward function's value, which a PaddleNLP-protocol "
+            "reward server does not send (it answers totals); use reward_server_protocol v1",
+        )
     _check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")
     _check(c.dynamic_sampling_min_std >= 0, f"dynamic_sampling_min_std = {c.dynamic_sampling_min_std}: must be >= 0")
     _check(c.max_resample_times >= 0, f"max_resample_times = {c.max_resample_times}: must be >= 0")
@@ -744,6 +790,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         mini_batch_size=mini_batch,
         clip_range_ratio_low=clip_low,
         clip_range_ratio_high=clip_high,
+        importance_sampling_mode=importance_sampling_mode,
         cosine_max_len=reward_settings.cosine_max_len,
         soft_max_length=reward_settings.soft_max_length,
         reward_function_weights=[float(w) for w in weights],

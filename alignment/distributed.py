@@ -38,6 +38,17 @@ class World:
     def max(self, values: np.ndarray) -> np.ndarray:
         return self._all_reduce(values, dist.ReduceOp.MAX)
 
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        """A 1-D float64 array of any length on each rank -> their concatenation in rank order, on every rank:
+        each rank writes its values at its offset into zeros and the all-reduce sums them (x + 0 is exact)."""
+        if self.size == 1:
+            return values
+        lengths = self.sum(np.eye(self.size)[self.rank] * len(values)).astype(np.int64)  # (size,)
+        placed = np.zeros(lengths.sum())
+        offset = lengths[: self.rank].sum()
+        placed[offset : offset + len(values)] = values
+        return self.sum(placed)
+
     def first_failure(self, failure: Exception | None, elsewhere: Exception) -> Exception | None:
         """Whether any process failed (every process calls this at the same point) -> this process's own error,
         `elsewhere` (pointing at the others' logs) where only another's failed, or None: all stop together."""

@@ -23,14 +23,22 @@ import numpy as np
 import paddle
 
 from alignment.algo import (
+    LossSettings,
     aggregation_counts,
+    baseline_subtracted,
     chunked_token_logprobs,
+    entropy_bonus,
+    entropy_threshold,
     group_advantages,
     groups_with_signal,
     loss_token_weights,
     mean_and_pass_at_k,
+    normalized_per_function,
     policy_loss,
-    truncated_importance_weights,
+    rloo_advantages,
+    rollout_correction,
+    whiten,
+    whitening_sums,
 )
 from alignment.checkpoint import checkpoint_path, load_training_state, save_checkpoint
 from alignment.config import GRPOConfig
@@ -206,8 +214,7 @@ def train(config: GRPOConfig) -> Path:
             if failure := world.first_failure(failure, elsewhere):  # every process stops after the same step, the main one saving it
                 raise stop_saving(failure, step - 1, "once the reward server answers again") from None
             sampling_metrics = dynamic_sampling_metrics(counts, world) if counts else {}
-            batch_std = global_reward_std(scored, world) if config.scale_rewards == "batch" else None
-            scored.advantages = group_advantages(scored.rewards, config.rollout_n, config.scale_rewards, batch_std)[0]
+            scored.advantages = step_advantages(scored, config, world)
             rewarded = time.perf_counter()
             learning_rate = scheduler.get_lr()
             with contiguous_kernels():
@@ -364,6 +371,24 @@ def dynamic_sampling_metrics(counts: dict, world: World) -> dict:
     return {"dynamic_sampling/dropped_groups": int(dropped), "dynamic_sampling/unfilled_groups": int(unfilled), "dynamic_sampling/rounds": int(rounds)}
 
 
+def step_advantages(scored: ScoredBatch, config: GRPOConfig, world: World) -> np.ndarray:
+    """(B,) float32 advantages by advantage_estimator (and multi_objective_aggregation), 0 where the reward failed;
+    statistics over the whole step are summed over all processes."""
+    rewards, size, estimator = scored.rewards, config.rollout_n, config.advantage_estimator
+    if config.multi_objective_aggregation == "normalize_then_sum":
+        combined = normalized_per_function([scored.reward_columns[name] for name in config.reward_functions], config.reward_function_weights, size)
+        return whiten(combined, world.sum(whitening_sums(combined, np.ones(len(combined)))))[0]
+    if estimator == "grpo":
+        batch_std = global_reward_std(scored, world) if config.scale_rewards == "batch" else None
+        return group_advantages(rewards, size, config.scale_rewards, batch_std)[0]
+    if estimator == "rloo":
+        return rloo_advantages(rewards, size)[0]
+    # REINFORCE++: every loss token carries its sequence's (baseline-subtracted) reward, whitened over all of them
+    values = baseline_subtracted(rewards, size) if estimator == "reinforce_plus_plus_baseline" else rewards
+    tokens = loss_mask(scored, config).sum(axis=1)
+    return whiten(values, world.sum(whitening_sums(values, tokens)))[0]
+
+
 def global_reward_std(scored: ScoredBatch, world: World) -> float:
     """Sample std (ddof=1) of every valid reward of the step, over all processes: scale_rewards=batch's divisor."""
     rewards = scored.rewards[np.isfinite(scored.rewards)]
@@ -506,30 +531,30 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
     sequences in all processes (loss_type), so the gradient does not depend on the micro-batch size."""
     rollout = scored.rollout
     rows_total = len(rollout.prompt_ids)
-    loss_mask = rollout.loss_mask * np.isfinite(scored.rewards)[:, None]  # (B, T): tool answers and failed rewards stay out
-    if config.overlong_filter:
-        loss_mask = loss_mask * np.array([reason != "length" for reason in rollout.finish_reasons])[:, None]
+    trained = loss_mask(scored, config)  # (B, T)
     micro, mini = config.per_device_train_batch_size, config.mini_batch_size
+    settings = loss_settings(config)
 
     def batch_of(rows: np.ndarray):
         return make_token_batch([rollout.prompt_ids[r] for r in rows], rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
 
-    def fixed_logprobs(source) -> np.ndarray:  # (B, T) log-probs of a model that does not change during the update
+    def fixed_logprobs(source) -> tuple:  # (B, T) log-probs and entropies of a model that does not change during the update
         with paddle.no_grad():
-            return np.concatenate([
-                policy_logprobs(source, batch_of(np.arange(start, min(start + micro, rows_total))), config)[0].numpy()
-                for start in range(0, rows_total, micro)
-            ])
+            parts = [policy_logprobs(source, batch_of(np.arange(start, min(start + micro, rows_total))), config) for start in range(0, rows_total, micro)]
+        return np.concatenate([p[0].numpy() for p in parts]), np.concatenate([p[1].numpy() for p in parts])
 
     model.train()
     several_updates = config.num_iterations > 1 or mini < rows_total
-    old_logprobs = fixed_logprobs(model) if several_updates else None
+    selecting = config.top_entropy_quantile < 1  # the entropy selection is fixed before any update
+    old_logprobs, old_entropy = fixed_logprobs(model) if several_updates or selecting else (None, None)
+    old_logprobs = old_logprobs if several_updates else None
+    selected = high_entropy_tokens(old_entropy, trained, config.top_entropy_quantile, world) if selecting else None  # (B, T)
     ref_logprobs = None
     if config.kl_loss_coeff > 0:
         with adapters_disabled(model) if ref_model is None else contextlib.nullcontext():  # LoRA: the base is the reference
-            ref_logprobs = fixed_logprobs(ref_model or model)
+            ref_logprobs = fixed_logprobs(ref_model or model)[0]
     totals, updates, nonfinite, skipped_phase = defaultdict(float), 0, None, None
-    global_tokens = float(world.sum(np.array([loss_mask.sum()]))[0])
+    global_tokens = float(world.sum(np.array([trained.sum()]))[0])
     for iteration in range(config.num_iterations):
         if skipped_phase:
             break
@@ -538,21 +563,25 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
             order = np.random.default_rng(seed_phase(config, step, world.rank, "shuffle", iteration + 1)).permutation(rows_total)
         for mini_start in range(0, rows_total, mini):
             rows = order[mini_start : mini_start + mini]
-            counts = world.sum(aggregation_counts(loss_mask[rows]))  # global tokens, live sequences, sequences
-            weights = loss_token_weights(loss_mask[rows], config.loss_type, config.max_dec_len, counts)  # (m, T)
+            counts = world.sum(aggregation_counts(trained[rows]))  # global tokens, live sequences, sequences
+            weights = loss_token_weights(trained[rows], config.loss_type, config.max_dec_len, counts)  # (m, T)
+            effective = trained if selected is None else selected  # the tokens the policy term trains on
+            effective_tokens = float(world.sum(np.array([effective[rows].sum()]))[0]) if config.entropy_coeff else 0.0
             for start in range(0, len(rows), micro):
                 chunk = rows[start : start + micro]
-                mask = paddle.to_tensor(loss_mask[chunk].astype(np.float32))
+                mask = paddle.to_tensor(trained[chunk].astype(np.float32))
                 # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
-                logprobs, entropy = policy_logprobs(model, batch_of(chunk), config)
+                logprobs, entropy = policy_logprobs(model, batch_of(chunk), config, entropy_grad=config.entropy_coeff > 0)
                 old = logprobs.detach() if old_logprobs is None else paddle.to_tensor(old_logprobs[chunk])
                 importance = None
                 if config.importance_sampling_correction:
                     rollout_logprobs = paddle.to_tensor(rollout.logprobs[chunk])  # (b, T) the engine's
-                    importance, capped = truncated_importance_weights(old, rollout_logprobs, config.importance_sampling_cap)
+                    importance, outside = rollout_correction(
+                        old, rollout_logprobs, mask, config.importance_sampling_mode, config.importance_sampling_cap, config.importance_sampling_min
+                    )
                     if iteration == 0:  # the weights depend only on the batch: count them once
                         totals["is_weight"] += float((importance * mask).sum())
-                        totals["is_capped"] += float((capped.astype("float32") * mask).sum())
+                        totals["is_capped"] += float((outside.astype("float32") * mask).sum())
                         totals["is_logprob_gap_max"] = max(totals["is_logprob_gap_max"], float(((old - rollout_logprobs).abs() * mask).max()))
                 loss, sums = policy_loss(
                     logprobs,
@@ -560,14 +589,13 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
                     paddle.to_tensor(scored.advantages[chunk]),
                     paddle.to_tensor(weights[start : start + micro]),
                     mask,
-                    config.clip_range_ratio_low,
-                    config.clip_range_ratio_high,
-                    config.dual_clip_ratio,
+                    settings,
                     importance,
-                    config.kl_loss_coeff,
                     None if ref_logprobs is None else paddle.to_tensor(ref_logprobs[chunk]),
-                    config.kl_estimator,
+                    None if selected is None else paddle.to_tensor(selected[chunk]),
                 )
+                if config.entropy_coeff:
+                    loss = loss + entropy_bonus(entropy, effective[chunk], effective_tokens, config.entropy_coeff)
                 if counts[0] > 0:
                     loss.backward()
                 if not math.isfinite(float(loss)) and nonfinite is None:  # which input made it so, for the message
@@ -610,8 +638,10 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
         "loss_tokens": global_tokens,
         "optimizer_steps": updates,
     }
-    if config.dual_clip_ratio is not None:
+    if config.dual_clip_ratio is not None and config.surrogate == "clip":
         metrics["dual_clip_fraction"] = summed["dual_clipped"] / per_token
+    if selected is not None:
+        metrics["entropy_selected_fraction"] = summed["selected"] / per_token
     if config.importance_sampling_correction:
         metrics["is/weight_mean"] = summed["is_weight"] / max(global_tokens, 1.0)
         metrics["is/capped_fraction"] = summed["is_capped"] / max(global_tokens, 1.0)
@@ -619,13 +649,43 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
     return {key: _finite_or_none(value) if isinstance(value, float) else value for key, value in metrics.items()}
 
 
-def policy_logprobs(model, batch, config: GRPOConfig) -> tuple:
-    """-> (log-probs (b, T) with grad where the model has it, entropy (b, T) detached) of the completion
-    tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time."""
+def high_entropy_tokens(entropy: np.ndarray, trained: np.ndarray, top_quantile: float, world: World) -> np.ndarray:
+    """entropy, trained (B, T) -> (B, T) float32, 1 on the trained tokens among the top_quantile fraction of the
+    step's (all processes') with the highest entropy."""
+    threshold = entropy_threshold(world.gather(entropy[trained > 0].astype(np.float64)), top_quantile)
+    return ((entropy >= threshold) & (trained > 0)).astype(np.float32)
+
+
+def loss_mask(scored: ScoredBatch, config: GRPOConfig) -> np.ndarray:
+    """(B, T) 1 on the tokens the update trains: the model's own (not the tool answers), of completions whose
+    reward could be computed, and not cut off at max_dec_len under overlong_filter."""
+    rollout = scored.rollout
+    mask = rollout.loss_mask * np.isfinite(scored.rewards)[:, None]
+    if config.overlong_filter:
+        mask = mask * np.array([reason != "length" for reason in rollout.finish_reasons])[:, None]
+    return mask
+
+
+def loss_settings(config: GRPOConfig) -> LossSettings:
+    return LossSettings(
+        clip_low=config.clip_range_ratio_low,
+        clip_high=config.clip_range_ratio_high,
+        dual_clip=config.dual_clip_ratio,
+        level=config.importance_sampling_level,
+        surrogate=config.surrogate,
+        kl_coeff=config.kl_loss_coeff,
+        kl_estimator=config.kl_estimator,
+        kl_bias_correction=config.use_bias_correction_kl,
+    )
+
+
+def policy_logprobs(model, batch, config: GRPOConfig, entropy_grad: bool = False) -> tuple:
+    """-> (log-probs (b, T) with grad where the model has it, entropy (b, T), with grad only for entropy_grad)
+    of the completion tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time."""
     weight, bias = output_head(model)
     hidden = completion_hidden(model, batch)
     return chunked_token_logprobs(
-        hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens, head_matmul(model)
+        hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens, head_matmul(model), entropy_grad
     )
 
 

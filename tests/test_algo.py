@@ -7,16 +7,18 @@ import pytest
 from alignment.algo import (
     aggregation_counts,
     clipped_surrogate,
+    entropy_bonus,
     group_advantages,
     groups_with_signal,
     kl_estimate,
     learning_rate_factor,
     loss_token_weights,
     mean_and_pass_at_k,
+    LossSettings,
     policy_loss,
+    rollout_correction,
     token_entropy,
     token_logprobs,
-    truncated_importance_weights,
 )
 
 
@@ -109,7 +111,7 @@ def test_clipped_side_has_zero_gradient():
     old = paddle.to_tensor([[0.0, 0.0, 0.0, 0.0]])
     logp = paddle.to_tensor([[0.5, 0.5, -0.5, -0.5]], stop_gradient=False)
     advantages = paddle.to_tensor([1.0])
-    loss, flags = clipped_surrogate(logp, old, advantages, 0.2, 0.2)
+    loss, flags = clipped_surrogate(paddle.exp(logp - old), advantages, 0.2, 0.2)
     loss.sum().backward()
     # A > 0: the high ratio is clipped (no gradient), the low ratio keeps its gradient -A * r
     np.testing.assert_array_equal(flags["clipped"].numpy(), [[True, True, False, False]])
@@ -121,7 +123,7 @@ def test_clipped_side_has_zero_gradient():
 
 def test_negative_advantage_clips_the_low_side():
     logp = paddle.to_tensor([[0.5, -0.5]], stop_gradient=False)
-    loss, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([-1.0]), 0.2, 0.2)
+    loss, flags = clipped_surrogate(paddle.exp(logp), paddle.to_tensor([-1.0]), 0.2, 0.2)
     loss.sum().backward()
     np.testing.assert_array_equal(flags["clipped"].numpy(), [[False, True]])
     np.testing.assert_array_equal(flags["clipped_low"].numpy(), [[False, True]])
@@ -131,10 +133,10 @@ def test_negative_advantage_clips_the_low_side():
 def test_clip_higher_widens_only_the_upper_side():
     # ratios 1.25 and 0.75 with low 0.2, high 0.28: 1.25 < 1.28 is not clipped for A > 0, 0.75 < 0.8 is for A < 0
     logp = paddle.to_tensor([[math.log(1.25), math.log(0.75)]])
-    positive, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([1.0]), 0.2, 0.28)
+    positive, flags = clipped_surrogate(paddle.exp(logp), paddle.to_tensor([1.0]), 0.2, 0.28)
     np.testing.assert_allclose(positive.numpy(), [[-1.25, -0.75]], rtol=1e-6)
     assert flags["clipped"].numpy().tolist() == [[False, False]]
-    negative, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([-1.0]), 0.2, 0.28)
+    negative, flags = clipped_surrogate(paddle.exp(logp), paddle.to_tensor([-1.0]), 0.2, 0.28)
     np.testing.assert_allclose(negative.numpy(), [[1.25, 0.8]], rtol=1e-6)
     assert flags["clipped_low"].numpy().tolist() == [[False, True]]
 
@@ -142,13 +144,13 @@ def test_clip_higher_widens_only_the_upper_side():
 def test_dual_clip_bounds_the_loss_of_negative_advantages():
     # A = -2, ratios e^2 = 7.39 and 2.0: -A r = 14.78 and 4.0; with c = 3 the first is bounded at -A c = 6 (no gradient)
     logp = paddle.to_tensor([[2.0, math.log(2.0)]], stop_gradient=False)
-    loss, flags = clipped_surrogate(logp, paddle.zeros([1, 2]), paddle.to_tensor([-2.0]), 0.2, 0.2, dual_clip=3.0)
+    loss, flags = clipped_surrogate(paddle.exp(logp), paddle.to_tensor([-2.0]), 0.2, 0.2, dual_clip=3.0)
     loss.sum().backward()
     np.testing.assert_allclose(loss.numpy(), [[6.0, 4.0]], rtol=1e-6)
     assert flags["dual_clipped"].numpy().tolist() == [[True, False]]
     np.testing.assert_allclose(logp.grad.numpy(), [[0.0, 4.0]], rtol=1e-6)
     # a positive advantage is never dual-clipped
-    loss, flags = clipped_surrogate(logp.detach(), paddle.zeros([1, 2]), paddle.to_tensor([2.0]), 0.2, 0.2, dual_clip=3.0)
+    loss, flags = clipped_surrogate(paddle.exp(logp.detach()), paddle.to_tensor([2.0]), 0.2, 0.2, dual_clip=3.0)
     np.testing.assert_allclose(loss.numpy(), [[-2.4, -2.4]], rtol=1e-6)
     assert flags["dual_clipped"].numpy().tolist() == [[False, False]]
 
@@ -156,7 +158,7 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
 def test_truncated_importance_weights_hand_values():
     old = paddle.to_tensor([[-1.0, -1.0, -1.0]])
     rollout = paddle.to_tensor([[-1.0, -1.5, -2.0]])  # pi_old / pi_rollout = 1, e^.5 = 1.65, e = 2.72
-    weights, capped = truncated_importance_weights(old, rollout, cap=2.0)
+    weights, capped = rollout_correction(old, rollout, paddle.ones([1, 3]), "token_truncate", cap=2.0)
     np.testing.assert_allclose(weights.numpy(), [[1.0, math.exp(0.5), 2.0]], rtol=1e-6)
     assert capped.numpy().tolist() == [[False, False, True]]
 
@@ -179,11 +181,11 @@ def test_policy_loss_aggregation_hand_computed(loss_type, expected):
     mask = np.array([[1.0, 1.0], [1.0, 0.0]], dtype=np.float32)
     weights = paddle.to_tensor(loss_token_weights(mask, loss_type, 5, aggregation_counts(mask)))
     # ratio 1: each token's loss is -A
-    loss, sums = policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), 0.2, 0.2)
+    loss, sums = policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), LossSettings())
     assert float(loss) == pytest.approx(expected)
     assert sums == {"clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0}
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), 0.2, 0.2, kl_coeff=0.1)
+        policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), LossSettings(kl_coeff=0.1))
 
 
 def test_importance_weights_scale_the_policy_term_only():
@@ -191,8 +193,8 @@ def test_importance_weights_scale_the_policy_term_only():
     mask = paddle.to_tensor([[1.0, 1.0]])
     weights = paddle.to_tensor([[0.5, 0.5]])
     ref = paddle.to_tensor([[-2.0, -1.0]])  # k3: e^-1 - (-1) - 1 = e^-1, and 0
-    loss, sums = policy_loss(logp, logp, paddle.to_tensor([1.0]), weights, mask, 0.2, 0.2,
-                             importance_weights=paddle.to_tensor([[2.0, 0.5]]), kl_coeff=0.1, ref_logprobs=ref)
+    loss, sums = policy_loss(logp, logp, paddle.to_tensor([1.0]), weights, mask, LossSettings(kl_coeff=0.1),
+                             importance_weights=paddle.to_tensor([[2.0, 0.5]]), ref_logprobs=ref)
     assert float(loss) == pytest.approx(0.5 * (-2.0 - 0.5) + 0.5 * 0.1 * math.exp(-1), rel=1e-6)
     assert sums["kl"] == pytest.approx(math.exp(-1), rel=1e-6)
 
@@ -202,43 +204,71 @@ def _policy(seed=0):
     return paddle.nn.Sequential(paddle.nn.Embedding(11, 8), paddle.nn.Linear(8, 11))
 
 
-def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff, loss_type="dapo", processes=1):
+# Every loss variant, as LossSettings plus how the trainer feeds it: the importance-sampling mode, the entropy
+# selection (a fixed mask, as the trainer fixes it before the update) and the entropy bonus's coefficient.
+LOSS_VARIANTS = {
+    "clip": ({}, "token_truncate", False, 0.0),
+    "gspo": ({"level": "sequence"}, "token_truncate", False, 0.0),
+    "cispo": ({"surrogate": "cispo"}, "token_truncate", False, 0.0),
+    "gspo_cispo": ({"level": "sequence", "surrogate": "cispo"}, "token_truncate", False, 0.0),
+    "sequence_mask": ({}, "sequence_mask", False, 0.0),
+    "token_mask": ({}, "token_mask", False, 0.0),
+    "sequence_truncate": ({"level": "sequence"}, "sequence_truncate", False, 0.0),
+    "bias_corrected_kl": ({"kl_bias_correction": True}, "token_truncate", False, 0.0),
+    "entropy_bonus": ({}, "token_truncate", False, 0.02),
+    "entropy_selection_and_bonus": ({}, "token_truncate", True, 0.02),
+}
+
+
+def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff, loss_type="dapo", processes=1, variant="clip"):
     """Sum of micro-batch losses, the token weights fixed over the whole batch -> gradient. With processes > 1
     the rows are split into contiguous slices, each weighted from its own mask and the summed counts, as
     the trainer does across ranks. Clip-higher, dual clip and importance weights are on."""
+    extra, mode, select, bonus = LOSS_VARIANTS[variant]
+    settings = LossSettings(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coeff=kl_coeff, **extra)
     rows_total = tokens.shape[0]
-    ref = paddle.nn.functional.log_softmax(paddle.to_tensor(np.random.default_rng(1).normal(size=(6, 5, 11)).astype("float32")), -1)
+    rng = np.random.default_rng(1)
+    ref = paddle.nn.functional.log_softmax(paddle.to_tensor(rng.normal(size=(6, 5, 11)).astype("float32")), -1)
     ref_logp = paddle.take_along_axis(ref, tokens.unsqueeze(-1), -1).squeeze(-1)
-    importance = paddle.to_tensor(np.random.default_rng(2).uniform(0.5, 2.0, size=(6, 5)).astype("float32"))
+    rollout_gap = paddle.to_tensor(rng.normal(0.0, 0.4, size=(6, 5)).astype("float32"))  # log pi_old - log pi_rollout
+    selected = paddle.to_tensor((rng.random((6, 5)) > 0.5).astype("float32")) * mask if select else None
     mask_np = mask.numpy()
     share = rows_total // processes
     slices = [slice(r * share, (r + 1) * share) for r in range(processes)]
     counts = sum(aggregation_counts(mask_np[s]) for s in slices)
+    effective = (mask if selected is None else selected).numpy()
     weights = np.concatenate([loss_token_weights(mask_np[s], loss_type, 5, counts) for s in slices])
     for start in range(0, rows_total, micro_batch):
         rows = slice(start, start + micro_batch)
-        logp = token_logprobs(model(tokens[rows]), tokens[rows], temperature=0.7)
+        logits = model(tokens[rows])
+        logp = token_logprobs(logits, tokens[rows], temperature=0.7)
+        old = logp.detach() - 0.1
+        importance, _ = rollout_correction(old, old - rollout_gap[rows], mask[rows], mode, 2.0, 0.5)
         loss, _ = policy_loss(
-            logp, logp.detach() - 0.1, advantages[rows], paddle.to_tensor(weights[rows]), mask[rows], 0.2, 0.28, 3.0,
-            importance[rows], kl_coeff, ref_logp[rows],
+            logp, old, advantages[rows], paddle.to_tensor(weights[rows]), mask[rows], settings, importance, ref_logp[rows],
+            None if selected is None else selected[rows],
         )
+        if bonus:
+            loss = loss + entropy_bonus(token_entropy(logits, temperature=0.7), effective[rows], effective.sum(), bonus)
         loss.backward()
     gradient = [p.grad.numpy().copy() for p in model.parameters()]
     model.clear_gradients()
     return gradient
 
 
+@pytest.mark.parametrize("variant", list(LOSS_VARIANTS))
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 @pytest.mark.parametrize("kl_coeff", [0.0, 0.05])
-def test_gradient_does_not_depend_on_the_micro_batch_size_or_processes(kl_coeff, loss_type):
+def test_gradient_does_not_depend_on_the_micro_batch_size_or_processes(kl_coeff, loss_type, variant):
     rng = np.random.default_rng(0)
     tokens = paddle.to_tensor(rng.integers(0, 11, size=(6, 5)))
     mask = paddle.to_tensor((rng.random((6, 5)) > 0.3).astype("float32"))  # ragged lengths
     advantages = paddle.to_tensor(rng.normal(size=6).astype("float32"))
     model = _policy()
-    whole = _batch_gradient(model, tokens, advantages, mask, 6, kl_coeff, loss_type)
+    whole = _batch_gradient(model, tokens, advantages, mask, 6, kl_coeff, loss_type, variant=variant)
+    assert any(np.abs(g).max() > 1e-4 for g in whole)
     for micro, processes in ((1, 1), (2, 1), (3, 1), (1, 2), (3, 3)):
-        for a, b in zip(whole, _batch_gradient(model, tokens, advantages, mask, micro, kl_coeff, loss_type, processes)):
+        for a, b in zip(whole, _batch_gradient(model, tokens, advantages, mask, micro, kl_coeff, loss_type, processes, variant)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 

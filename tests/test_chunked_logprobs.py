@@ -106,6 +106,28 @@ def test_gradients_equal_the_unchunked_path(chunk_tokens, with_bias, kernels):
             np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 3, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_entropy_gradient_equals_autograd_through_the_whole_logits_in_float64(chunk_tokens, with_bias):
+    """entropy_grad: the loss sum(u log p) + sum(e H) (an entropy bonus beside the policy term) differentiated
+    through the chunks, against paddle's autograd over the (B, T, V) logits in float64."""
+    inputs = random_inputs(with_bias, seed=4)
+    entropy_upstream = np.random.default_rng(5).normal(size=(B, T))
+    reference = {name: None if value is None else paddle.to_tensor(value, stop_gradient=name not in ("hidden", "weight", "bias")) for name, value in inputs.items()}
+    logits = paddle.matmul(reference["hidden"], reference["weight"], transpose_y=True) + (reference["bias"] if with_bias else 0.0)
+    logp_all = paddle.nn.functional.log_softmax(logits / TEMPERATURE, axis=-1)  # float64
+    chosen = paddle.take_along_axis(logp_all, reference["tokens"].unsqueeze(-1), -1).squeeze(-1)
+    entropy64 = -(logp_all.exp() * logp_all).sum(-1)
+    ((chosen * reference["upstream"]).sum() + (entropy64 * paddle.to_tensor(entropy_upstream)).sum()).backward()
+    t = tensors(inputs)
+    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens, entropy_grad=True)
+    assert not entropy.stop_gradient
+    ((logprobs * t["upstream"]).sum() + (entropy * paddle.to_tensor(entropy_upstream.astype(np.float32))).sum()).backward()
+    np.testing.assert_allclose(entropy.numpy(), entropy64.numpy(), atol=1e-5)
+    for name in ("hidden", "weight") + (("bias",) if with_bias else ()):
+        np.testing.assert_allclose(t[name].grad.numpy(), reference[name].grad.numpy(), rtol=1e-5, atol=2e-5, err_msg=name)  # float32 against float64
+
+
 @pytest.mark.parametrize(
     "trainable",
     [("hidden",), ("weight", "bias"), ("hidden", "bias"), ()],

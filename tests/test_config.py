@@ -37,6 +37,12 @@ def test_bundled_tiny_config_loads_and_derives_accumulation():
         ("system", "Think first.", "system_prompt"),
         ("min_lr", 1e-7, "min_learning_rate"),
         ("lr", 1e-5, "learning_rate"),
+        ("vllm_importance_sampling_mode", "sequence_mask", "importance_sampling_mode"),
+        ("rollout_importance_sampling_mode", "token_mask", "importance_sampling_mode"),
+        ("vllm_importance_sampling_clip_min", 0.5, "importance_sampling_min"),
+        ("rollout_is_threshold", 3.0, "importance_sampling_cap"),
+        ("adv_estimator", "rloo", "advantage_estimator"),
+        ("entropy_coef", 0.01, "entropy_coeff"),
     ],
 )
 def test_aliases_from_trl_and_ms_swift(tmp_path, alias, value, key):
@@ -145,6 +151,14 @@ def test_wrong_types_name_the_key(tmp_path, values, message):
         ({"actor_model_name_or_path": "models/nope"}, ["actor_model_name_or_path", "models/nope", "not a local model folder"]),
         ({"top_p": 0}, ["top_p"]),
         ({"max_steps": -1, "num_train_epochs": 0}, ["max_steps", "num_train_epochs"]),
+        ({"loss_type": "cispo"}, ["loss_type = cispo is TRL's spelling", "surrogate: cispo", "clip_range_ratio_high 4.0"]),
+        ({"advantage_estimator": "rloo", "scale_rewards": "batch"}, ["scale_rewards = batch", "advantage_estimator grpo only"]),
+        ({"multi_objective_aggregation": "normalize_then_sum", "advantage_estimator": "reinforce_plus_plus"}, ["normalize_then_sum", "not reinforce_plus_plus"]),
+        ({"multi_objective_aggregation": "normalize_then_sum", "use_rm_server": True, "reward_server_protocol": "paddlenlp"}, ["normalize_then_sum", "PaddleNLP-protocol", "reward_server_protocol v1"]),
+        ({"top_entropy_quantile": 1.5}, ["top_entropy_quantile = 1.5", "[0, 1]"]),
+        ({"entropy_coeff": -0.1}, ["entropy_coeff = -0.1"]),
+        ({"importance_sampling_min": 1.0}, ["importance_sampling_min = 1.0", "[0, 1)"]),
+        ({"clip_range_ratio_low": 1.0}, ["clip_range_ratio_low = 1.0", "(0, 1)"]),
     ],
 )
 def test_inconsistent_values_fail_naming_the_keys(tmp_path, values, keys):
@@ -225,3 +239,10 @@ def test_a_long_inline_chat_template_reaches_the_tokenizer():
     tokenizer = load_tokenizer("data/tiny-qwen2", config.chat_template)
     assert len(template) > 255 and tokenizer.chat_template == template
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False).endswith("user: hiA:")
+
+
+def test_verl_rollout_is_levels_mean_truncation_and_cispo_may_drop_the_lower_bound(tmp_path):
+    assert load_config([write(tmp_path, {"rollout_is": "sequence"})]).importance_sampling_mode == "sequence_truncate"
+    assert load_config([write(tmp_path, {"rollout_is": "token"})]).importance_sampling_mode == "token_truncate"
+    config = load_config([write(tmp_path, {"surrogate": "cispo", "clip_range_ratio_low": 1.0, "clip_range_ratio_high": 4.0})])
+    assert (config.clip_range_ratio_low, config.clip_range_ratio_high) == (1.0, 4.0)

@@ -188,3 +188,21 @@ def test_a_sharding_degree_other_than_all_processes_is_refused(tmp_path, eval_fi
     assert process.returncode != 0
     log = (tmp_path / "log" / "workerlog.0").read_text()
     assert "run_grpo: error: sharding_parallel_degree = 4 with 2 processes" in log and "-1: all" in log
+
+
+def test_step_wide_statistics_are_taken_over_all_processes(tmp_path, eval_file):
+    """REINFORCE++'s whitening over the step's tokens, the entropy selection's quantile and the entropy bonus's
+    token count are global: one step on two processes logs what it logs on one (loss, gradient norm, selected
+    fraction, advantages: each would change if a process used its own statistics). Only the first step: the
+    bonus's gradient is dense and mostly tiny, and at this test's learning rate AdamW turns the last-bit
+    differences of its summation order into different weights by the second step."""
+    flags = ["--max_steps", "1", "--advantage_estimator", "reinforce_plus_plus_baseline", "--top_entropy_quantile", "0.5", "--entropy_coeff", "0.01"]
+    rows = {}
+    for processes in (1, 2):
+        out, log_dir = tmp_path / f"out{processes}", tmp_path / f"log{processes}"
+        finish(launch(out, ["--nproc_per_node", str(processes)], processes, eval_file, log_dir, *flags), log_dir)
+        rows[processes] = [row for row in metrics(out) if "loss" in row]
+    (one,), (two,) = rows[1], rows[2]
+    assert 0.5 <= one["entropy_selected_fraction"] < 0.55 and one.keys() == two.keys()
+    for key, value in one.items():
+        assert two[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key

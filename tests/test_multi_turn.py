@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.algo import policy_loss
+from alignment.algo import LossSettings, policy_loss
 from alignment.config import ConfigError, GRPOConfig
 from alignment.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids
 from alignment.plugins import load_plugins
@@ -143,7 +143,7 @@ def test_the_environments_tokens_get_no_gradient(tiny):
         if by_hand:  # - sum over generated tokens of A * ratio(=1, value) * grad log pi
             loss = -(advantages.unsqueeze(1) * paddle.exp(logprobs - logprobs.detach()) * weights).sum()
         else:
-            loss = policy_loss(logprobs, logprobs.detach(), advantages, weights, paddle.to_tensor(mask), 0.2, 0.2)[0]
+            loss = policy_loss(logprobs, logprobs.detach(), advantages, weights, paddle.to_tensor(mask), LossSettings())[0]
         loss.backward()
         return [p.grad.numpy().copy() for p in model.parameters() if p.grad is not None]
 

@@ -162,6 +162,13 @@ RUN_OPTIONS = {
     "no importance sampling": ["--importance_sampling_correction", "false"],
     "LoRA with KL to the base": ["--lora", "true", "--lora_rank", "4", "--kl_loss_coeff", "0.01", "--num_iterations", "2"],
     "length and repetition rewards": ["--reward_functions", "accuracy", "cosine", "repetition", "soft_overlong", "--reward_function_weights", "1", "0.5", "0.5", "0.5", "--soft_cache_length", "8"],
+    # issue 19's variants, each with the names users bring
+    "GSPO over two mini-batches": ["--importance_sampling_level", "sequence", "--epsilon", "3e-4", "--epsilon_high", "4e-4", "--loss_type", "grpo", "--mini_batch_size", "4"],
+    "CISPO, TRL's sequence_mask": ["--surrogate", "cispo", "--epsilon_high", "4.0", "--vllm_importance_sampling_mode", "sequence_mask", "--vllm_importance_sampling_clip_max", "3"],
+    "RLOO, entropy selection and bonus": ["--advantage_estimator", "rloo", "--top_entropy_quantile", "0.2", "--entropy_coef", "0.01"],
+    "REINFORCE++, bias-corrected KL": ["--adv_estimator", "reinforce_plus_plus", "--kl_loss_coeff", "0.01", "--use_bias_correction_kl", "true", "--num_iterations", "2"],
+    "REINFORCE++-baseline, verl's token IS": ["--advantage_estimator", "reinforce_plus_plus_baseline", "--rollout_is", "token", "--importance_sampling_min", "0.5"],
+    "GDPO": ["--multi_objective_aggregation", "normalize_then_sum"],
 }
 
 
@@ -181,6 +188,9 @@ def test_a_short_run_with_each_option(tmp_path, name):
         assert ("kl" in record and record["kl"] is not None) == (config.kl_loss_coeff > 0)
         assert ("is/weight_mean" in record) == config.importance_sampling_correction
         assert ("dynamic_sampling/dropped_groups" in record) == config.dynamic_sampling
+        assert ("entropy_selected_fraction" in record) == (config.top_entropy_quantile < 1)
+        if config.top_entropy_quantile < 1:  # at least the fraction asked for (ties at the threshold are kept)
+            assert config.top_entropy_quantile <= record["entropy_selected_fraction"] < config.top_entropy_quantile + 0.05
         for reward in config.reward_functions:
             assert math.isfinite(record[f"reward/{reward}"])
     saved = "adapter_model.safetensors" if config.lora else "model.safetensors"

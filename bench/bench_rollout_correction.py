@@ -1,0 +1,87 @@
+"""What each importance_sampling_mode does to a real batch: one training-sized rollout from the fused engine, the
+actor's log-probs of it computed as the update computes them (pi_old), and the weights every mode gives at its
+usual cap: TRL's default sequence_mask at 3, ours token_truncate at 2, and the other two. Prints one JSON object
+per compute setting (float32 matmuls, and bf16 ones where the CPU has them: cpu_bf16_matmul on), with the
+log-prob gap and, per mode, the mean and spread of the weights, the tokens whose weight is not 1, and the
+sequences that lose all their weight (masked).
+
+    .venv/bin/python bench/bench_rollout_correction.py CONFIG.json [--key value ...]
+
+CONFIG.json and the keys are run_grpo.py's; per_device_prompt_batch_size prompts x rollout_n completions are
+sampled at the config's temperature, seed 0. use_fusemt and use_fused_train_ops are forced on.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+
+configure_cpu_runtime()
+paddle = import_paddle()
+
+from alignment.algo import rollout_correction  # noqa: E402
+from alignment.config import load_config  # noqa: E402
+from alignment.cpu_bf16 import cpu_bf16_flags  # noqa: E402
+from alignment.fused_train import use_training_ops  # noqa: E402
+from alignment.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids  # noqa: E402
+from alignment.rollout import SamplingParams, build_engine  # noqa: E402
+from alignment.trainer import generate, load_prompts, policy_logprobs  # noqa: E402
+
+MODES = [("token_truncate", 2.0), ("token_mask", 2.0), ("sequence_truncate", 3.0), ("sequence_mask", 3.0)]
+
+
+def measure(config, tokenizer, prompts, bf16: bool) -> dict:
+    model = load_causal_lm(config.actor_model_name_or_path)
+    use_training_ops(model, bf16)
+    model.eval()
+    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
+    sampling = SamplingParams(max_new_tokens=config.max_dec_len, temperature=config.temperature, top_p=config.top_p, seed=0)
+    rollout = generate(engine, prompts, config.rollout_n, sampling)
+    mask = rollout.loss_mask.astype(np.float32)  # (B, T)
+    old = []
+    with paddle.no_grad():
+        for start in range(0, len(mask), config.per_device_train_batch_size):
+            rows = range(start, min(start + config.per_device_train_batch_size, len(mask)))
+            batch = make_token_batch([rollout.prompt_ids[r] for r in rows], rollout.completion_ids[list(rows)], rollout.completion_mask[list(rows)], tokenizer.pad_token_id)
+            old.append(policy_logprobs(model, batch, config)[0].numpy())
+    old = np.concatenate(old)
+    gap = (old - rollout.logprobs) * mask  # log pi_old - log pi_rollout on the loss tokens
+    tokens = mask > 0
+    result = {
+        "matmuls": "bf16" if bf16 else "float32",
+        "sequences": len(mask),
+        "tokens": int(tokens.sum()),
+        "token_gap_abs_mean": float(np.abs(gap[tokens]).mean()),
+        "token_gap_abs_max": float(np.abs(gap[tokens]).max()),
+        "sequence_gap_abs_mean": float(np.abs(gap.sum(axis=1)).mean()),
+        "sequence_gap_abs_max": float(np.abs(gap.sum(axis=1)).max()),
+        "modes": {},
+    }
+    for mode, cap in MODES:
+        weights, outside = rollout_correction(paddle.to_tensor(old), paddle.to_tensor(rollout.logprobs), paddle.to_tensor(mask), mode, cap)
+        weights, outside = weights.numpy(), outside.numpy()
+        result["modes"][f"{mode}@{cap:g}"] = {
+            "weight_mean": float(weights[tokens].mean()),
+            "weight_std": float(weights[tokens].std()),
+            "tokens_off_one_by_1e-3": float((np.abs(weights[tokens] - 1) > 1e-3).mean()),
+            "tokens_outside_cap": float(outside[tokens].mean()),
+            "sequences_zeroed": float(((weights * mask).sum(axis=1) == 0).mean()),
+        }
+    return result
+
+
+def main() -> None:
+    config = load_config([*sys.argv[1:], "--use_fusemt", "true", "--use_fused_train_ops", "true"])
+    tokenizer = load_tokenizer(config.tokenizer_name_or_path or config.actor_model_name_or_path, config.chat_template)
+    prompts = load_prompts(config.train_datasets, tokenizer, config)[0][: config.per_device_prompt_batch_size]
+    settings = [False] + ([True] if cpu_bf16_flags() else [])
+    for bf16 in settings:
+        print(json.dumps({"command": " ".join(sys.argv), **measure(config, tokenizer, prompts, bf16)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
