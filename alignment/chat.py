@@ -8,7 +8,10 @@ input, a line of a text file, or a row of a .jsonl dataset (any layout the train
 answer follows the model's. Prompts that are not typed are shown above their answers. The chat
 template is the folder's tokenizer's; the system prompt, the sampling settings and the engine are those
 of the run that wrote the checkpoint (its grpo_config.json), each overridable by a flag. A LoRA checkpoint
-answers with its adapter merged into the run's base model (actor_model_name_or_path).
+answers with its adapter merged into the run's base model (actor_model_name_or_path). A run with tools (or
+an environment) answers as it trained: the template lists the tools, each call is run in its sandbox and
+answered, and the model goes on, up to the run's max_turns; the turns are printed once the episode ends, each
+call with its answer below it.
 """
 
 import argparse
@@ -29,7 +32,11 @@ from alignment.data import DataError, encode_messages, read_prompt_records  # no
 from alignment.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
 from alignment.merge_lora import base_model_of  # noqa: E402
 from alignment.modeling import ModelLoadError, load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
+from alignment.plugins import plugin_sources  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
+from alignment.rollout.multi_turn import tool_schemas, with_environment  # noqa: E402
+from alignment.tools.calls import parse_tool_calls  # noqa: E402
+from alignment.tools.environment import Episode  # noqa: E402
 
 OVERRIDES = {  # flag -> type; each defaults to the training run's value
     "system_prompt": str,
@@ -102,6 +109,17 @@ class Printer:
             self.shown = text
 
 
+def print_episode(episode: Episode) -> None:
+    """The model's turns, each followed by the answers to the calls it made: `[tool NAME] ANSWER`."""
+    calls = iter(episode.calls)
+    for turn in episode.turns:
+        print(turn, flush=True)
+        for _ in parse_tool_calls(turn):
+            call = next(calls, None)
+            if call is not None:
+                print(f"[tool {call.name or '?'}] {call.answer}", flush=True)
+
+
 def main(argv: list | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     folder = Path(args.model)
@@ -120,6 +138,7 @@ def main(argv: list | None = None) -> int:
         merge_adapter(model, folder)
     model.eval()
     engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
+    multi_turn = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))  # engine itself without tools
     sampling = SamplingParams(
         max_new_tokens=config.max_dec_len, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
         min_p=config.min_p, repetition_penalty=config.repetition_penalty, greedy=args.greedy,
@@ -132,9 +151,13 @@ def main(argv: list | None = None) -> int:
         for turns, reference in read_prompts(args.prompts, interactive):
             if not interactive:  # a prompt from a file or a pipe: shown above its answer
                 print(f"> {turns[-1]['content']}")
-            ids = encode_messages(turns, tokenizer, config.system_prompt)
-            engine.generate([ids], 1, sampling, on_tokens=Printer(tokenizer, tokenizer.pad_token_id))
-            print("\n" if reference is None else f"\nreference: {reference}\n", flush=True)
+            ids = encode_messages(turns, tokenizer, config.system_prompt, tool_schemas(config))
+            if multi_turn is engine:
+                engine.generate([ids], 1, sampling, on_tokens=Printer(tokenizer, tokenizer.pad_token_id))
+                print()
+            else:
+                print_episode(multi_turn.generate([ids], 1, sampling).episodes[0])
+            print("" if reference is None else f"reference: {reference}\n", flush=True)
     except (DataError, OSError) as e:
         print(f"chat: error: {e}", file=sys.stderr)
         return 2

@@ -13,10 +13,12 @@ import pytest
 from processes import stop
 
 from alignment.chat import Printer, chat_config, parse_args
-from alignment.config import GRPOConfig
+from alignment.config import GRPOConfig, load_config
 from alignment.data import encode_messages
 from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
+from alignment.tools.calculator import calculator
+from alignment.tools.calls import ParsedCall, parse_tool_calls
 
 SYSTEM = Path("data/arith/system_prompt.txt").read_text()
 QUESTIONS = ["Mia has 12 apples. She buys 7 more. How many apples does Mia have now?", "What is 6 times 7?"]
@@ -120,3 +122,23 @@ def test_a_damaged_model_folder_is_one_line(tmp_path):
     assert done.returncode == 2
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("chat: error: ")]
     assert "model.safetensors" in line and "truncated" in line and "Traceback" not in done.stderr
+
+
+def test_a_tools_run_chats_with_its_tools_running_each_call(tmp_path):
+    """A checkpoint of a tools run: the prompts list the calculator as in training, every call the model makes is
+    run and answered below it, and the model goes on from the answer (sampled: the untrained tools model calls
+    in about a quarter of its answers, never greedily)."""
+    folder = tmp_path / "checkpoint-1"
+    shutil.copytree("data/tiny-qwen2-tools", folder)
+    (folder / "grpo_config.json").write_text(load_config(["config/tiny_tools/grpo_argument.json"]).to_json())
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(open("data/arith/test.jsonl").readlines()[:8]))
+    done = chat(str(folder), "--prompts", str(prompts), "--seed", "3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    answered = [(call, answer) for call, answer in zip(lines, lines[1:]) if answer.startswith("[tool ")]
+    assert answered and sum(line.startswith("> ") for line in lines) == 8
+    for call, answer in answered:
+        (parsed,) = parse_tool_calls(call)
+        expected = calculator(**parsed.arguments) if isinstance(parsed, ParsedCall) else "error: "
+        assert answer.startswith(f"[tool {parsed.name if isinstance(parsed, ParsedCall) else '?'}] {expected}"), (call, answer)
