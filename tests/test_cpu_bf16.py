@@ -88,6 +88,20 @@ def test_matmul_against_float64(bf16_ops, rng, transpose_x, transpose_y):
     np.testing.assert_allclose(exact.numpy(), (bf16_round(x.T if transpose_x else x)) @ bf16_round(b), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 17])  # decode's few rows (the small-M kernel up to 16), and one more
+@pytest.mark.parametrize("k", [5, 32, 33, 70])  # a partial chunk of 32 only, one whole, one and a bit, two and a tail
+def test_small_row_products_against_float64(bf16_ops, rng, m, k):
+    """x (m, K) @ y^T with y (N, K): the fused engine's decode products on its transposed bf16 copies."""
+    n = 29
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = rng.standard_normal((n, k)).astype(np.float32)
+    out = bf16_ops.grpo_bf16_matmul(paddle.to_tensor(x), bf16_ops.grpo_to_bf16(paddle.to_tensor(y)), False, True).numpy()
+    assert out.shape == (m, n)
+    assert_within_bf16_bound(out, x.astype(np.float64), y.T.astype(np.float64), f"({m}, {k}) x ({k}, {n})")
+    exact = bf16_ops.grpo_bf16_matmul(paddle.to_tensor(bf16_round(x).astype(np.float32)), paddle.to_tensor(y), False, True)
+    np.testing.assert_allclose(exact.numpy(), bf16_round(x) @ bf16_round(y).T, rtol=1e-5, atol=1e-4)
+
+
 def test_matmul_takes_bf16_inputs_and_leading_dimensions(bf16_ops, rng):
     x = rng.standard_normal((2, 3, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)

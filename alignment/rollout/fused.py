@@ -16,7 +16,8 @@ weight on every call, which at a few rows per decode step costs as much as the m
 rebuilds these copies after every optimizer step and then checks the engine against the actor on a fixed
 probe: the log-probs the engine computes must equal the actor's forward ones within `tolerance`, or the
 run stops (WeightSyncError). With bf16 matmuls (cpu_bf16_matmul) the engine holds bf16 copies of the four
-matrices of each layer and of lm_head instead, made at sync() as the actor's training modules make theirs;
+matrices of each layer and of lm_head instead, made at sync(), each (N, K): a decode step's few rows read every
+row of a copy once (csrc/grpo_bf16.cc's small-M product, AVX512-BF16), prefill's many go through oneDNN;
 the two forwards then differ by rounding (bf16 rounding of inputs that differ in their last fp32 bits), so
 the tolerance is wider (BF16_TOLERANCE), and check_weight_sync() first compares every bf16 copy with a fresh
 conversion of the actor's weight, bit for bit: a stale copy fails however small the change (sync(), which has
@@ -89,7 +90,7 @@ class Projection:
 
 @dataclass
 class LayerWeights:
-    """The four matrices are bfloat16 copies when the engine multiplies in bf16 (cpu_bf16_matmul)."""
+    """The four matrices are bfloat16 copies, transposed to (N, K), when the engine multiplies in bf16 (cpu_bf16_matmul)."""
 
     input_norm: paddle.Tensor  # (Hd,) the actor's
     qkv: paddle.Tensor  # (Hd, (H + 2 KVH) D) concatenated copy
@@ -151,7 +152,9 @@ class FusedEngine:
         self._check_probe()
 
     def _layer_weights(self) -> list:
-        matrix = self.ops.grpo_to_bf16 if self.bf16 else (lambda weight: weight)
+        # bf16 copies are held transposed, (N, K) as lm_head's weight is: one row per output, which decode's few rows
+        # read once each (csrc/grpo_bf16.cc's small-M product) and prefill's many rows multiply through oneDNN
+        matrix = (lambda weight: self.ops.grpo_to_bf16(weight.T)) if self.bf16 else (lambda weight: weight)
         return [_fuse_layer(layer, matrix) for layer in self.model.model.layers]
 
     def _stale_bf16_copies(self) -> list:
@@ -248,9 +251,9 @@ class FusedEngine:
         return hidden
 
     def _linear(self, x, weight, bias=None):
-        """x (..., K) @ weight (K, N) + bias: in bf16 with fp32 sums when the weight is a bf16 copy."""
+        """x (..., K) @ weight (K, N) + bias, or with a bf16 copy (N, K) x @ copy^T in bf16 with fp32 sums."""
         if weight.dtype == paddle.bfloat16:
-            out = self.ops.grpo_bf16_matmul(x, weight, False, False)
+            out = self.ops.grpo_bf16_matmul(x, weight, False, True)
             return out if bias is None else out + bias
         return F.linear(x, weight, bias)
 
