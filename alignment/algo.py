@@ -74,22 +74,28 @@ def baseline_subtracted(rewards: np.ndarray, group_size: int) -> np.ndarray:
 
 def whitening_sums(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """values (B,) NaN where failed, weights (B,) >= 0 -> [sum w, sum w v, sum w v^2] float64 over the finite
-    values: the moments whiten() needs, summed over processes by the caller before whitening anything."""
+    values: the moments sample_std() and whiten() need, summed over processes by the caller first."""
     finite = np.isfinite(values)
-    v, w = np.where(finite, values, 0.0), np.where(finite, weights, 0.0).astype(np.float64)
+    v, w = values[finite].astype(np.float64), np.asarray(weights, dtype=np.float64)[finite]
     return np.array([w.sum(), (w * v).sum(), (w * v * v).sum()])
 
 
+def sample_std(sums: np.ndarray) -> float:
+    """[count, sum, sum of squares] from whitening_sums (weighted counts allowed) -> the unbiased (Bessel) std,
+    0 for a count of 1 or less."""
+    count, total, squares = sums
+    return math.sqrt(max(squares - total**2 / count, 0.0) / (count - 1)) if count > 1 else 0.0
+
+
 def whiten(values: np.ndarray, sums: np.ndarray, eps: float = 1e-6) -> tuple:
-    """(v - mean) / (std + eps) with the weighted mean and the unbiased (Bessel) std of the global sums from
+    """(v - mean) / (std + eps) with the weighted mean and the unbiased std of the global sums from
     whitening_sums: weights = each sequence's loss tokens gives verl's masked_whiten over the batch's tokens
     (REINFORCE++, where every token of a sequence carries its reward), weights = 1 a per-sequence one (GDPO's
     batch normalisation in TRL). NaN values get 0. -> (advantages (B,) float32, metrics)."""
-    total, first, second = sums
-    mean = first / max(total, 1e-12)
-    variance = max(second / max(total, 1e-12) - mean * mean, 0.0) * total / max(total - 1.0, 1e-12)
+    count, total, _ = sums
+    mean = total / count if count > 0 else 0.0
     finite = np.isfinite(values)
-    advantages = np.where(finite, (np.where(finite, values, 0.0) - mean) / (math.sqrt(variance) + eps), 0.0)
+    advantages = np.where(finite, (np.where(finite, values, 0.0) - mean) / (sample_std(sums) + eps), 0.0)
     return advantages.astype(np.float32), {"advantage_abs_mean": float(np.abs(advantages[finite]).mean()) if finite.any() else 0.0}
 
 

@@ -76,7 +76,7 @@ class GRPOConfig:
     importance_sampling_level: str = _key("token", "The ratio pi / pi_old per token (PPO, GRPO) or per sequence (GSPO: the geometric mean of its tokens' ratios, clipped as a whole; the GSPO paper clips at clip_range_ratio_low 3e-4, clip_range_ratio_high 4e-4).", choices=["token", "sequence"])
     surrogate: str = _key("clip", "Per-token policy objective: clip (PPO's clipped ratio x advantage) or cispo (MiniMax-M1: the ratio clipped to [1 - clip_range_ratio_low, 1 + clip_range_ratio_high] as a weight without gradient, times advantage x log pi; no token's gradient is dropped).", choices=["clip", "cispo"])
     top_entropy_quantile: float = _key(1.0, "Train the policy term on this fraction of each step's loss tokens with the highest entropy under the policy before the update (\"Beyond the 80/20 rule\": 0.2); 1.0: all tokens.")
-    entropy_coeff: float = _key(0.0, "Entropy bonus: entropy_coeff x the tokens' entropy (with its gradient) is subtracted from each token's loss, aggregated as loss_type aggregates (0: off).")
+    entropy_coeff: float = _key(0.0, "Entropy bonus: entropy_coeff x the mean entropy (with its gradient) of the tokens the policy term trains on is subtracted from the loss, whatever loss_type (TRL's entropy_coef); 0: off.")
     clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c] (both sides unless the next two keys are given).")
     clip_range_ratio_low: Optional[float] = _key(None, "Lower clip: the ratio is kept above 1 - low; default: clip_range_ratio.")
     clip_range_ratio_high: Optional[float] = _key(None, "Upper clip (DAPO's clip-higher, e.g. 0.28): the ratio is kept below 1 + high; default: clip_range_ratio.")

@@ -37,6 +37,7 @@ from alignment.algo import (
     policy_loss,
     rloo_advantages,
     rollout_correction,
+    sample_std,
     whiten,
     whitening_sums,
 )
@@ -391,9 +392,7 @@ def step_advantages(scored: ScoredBatch, config: GRPOConfig, world: World) -> np
 
 def global_reward_std(scored: ScoredBatch, world: World) -> float:
     """Sample std (ddof=1) of every valid reward of the step, over all processes: scale_rewards=batch's divisor."""
-    rewards = scored.rewards[np.isfinite(scored.rewards)]
-    count, total, squares = world.sum(np.array([len(rewards), rewards.sum(), (rewards**2).sum()]))
-    return math.sqrt(max(squares - total**2 / count, 0.0) / (count - 1)) if count > 1 else 0.0
+    return sample_std(world.sum(whitening_sums(scored.rewards, np.ones(len(scored.rewards)))))
 
 
 def load_prompts(paths: str, tokenizer, config: GRPOConfig):
@@ -553,6 +552,7 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
     if config.kl_loss_coeff > 0:
         with adapters_disabled(model) if ref_model is None else contextlib.nullcontext():  # LoRA: the base is the reference
             ref_logprobs = fixed_logprobs(ref_model or model)[0]
+    effective = trained if selected is None else selected  # (B, T) the tokens the policy term trains on
     totals, updates, nonfinite, skipped_phase = defaultdict(float), 0, None, None
     global_tokens = float(world.sum(np.array([trained.sum()]))[0])
     for iteration in range(config.num_iterations):
@@ -565,7 +565,6 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
             rows = order[mini_start : mini_start + mini]
             counts = world.sum(aggregation_counts(trained[rows]))  # global tokens, live sequences, sequences
             weights = loss_token_weights(trained[rows], config.loss_type, config.max_dec_len, counts)  # (m, T)
-            effective = trained if selected is None else selected  # the tokens the policy term trains on
             effective_tokens = float(world.sum(np.array([effective[rows].sum()]))[0]) if config.entropy_coeff else 0.0
             for start in range(0, len(rows), micro):
                 chunk = rows[start : start + micro]
