@@ -24,6 +24,7 @@ from alignment.modeling import ModelLoadError  # noqa: E402
 from alignment.optim import NonFiniteError  # noqa: E402
 from alignment.rewards.remote import RewardServerError  # noqa: E402
 from alignment.rollout import WeightSyncError  # noqa: E402
+from alignment.rollout_link import RolloutWorkerError, placement  # noqa: E402
 from alignment.trainer import RewardsFailedError, train  # noqa: E402
 
 
@@ -34,10 +35,15 @@ def main(argv: list | None = None) -> int:
         return 0
     try:
         config = load_config(argv)
+        place = placement(config.rollout_workers)
+        if place.is_rollout_worker:  # generates only, for the training process (rank 0)
+            from alignment.rollout_worker import serve_rollouts
+
+            return serve_rollouts(config, place) or 0
         checkpoint = train(config)
     except (
         ConfigError, ModelLoadError, DataError, RewardServerError, RewardsFailedError, WeightSyncError, NonFiniteError, DistributedError,
-        CheckpointError, LogWriteError,
+        CheckpointError, LogWriteError, RolloutWorkerError,
     ) as e:
         print(f"run_grpo: error: {e}", file=sys.stderr)
         return 2

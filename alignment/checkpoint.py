@@ -197,7 +197,7 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str, matches:
 TRAINING_KEYS = (
     "actor_model_name_or_path", "tokenizer_name_or_path", "chat_template", "train_datasets", "prompt_key", "response_key",
     "system_prompt", "max_prompt_len", "prompt_truncation", "max_dec_len", "rollout_n", "seed", "lora_rank", "target_modules",
-    "tools", "environment", "max_turns", "max_turn_tokens",
+    "tools", "environment", "max_turns", "max_turn_tokens", "async_generate",
 )
 PER_PROCESS_KEYS = ("per_device_prompt_batch_size", "mini_batch_size")
 RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change")  # how to start, not what to train
@@ -261,8 +261,9 @@ def checkpoint_path(output_dir: str, step: int) -> Path:
 
 def save_checkpoint(
     output_dir: str, step: int, model, tokenizer, optimizer_state: dict, config_json: str, state: dict, keep: int | None,
-    lineage: Lineage = Lineage(""),
+    lineage: Lineage = Lineage(""), extra_files: dict | None = None,
 ) -> Path:
+    """extra_files: name -> bytes written beside the rest (a one-step-off run's rollout in flight), checksummed alike."""
     root = Path(output_dir)
     final = checkpoint_path(output_dir, step)
     staging = root / f".checkpoint-{step}.tmp"
@@ -276,6 +277,8 @@ def save_checkpoint(
         tokenizer.save_pretrained(str(staging))
         (staging / "grpo_config.json").write_text(config_json)
         paddle.save(optimizer_state, str(staging / "optimizer.pdopt"))
+        for name, data in (extra_files or {}).items():
+            (staging / name).write_bytes(data)
         files = {}
         for path in sorted(staging.rglob("*")):
             _fsync(path)

@@ -67,6 +67,8 @@ class GRPOConfig:
     use_fusemt: bool = _key(False, "Generate with the fused engine built from csrc/ (make ops); eager when the operators are not built.")
     use_fused_train_ops: bool = _key(False, "Run the actor's forward and backward through the compiled csrc/ training operators (RMSNorm, rotary q|k|v, attention softmax, SwiGLU with backward kernels; CPU, float32 Qwen2 / Llama / Qwen3); paddle's own kernels, with a warning, where they cannot run.")
     cpu_bf16_matmul: str = _key("auto", "CPU runs: the matmuls of the actor's projections and log-prob head in bfloat16 with float32 accumulation, master weights, gradients and AdamW in float32 (csrc/grpo_bf16.cc, paddle's oneDNN; needs use_fused_train_ops). auto: on where the CPU has AMX or AVX512-BF16 (the run's first line says which); off: float32 as before; on: bf16, an error where it cannot run. GPU runs use the bf16 key instead.", choices=["auto", "on", "off"])
+    rollout_workers: int = _key(0, "Processes that only generate, beside one training process under the same launch (python -m paddle.distributed.launch --nproc_per_node 1+N): each holds its own copy of the weights in its rollout engine and generates its share of every step's completions; after every optimizer step the trainer sends the new weights (a broadcast over the launcher's collective: gloo on CPU, NCCL on GPU) and the engine's weight-sync check runs on the receiving side. 0: the training processes generate (colocated).")
+    async_generate: bool = _key(False, "With rollout_workers: one step off (ms-swift's name): step s+1's completions are generated while step s trains, from weights one optimizer step old (metric rollout/staleness), which the importance-sampling correction accounts for; a checkpoint holds the rollout in flight, so a resume is exact. false: the trainer waits for completions of its current weights, and the run equals a colocated one.")
     weight_sync_tolerance: Optional[float] = _key(None, "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh; default 1e-4 with float32 matmuls, 0.25 with bf16 ones (cpu_bf16_matmul: the gap is rounding there, 0.039 measured on SmolLM2-135M, and stale bf16 weight copies are caught exactly instead).")
     # Algorithm
     loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=["dapo", "grpo", "dr_grpo", "cispo"])
@@ -643,6 +645,12 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         )
     _check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")
     _check(c.dynamic_sampling_min_std >= 0, f"dynamic_sampling_min_std = {c.dynamic_sampling_min_std}: must be >= 0")
+    _check(c.rollout_workers >= 0, f"rollout_workers = {c.rollout_workers}: must be >= 0")
+    _check(c.rollout_workers > 0 or not c.async_generate, "async_generate generates beside training: it needs rollout_workers >= 1 (processes that only generate)")
+    if c.rollout_workers:
+        _check(prompt_batch >= c.rollout_workers, f"rollout_workers = {c.rollout_workers} but a step has {prompt_batch} prompts (per_device_prompt_batch_size): every rollout process needs at least one")
+        _check(not c.dynamic_sampling, "dynamic_sampling with rollout_workers: refill rounds would have to ask the rollout processes for more groups mid-step, which they do not do yet; use one or the other")
+        _check(not c.sharding, f"sharding = '{c.sharding}' with rollout_workers: the one training process holds the whole optimizer state; drop one of them")
     _check(c.max_resample_times >= 0, f"max_resample_times = {c.max_resample_times}: must be >= 0")
     _check(len(c.reward_functions) > 0, "reward_functions is empty: name at least one reward function")
     try:

@@ -93,7 +93,12 @@ class World:
                     dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
 
 
-def init_world(sharding: str = "", sharding_parallel_degree: int = -1) -> World:
+def init_world(sharding: str = "", sharding_parallel_degree: int = -1, rollout_workers: int = 0) -> World:
+    """rollout_workers > 0: this is the one training process beside them (alignment/rollout_link.py); the launch's
+    collective carries the weights to them, and the training world is this process alone."""
+    if rollout_workers:
+        dist.init_parallel_env()
+        return World(rank=0, size=1)
     size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     degree = (size if sharding_parallel_degree == -1 else sharding_parallel_degree) if sharding else 1
     if degree not in (1, size):

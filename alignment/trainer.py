@@ -67,6 +67,7 @@ from alignment.rewards.registry import reference_readers
 from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
 from alignment.rollout.multi_turn import MultiTurnEngine, check_template, episode_sums, tool_schemas, tool_use, with_environment
+from alignment.rollout_link import PENDING_FILE, RolloutWorkerError, RunPlan, TrainerLink, combined, placement, trained_parameters
 from alignment.run_start import model_folders, nothing_to_train, start_point
 from alignment.runtime import contiguous_kernels
 
@@ -111,7 +112,9 @@ def concat_scored(parts: list, pad_token_id: int) -> ScoredBatch:
 
 
 def train(config: GRPOConfig) -> Path:
-    world = init_world(config.sharding, config.sharding_parallel_degree)
+    placement(config.rollout_workers)  # one training process beside the rollout processes, or none of them
+    world = init_world(config.sharding, config.sharding_parallel_degree, config.rollout_workers)
+    link = TrainerLink(config.rollout_workers, config.async_generate) if config.rollout_workers else None
     resume, lineage = start_point(config, world)  # refuses another run's output_dir; verifies the checkpoint
     actor_folder, tokenizer_folder = model_folders(config, world)  # a .gguf is imported once, into <output_dir>/imported
     tokenizer = load_tokenizer(tokenizer_folder, config.chat_template)
@@ -122,10 +125,13 @@ def train(config: GRPOConfig) -> Path:
     schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
     total_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * schedule.steps_per_epoch)
     if resume and resume.step >= total_steps:
+        if link:
+            publish_plan(link, config, tokenizer_folder, actor_folder, resume, total_steps, None)
+            link.wait_finished()
         return nothing_to_train(resume, total_steps, world)
 
     # a LoRA checkpoint holds the adapter only: the base comes from actor_model_name_or_path
-    model = load_causal_lm(str(resume.path if resume and not config.lora else actor_folder), _dtype(config))
+    model = load_causal_lm(str(resume.path if resume and not config.lora else actor_folder), model_dtype(config))
     if config.lora:  # before the training operators, the rollout engine and the optimizer take the layers
         apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
         if resume:
@@ -140,25 +146,23 @@ def train(config: GRPOConfig) -> Path:
             warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
     ref_model = None
     if config.kl_loss_coeff > 0 and not config.lora:  # no reference model at kl_loss_coeff 0; with LoRA it is the actor without adapters
-        ref_model = load_causal_lm(actor_folder, _dtype(config))
+        ref_model = load_causal_lm(actor_folder, model_dtype(config))
         ref_model.eval()
         for parameter in ref_model.parameters():
             parameter.stop_gradient = True
-    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, compute.bf16)
-    engine = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))  # multi-turn with tools
+    engine = None  # with rollout processes, the training process generates for evaluation only
+    if link is None or eval_prompts:
+        engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, compute.bf16)
+        engine = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))  # multi-turn with tools
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, config, total_steps, world)
     state = load_training_state(resume.path, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
     first_step = state["step"]
-    sampling = SamplingParams(
-        max_new_tokens=config.max_dec_len,
-        min_new_tokens=config.min_dec_len,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        repetition_penalty=config.repetition_penalty,
-        min_p=config.min_p,
-    )
+    sampling = sampling_params(config)
+    if link:
+        if resume and config.async_generate and (resume.path / PENDING_FILE).is_file():
+            link.restore_pending((resume.path / PENDING_FILE).read_bytes(), first_step + 1)
+        publish_plan(link, config, tokenizer_folder, actor_folder, resume, total_steps, model)
 
     logger = RunLogger(
         config.output_dir, config.resolved_logging_dir, config.logging_steps, total_steps, first_step, world.is_main,
@@ -170,7 +174,8 @@ def train(config: GRPOConfig) -> Path:
     logger.print(
         f"{len(train_prompts)} training prompts ({truncated} truncated, {dropped} dropped over max_prompt_len), "
         f"{len(eval_prompts)} evaluation prompts; {total_steps} steps of {schedule.global_batch} prompts x {config.rollout_n}; "
-        f"rollout with the {type(engine).__name__}" + (f"; AdamW state sharded over {world.sharding_degree} processes (stage1)" if world.sharding_degree > 1 else "")
+        + (f"rollout in {config.rollout_workers} rollout process(es)" + (", one step off (async_generate)" if config.async_generate else "") if link else f"rollout with the {type(engine).__name__}")
+        + (f"; AdamW state sharded over {world.sharding_degree} processes (stage1)" if world.sharding_degree > 1 else "")
         + (f"; resuming from {resume.path} after step {first_step}" if resume else "")
     )
     if eval_prompts and config.eval_on_start and first_step == 0:
@@ -187,7 +192,10 @@ def train(config: GRPOConfig) -> Path:
         if not world.is_main:
             return checkpoint_path(config.output_dir, step)
         state = {"total_steps": total_steps, "log_offsets": logger.offsets(), "skipped_steps": skipped_steps, "processes": world.size}
-        path = save_checkpoint(config.output_dir, step, model, tokenizer, optimizer_state, config.to_json(), state, config.save_total_limit, lineage)
+        in_flight = {PENDING_FILE: link.pending_bytes()} if link and link.pending else {}  # one step off: the next step's rollout
+        path = save_checkpoint(
+            config.output_dir, step, model, tokenizer, optimizer_state, config.to_json(), state, config.save_total_limit, lineage, in_flight
+        )
         logger.print(f"saved {path}")
         return path
 
@@ -201,16 +209,28 @@ def train(config: GRPOConfig) -> Path:
         where = f"{saved} holds the state after step {finished_step}" if saved else "no step had finished, nothing to resume"
         return type(error)(f"{error}\n{where}; {then}, then rerun with --resume_from_checkpoint auto")
 
+    def rollout_stopped(error: RolloutWorkerError, finished_step: int) -> Exception:
+        """A rollout process failed or died: save the last finished step, then let a failed one exit."""
+        failure = stop_saving(error, finished_step, "mend what stopped the rollout process")
+        link.release()
+        return failure
+
     with TerminationRequest() as terminate, logger:
         for step in range(first_step + 1, total_steps + 1):
             prompts = [train_prompts[i] for i in schedule.indices(step - 1, world.rank)]
             failure = counts = None
+            link_metrics = {}
             try:
-                scored, timings = sample_and_score(engine, scorer, prompts, tokenizer, config, world, sampling, step, "train")
+                if link:
+                    scored, timings, link_metrics = received_batch(link, prompts, scorer, tokenizer, config, step)
+                else:
+                    scored, timings = sample_and_score(engine, scorer, prompts, tokenizer, config, world, sampling, step, "train")
                 if config.dynamic_sampling:
                     scored, counts = keep_groups_with_signal(scored, engine, scorer, train_prompts, tokenizer, config, world, sampling, step, timings)
             except RewardServerError as error:
                 failure = error
+            except RolloutWorkerError as error:
+                raise rollout_stopped(error, step - 1) from None
             elsewhere = RewardServerError("another process's reward scoring failed: its log (<log_dir>/workerlog.<rank>) names the server and the cause")
             if failure := world.first_failure(failure, elsewhere):  # every process stops after the same step, the main one saving it
                 raise stop_saving(failure, step - 1, "once the reward server answers again") from None
@@ -222,14 +242,15 @@ def train(config: GRPOConfig) -> Path:
                 update = update_policy(model, ref_model, optimizer, scored, config, world, tokenizer.pad_token_id, step)
             scheduler.step()
             updated = time.perf_counter()
-            engine.sync()  # the fused engine refreshes its weight layout and checks itself against the actor
+            if link is None:
+                engine.sync()  # the fused engine refreshes its weight layout and checks itself against the actor
             finished = time.perf_counter()
 
             skipped = update.pop("skipped_phase")
             skipped_steps, skipped_in_a_row = skipped_steps + bool(skipped), (skipped_in_a_row + 1) if skipped else 0
             timings.update(train=updated - rewarded, sync=finished - updated)
             metrics = step_metrics(scored, update, learning_rate, timings, world)
-            logger.log_step(step, {**metrics, **sampling_metrics, "step_skipped": int(bool(skipped)), "skipped_steps": skipped_steps})
+            logger.log_step(step, {**metrics, **sampling_metrics, **link_metrics, "step_skipped": int(bool(skipped)), "skipped_steps": skipped_steps})
             logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
             unscored_in_a_row = unscored_in_a_row + 1 if nothing_scored(scored, world) else 0
             if unscored_in_a_row >= config.max_consecutive_skips:  # the loss is empty: the run would learn nothing
@@ -246,19 +267,34 @@ def train(config: GRPOConfig) -> Path:
                         f"step {step}: {skipped} not finite for {skipped_in_a_row} consecutive steps (max_consecutive_skips); "
                         f"the run stops with the weights of step {step - skipped_in_a_row}" + (f"; last checkpoint {checkpoint}" if checkpoint else "")
                     )
+            if link:
+                try:
+                    link.collect_ahead(step)  # one step off: the next step's rollout, generated while this one trained
+                except RolloutWorkerError as error:
+                    raise rollout_stopped(error, step) from None
             last = step == total_steps
             if eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
+                if link:
+                    engine.sync()  # the training process's own engine, used for evaluation only
                 results, failure = evaluate(engine, scorer, eval_prompts, tokenizer, config, world, sampling, step)
                 if failure:
                     raise stop_saving(failure, step, "once the reward server answers again") from None
                 logger.log_eval(step, results)
             if last or (config.save_steps and step % config.save_steps == 0):
                 checkpoint = save(step)
-            if terminate.agreed(world):
-                if checkpoint is None or checkpoint.name != f"checkpoint-{step}":
-                    checkpoint = save(step)
+            stopping = terminate.agreed(world)
+            if stopping and (checkpoint is None or checkpoint.name != f"checkpoint-{step}"):
+                checkpoint = save(step)
+            if link:
+                try:
+                    link.send_word(step, trained_parameters(model), stopping)  # go with the new weights, or stop
+                except RolloutWorkerError as error:
+                    raise rollout_stopped(error, step) from None
+            if stopping:
                 logger.print(f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto")
                 break
+    if link:
+        link.wait_finished()
     if world.is_main:
         plot_curves(config.output_dir)
     return checkpoint
@@ -303,6 +339,18 @@ class TerminationRequest:
 PHASES = ("train", "eval", "resample", "shuffle")
 
 
+def sampling_params(config: GRPOConfig) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=config.max_dec_len,
+        min_new_tokens=config.min_dec_len,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        repetition_penalty=config.repetition_penalty,
+        min_p=config.min_p,
+    )
+
+
 def seed_phase(config: GRPOConfig, step: int, rank: int, phase: str, attempt: int = 0) -> int:
     """Each phase of each step draws from its own random streams, so a resumed run draws exactly what an
     uninterrupted one would with no random state to save, and sampling in an evaluation never shifts
@@ -325,6 +373,34 @@ def sample_and_score(engine, scorer, prompts: list, tokenizer, config: GRPOConfi
     rolled_out = time.perf_counter()
     scored = score_rollout(prompts, rollout, scorer, tokenizer, config)
     return scored, {"rollout": rolled_out - started, "reward": time.perf_counter() - rolled_out}
+
+
+def received_batch(link: TrainerLink, prompts: list, scorer, tokenizer, config: GRPOConfig, step: int) -> tuple:
+    """Step `step`'s completions from the rollout processes, scored -> (ScoredBatch without advantages, timings,
+    metrics: how stale the batch is and how long generating it took)."""
+    seed_phase(config, step, 0, "train")  # paddle's generator as a colocated run leaves it (dropout in the update)
+    parts, waited, broadcast = link.take(step)
+    started = time.perf_counter()
+    scored = score_rollout(prompts, combined(parts, tokenizer.pad_token_id), scorer, tokenizer, config)
+    timings = {"rollout": waited, "reward": time.perf_counter() - started, "weights": broadcast}
+    return scored, timings, {
+        "rollout/staleness": step - 1 - min(part.weights_step for part in parts),  # optimizer steps behind
+        "rollout/generate_seconds": max(part.seconds for part in parts),
+    }
+
+
+def publish_plan(link: TrainerLink, config: GRPOConfig, tokenizer_folder: str, actor_folder: str, resume, total_steps: int, model) -> None:
+    """What the rollout processes load: the same model and data as this process (model None: nothing to train)."""
+    first_step = resume.step if resume else 0
+    link.publish(RunPlan(
+        tokenizer_folder=tokenizer_folder,
+        weights_folder=str(resume.path if resume and not config.lora else actor_folder),
+        adapter_folder=str(resume.path) if resume and config.lora else None,
+        first_step=first_step if model is not None else total_steps,
+        total_steps=total_steps,
+        pending=link.pending is not None,
+        trained_parameters=[name for name, _ in trained_parameters(model)] if model is not None else [],
+    ))
 
 
 def generate(engine, prompts: list, group_size: int, params: SamplingParams) -> Rollout:
@@ -814,5 +890,5 @@ def reported_reward_functions(config: GRPOConfig) -> list:
     return [] if paddlenlp_server else list(config.reward_functions)
 
 
-def _dtype(config: GRPOConfig) -> str:
+def model_dtype(config: GRPOConfig) -> str:
     return "bfloat16" if config.bf16 else "float16" if config.fp16 else "float32"

@@ -1,0 +1,353 @@
+"""Rollout processes beside the training process (rollout_workers): who is who, what passes between them, and
+in which order.
+
+Under `paddle.distributed.launch --nproc_per_node 1+N`, rank 0 trains and ranks 1..N only generate, each with
+its own copy of the weights in its rollout engine. Two channels, both set up by the launcher:
+
+- its TCP store (paddle's, served by rank 0) carries the small things: the run's plan, every rollout (pickled,
+  about a megabyte), the trainer's word after a step (go or stop), a failure's message. No process ever waits
+  inside a collective: gloo ends one that waits more than 30 s, and a step of a real model takes longer. A
+  waiting process polls a counter in the store instead, and checks meanwhile that the other side is alive;
+- the collective (gloo on CPU, NCCL on GPU) carries the weights: after a go word, a broadcast of every trained
+  parameter from rank 0, which the rollout processes enter once the store says it is coming.
+
+The order of rollouts and words (rollout_order, words_after) is what keeps the two sides in step. A batch's
+staleness is the number of optimizer steps between the weights that generated it and those it trains: 0 when
+synchronous (the trainer waits for step s's rollout from the weights of step s - 1), 1 one step off
+(async_generate: step s + 1's rollout is generated while step s trains).
+"""
+
+import json
+import os
+import pickle
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from alignment.config import ConfigError
+from alignment.rollout import Rollout, concat_rollouts
+
+PENDING_FILE = "pending_rollout.pkl"  # in a checkpoint of a one-step-off run: the next step's rollout, received
+POLL_SECONDS = 0.01
+SLOTS = 4  # store values are overwritten in a ring (the store cannot delete): at most two rollouts are in flight
+RELEASE_SECONDS = 600  # how long a failed rollout process waits for the trainer to save before it exits anyway
+
+
+class RolloutWorkerError(RuntimeError):
+    """A rollout process failed or died; the message names it."""
+
+
+class TrainerGone(RuntimeError):
+    """The training process stopped (its store went away): a rollout process has nobody to serve."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This process's part in a launch with rollout processes: the last rollout_workers ranks generate."""
+
+    rank: int
+    processes: int
+    rollout_workers: int
+
+    @property
+    def is_rollout_worker(self) -> bool:
+        return self.rank >= self.processes - self.rollout_workers
+
+    @property
+    def worker_index(self) -> int:  # 0 .. rollout_workers - 1 on a rollout process
+        return self.rank - (self.processes - self.rollout_workers)
+
+
+def placement(rollout_workers: int) -> Placement:
+    """The launch's layout from paddle.distributed.launch's environment; refuses anything but one training process
+    plus the rollout processes (several training processes would need paddle sub-groups, which fail over gloo)."""
+    processes = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    if rollout_workers and processes != rollout_workers + 1:
+        raise ConfigError(
+            f"rollout_workers = {rollout_workers} needs {rollout_workers + 1} processes (one training process and the "
+            f"rollout processes: python -m paddle.distributed.launch --nproc_per_node {rollout_workers + 1} run_grpo.py ...), "
+            f"not {processes}; several training processes beside rollout processes would need paddle sub-groups, which "
+            f"fail to connect over gloo"
+        )
+    return Placement(int(os.environ.get("PADDLE_TRAINER_ID", "0")), processes, rollout_workers)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the trainer decided before loading anything, for the rollout processes to load the same."""
+
+    tokenizer_folder: str
+    weights_folder: str  # the checkpoint resumed from, or the actor's folder (a LoRA run: always the base)
+    adapter_folder: Optional[str]  # a LoRA run's checkpoint resumed from, else None
+    first_step: int  # the last finished step (0: a fresh start)
+    total_steps: int
+    pending: bool  # the checkpoint holds step first_step + 1's rollout (async_generate)
+    trained_parameters: list  # names, in broadcast order: both sides must hold the same ones
+
+
+@dataclass
+class RolloutPart:
+    """One rollout process's share of a step's completions."""
+
+    step: int
+    worker: int
+    rollout: Rollout
+    weights_step: int  # the optimizer step whose weights generated it (0: the starting weights)
+    seconds: float  # generation time
+
+
+def rollout_order(first_step: int, total_steps: int, async_generate: bool, pending: bool) -> list:
+    """What a rollout process does, in order -> [(step to generate, the step whose word comes first, or None)].
+    Synchronous: step s's rollout comes from the weights of step s - 1, so each waits for the word after that step.
+    One step off: the first two rollouts (one, when the checkpoint holds the first) come from the starting weights,
+    then step s's waits for the word after step s - 2, sent once step s - 1's rollout has arrived."""
+    lag = int(async_generate)
+    starting = [first_step + 1 + i for i in range(lag + 1)]
+    if async_generate and pending:
+        starting = starting[1:]
+    starting = [step for step in starting if step <= total_steps]
+    later = range(first_step + lag + 2, total_steps + 1)
+    return [(step, None) for step in starting] + [(step, step - 1 - lag) for step in later]
+
+
+def words_after(step: int, total_steps: int, async_generate: bool) -> bool:
+    """Whether the trainer sends a word (and weights) after `step`: a rollout process is waiting for it exactly then."""
+    return step + 1 + int(async_generate) <= total_steps
+
+
+def trained_parameters(model) -> list:
+    """(name, parameter) of the parameters the optimizer changes: all of them, or the LoRA adapters."""
+    return [(name, p) for name, p in model.named_parameters() if not p.stop_gradient]
+
+
+class _Store:
+    """The launcher's TCP store, with the polling both sides wait by."""
+
+    def __init__(self):
+        from paddle.base import core
+
+        self.store = core.create_or_get_global_tcp_store()
+
+    def set(self, key: str, value: bytes) -> None:
+        self.store.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self.store.get(key))
+
+    def count(self, key: str) -> int:
+        return self.store.add(key, 0)  # add 0: read a counter without waiting
+
+    def bump(self, key: str) -> None:
+        self.store.add(key, 1)
+
+
+def _alive(identity: str) -> bool:
+    """identity "host pid": False only when the process is on this machine and gone."""
+    host, pid = identity.rsplit(" ", 1)
+    if host != socket.gethostname():
+        return True  # another machine's: its death shows as a failed collective or the launcher stopping us
+    try:  # the state after the command's closing parenthesis: Z, a zombie its launcher has not reaped yet, is gone too
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc here: assume alive
+    return state not in ("Z", "X")
+
+
+def _announce(store: _Store, rank: int) -> None:
+    store.set(f"grpo/process/{rank}", f"{socket.gethostname()} {os.getpid()}".encode())
+
+
+class TrainerLink:
+    """The training process's end: receives every step's rollout, sends its word and its weights after a step."""
+
+    def __init__(self, rollout_workers: int, async_generate: bool):
+        self.workers, self.async_generate = rollout_workers, async_generate
+        self.store = _Store()
+        _announce(self.store, 0)
+        self.received = [0] * rollout_workers  # rollouts taken from each rollout process so far
+        self.words = 0
+        self.pending: Optional[tuple] = None  # (step, [RolloutPart], seconds waited) received ahead of its step
+        self.total_steps = 0
+        self.broadcast_seconds = 0.0  # the last weights broadcast
+
+    def publish(self, plan: RunPlan) -> None:
+        self.total_steps = plan.total_steps
+        self.store.set("grpo/plan", json.dumps(asdict(plan)).encode())
+        self.store.bump("grpo/plan/set")
+
+    def take(self, step: int) -> tuple:
+        """Step `step`'s rollout: the one received ahead (async_generate), or waited for now -> ([RolloutPart],
+        seconds this process waited for it, seconds the last weights broadcast took)."""
+        if self.pending is None or self.pending[0] != step:
+            self.pending = self._receive(step)
+        (_, parts, waited), self.pending = self.pending, None
+        return parts, waited, self.broadcast_seconds
+
+    def collect_ahead(self, step: int) -> None:
+        """One step off: after step `step` trained, receive the next step's rollout (generated meanwhile), so that a
+        checkpoint of this step holds it and the weights sent next meet a rollout process that is waiting."""
+        if self.async_generate and step + 1 <= self.total_steps:
+            self.pending = self._receive(step + 1)
+
+    def pending_bytes(self) -> Optional[bytes]:
+        return None if self.pending is None else pickle.dumps(self.pending[:2])
+
+    def restore_pending(self, data: bytes, step: int) -> None:
+        """A checkpoint's in-flight rollout (written by this run's lineage: pickle is trusted as paddle's optimizer
+        file is), which must be the step after it."""
+        due, parts = pickle.loads(data)
+        if due != step:
+            raise RolloutWorkerError(f"the checkpoint's {PENDING_FILE} holds step {due}'s rollout, not step {step}'s")
+        self.pending = (due, parts, 0.0)
+
+    def send_word(self, step: int, parameters: list, stop: bool) -> None:
+        """After `step`: go with the new weights, or stop. Nothing when no rollout process waits for a word after
+        this step (the last ones)."""
+        if not words_after(step, self.total_steps, self.async_generate):
+            return
+        self.store.set(f"grpo/word/{self.words % SLOTS}", json.dumps({"step": step, "stop": stop}).encode())
+        self.store.bump("grpo/words")
+        self.words += 1
+        if stop:
+            return
+        started = time.perf_counter()
+        try:
+            for _, parameter in parameters:
+                dist.broadcast(parameter, src=0)
+        except Exception as error:
+            raise self._failure() or RolloutWorkerError(f"sending the weights of step {step} to the rollout processes failed ({_last_line(error)})") from None
+        self.broadcast_seconds = time.perf_counter() - started
+
+    def wait_finished(self) -> None:
+        """The end of the run: wait until every rollout process has said it is done, so none loses the store (served
+        by this process) while it still reads it."""
+        self._wait(lambda: self.store.count("grpo/finished") >= self.workers)
+
+    def release(self) -> None:
+        """After a rollout process's failure was handled (the last step saved): it may exit."""
+        self.store.bump("grpo/released")
+
+    def _receive(self, step: int) -> tuple:
+        """-> (step, [RolloutPart] in rollout-process order, seconds waited)."""
+        started = time.perf_counter()
+        parts = []
+        for worker in range(self.workers):
+            key = f"grpo/rollout/{worker}"
+            self._wait(lambda: self.store.count(f"{key}/sent") > self.received[worker])
+            part = pickle.loads(self.store.get(f"{key}/{self.received[worker] % SLOTS}"))
+            self.received[worker] += 1
+            if part.step != step:
+                raise RolloutWorkerError(f"rollout process {worker + 1} sent step {part.step}'s rollout where step {step}'s was due")
+            parts.append(part)
+        return step, parts, time.perf_counter() - started
+
+    def _wait(self, ready) -> None:
+        while not ready():
+            failure = self._failure()
+            if failure:
+                raise failure
+            time.sleep(POLL_SECONDS)
+
+    def _failure(self) -> Optional[RolloutWorkerError]:
+        """A rollout process that reported its error, or that is gone from this machine without a word."""
+        if self.store.count("grpo/failed"):
+            for rank in range(1, self.workers + 1):
+                if self.store.count(f"grpo/failed/{rank}/set"):
+                    message = self.store.get(f"grpo/failed/{rank}").decode()
+                    return RolloutWorkerError(f"rollout process {rank} failed: {message} (its log: <log_dir>/workerlog.{rank})")
+        for rank in range(1, self.workers + 1):
+            if self.store.count(f"grpo/process/{rank}/set") and not _alive(self.store.get(f"grpo/process/{rank}").decode()):
+                return RolloutWorkerError(
+                    f"rollout process {rank} died without a word (killed, or out of memory): its log <log_dir>/workerlog.{rank} "
+                    f"and the system log may say why"
+                )
+        return None
+
+
+class WorkerLink:
+    """A rollout process's end: reads the plan, sends its rollouts, waits for the trainer's words and weights."""
+
+    def __init__(self, place: Placement):
+        self.place = place
+        self.store = _Store()
+        _announce(self.store, place.rank)
+        self.store.bump(f"grpo/process/{place.rank}/set")
+        self.sent = self.words = 0
+
+    def plan(self) -> RunPlan:
+        self._wait(lambda: self.store.count("grpo/plan/set") > 0)
+        return RunPlan(**json.loads(self.store.get("grpo/plan")))
+
+    def send(self, part: RolloutPart) -> None:
+        key = f"grpo/rollout/{self.place.worker_index}"
+        self.store.set(f"{key}/{self.sent % SLOTS}", pickle.dumps(part))
+        self.store.bump(f"{key}/sent")
+        self.sent += 1
+
+    def receive_word(self, step: int, parameters: list) -> bool:
+        """The trainer's word after `step` -> True (the weights, broadcast, are now in `parameters`) or False: stop."""
+        self._wait(lambda: self.store.count("grpo/words") > self.words)
+        word = json.loads(self.store.get(f"grpo/word/{self.words % SLOTS}"))
+        self.words += 1
+        if word["step"] != step:
+            raise RuntimeError(f"the trainer's word after step {word['step']} came where the one after step {step} was due")
+        if word["stop"]:
+            return False
+        try:
+            for _, parameter in parameters:
+                dist.broadcast(parameter, src=0)
+        except Exception as error:
+            raise TrainerGone(f"receiving the weights of step {step} failed ({_last_line(error)})") from None
+        return True
+
+    def report(self, error: BaseException) -> None:
+        """Tell the trainer why this process stops, then wait (at most RELEASE_SECONDS) until it has saved its last
+        finished step: the launcher stops every process a few seconds after one exits."""
+        rank = self.place.rank
+        self.store.set(f"grpo/failed/{rank}", f"{type(error).__name__}: {_last_line(error)}".encode())
+        self.store.bump(f"grpo/failed/{rank}/set")
+        self.store.bump("grpo/failed")
+        deadline = time.monotonic() + RELEASE_SECONDS
+        try:
+            self._wait(lambda: self.store.count("grpo/released") > 0 or time.monotonic() > deadline)
+        except TrainerGone:
+            pass
+
+    def finished(self) -> None:
+        self.store.bump("grpo/finished")
+
+    def _wait(self, ready) -> None:
+        """Poll until ready(); raises TrainerGone when the training process (and with it the store) is gone."""
+        while True:
+            try:
+                if ready():
+                    return
+                trainer = self.store.get("grpo/process/0").decode() if self.store.count("grpo/plan/set") else None
+            except Exception as error:  # the store's server lived in the training process
+                raise TrainerGone(f"the training process stopped ({_last_line(error)}): its log <log_dir>/workerlog.0 says why") from None
+            if trainer and not _alive(trainer):
+                raise TrainerGone("the training process stopped: its log <log_dir>/workerlog.0 says why")
+            time.sleep(POLL_SECONDS)
+
+
+def combined(parts: list, pad_token_id: int) -> Rollout:
+    """The rollout processes' shares of a step, in their order: the step's whole batch."""
+    return concat_rollouts([part.rollout for part in parts], pad_token_id)
+
+
+def worker_share(prompt_count: int, workers: int, worker: int) -> tuple:
+    """The contiguous prompts [first, end) of a step's prompt_count that rollout process `worker` generates."""
+    bounds = np.linspace(0, prompt_count, workers + 1).round().astype(int)
+    return int(bounds[worker]), int(bounds[worker + 1])
+
+
+def _last_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[-1] if text else type(error).__name__

@@ -1,0 +1,91 @@
+"""A rollout process (rollout_workers): it loads what the training process's plan names, then generates its
+share of every step's completions in the order alignment/rollout_link.rollout_order gives, taking new weights
+after each word from the trainer. It never trains, scores or writes to the run folder: the training process
+scores every rollout, logs and checkpoints.
+
+Each share samples exactly what the same rows of a colocated run would (the fused engine keys every row's draws
+on the step's seed and the row's index in the global batch), so with async_generate false the run equals a
+colocated one. Signals are left to the training process: a rollout process ignores Ctrl-C and SIGTERM and stops
+when the trainer says so, or when the trainer is gone.
+"""
+
+import dataclasses
+import signal
+import time
+
+from alignment.config import GRPOConfig
+from alignment.cpu_bf16 import choose_compute
+from alignment.data import PromptSchedule
+from alignment.fused_train import bf16_unavailable
+from alignment.lora import apply_lora, load_adapter
+from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids
+from alignment.plugins import plugin_sources
+from alignment.rollout import build_engine
+from alignment.rollout.multi_turn import with_environment
+from alignment.rollout_link import (
+    Placement,
+    RolloutPart,
+    TrainerGone,
+    WorkerLink,
+    rollout_order,
+    trained_parameters,
+    worker_share,
+)
+from alignment.trainer import generate, load_prompts, model_dtype, sampling_params, seed_phase
+
+
+def serve_rollouts(config: GRPOConfig, place: Placement) -> None:
+    import paddle.distributed as dist
+
+    dist.init_parallel_env()  # the collective the weights come through; the trainer joins it too
+    link = WorkerLink(place)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_IGN)
+    try:
+        _serve(config, link, place)
+    except TrainerGone as gone:
+        print(f"rollout process {place.rank}: {gone}", flush=True)
+        raise SystemExit(1) from None
+    except Exception as error:  # the trainer names this process and the error, and saves, before it exits
+        link.report(error)
+        raise
+    link.finished()
+
+
+def _serve(config: GRPOConfig, link: WorkerLink, place: Placement) -> None:
+    plan = link.plan()
+    if plan.first_step >= plan.total_steps:
+        return
+    tokenizer = load_tokenizer(plan.tokenizer_folder, config.chat_template)
+    prompts = load_prompts(config.train_datasets, tokenizer, config)[0]
+    schedule = PromptSchedule(len(prompts), config.per_device_prompt_batch_size, 1, config.seed)
+    model = load_causal_lm(plan.weights_folder, model_dtype(config))
+    if config.lora:
+        apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
+        if plan.adapter_folder:
+            load_adapter(model, plan.adapter_folder)
+    parameters = trained_parameters(model)
+    names = [name for name, _ in parameters]
+    if names != plan.trained_parameters:
+        raise RuntimeError(f"this process's model trains other parameters than the trainer's ({len(names)} against {len(plan.trained_parameters)})")
+    for parameter in model.parameters():
+        parameter.stop_gradient = True
+    model.eval()
+    on_gpu = not model.lm_head.weight.place.is_cpu_place()
+    compute = choose_compute(config.cpu_bf16_matmul, on_gpu, bf16_unavailable(model, config.use_fused_train_ops))
+    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, compute.bf16)
+    engine = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))
+    print(f"rollout process {place.rank}: generating with the {type(engine).__name__} from step {plan.first_step + 1}", flush=True)
+    sampling, weights_step = sampling_params(config), plan.first_step
+    for step, word_step in rollout_order(plan.first_step, plan.total_steps, config.async_generate, plan.pending):
+        if word_step is not None:
+            if not link.receive_word(word_step, parameters):
+                return
+            engine.sync()  # the receiving side's check: the engine against the weights just received
+            weights_step = word_step
+        batch = [prompts[i] for i in schedule.indices(step - 1, 0)]
+        first, end = worker_share(len(batch), place.rollout_workers, place.worker_index)
+        started = time.perf_counter()
+        params = dataclasses.replace(sampling, seed=seed_phase(config, step, 0, "train"), first_row=first * config.rollout_n)
+        rollout = generate(engine, batch[first:end], config.rollout_n, params)
+        link.send(RolloutPart(step, place.worker_index, rollout, weights_step, time.perf_counter() - started))
