@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
-import paddle
 import paddle.distributed as dist
 
 from alignment.config import ConfigError
