@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
+import paddle
 import paddle.distributed as dist
 
 from alignment.config import ConfigError
@@ -33,6 +34,7 @@ from alignment.rollout import Rollout, concat_rollouts
 
 PENDING_FILE = "pending_rollout.pkl"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 POLL_SECONDS = 0.01
+BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: a gloo call costs ~2 ms whatever its size
 SLOTS = 4  # store values are overwritten in a ring (the store cannot delete): at most two rollouts are in flight
 RELEASE_SECONDS = 600  # how long a failed rollout process waits for the trainer to save before it exits anyway
 
@@ -98,6 +100,7 @@ class RolloutPart:
     rollout: Rollout
     weights_step: int  # the optimizer step whose weights generated it (0: the starting weights)
     seconds: float  # generation time
+    sync_seconds: float  # before it: the engine's refresh and check once the weights it came from arrived
 
 
 def rollout_order(first_step: int, total_steps: int, async_generate: bool, pending: bool) -> list:
@@ -117,6 +120,20 @@ def rollout_order(first_step: int, total_steps: int, async_generate: bool, pendi
 def words_after(step: int, total_steps: int, async_generate: bool) -> bool:
     """Whether the trainer sends a word (and weights) after `step`: a rollout process is waiting for it exactly then."""
     return step + 1 + int(async_generate) <= total_steps
+
+
+def buckets(parameters: list) -> list:
+    """[(name, parameter)] -> lists of consecutive parameters of one dtype, about BUCKET_BYTES each: what one
+    broadcast carries, flattened and concatenated (both sides cut them alike)."""
+    groups, size = [], 0
+    for _, parameter in parameters:
+        nbytes = parameter.size * parameter.element_size()
+        if not groups or size + nbytes > BUCKET_BYTES or parameter.dtype != groups[-1][0].dtype:
+            groups.append([])
+            size = 0
+        groups[-1].append(parameter)
+        size += nbytes
+    return groups
 
 
 def trained_parameters(model) -> list:
@@ -218,8 +235,8 @@ class TrainerLink:
             return
         started = time.perf_counter()
         try:
-            for _, parameter in parameters:
-                dist.broadcast(parameter, src=0)
+            for bucket in buckets(parameters):
+                dist.broadcast(paddle.concat([p.reshape([-1]) for p in bucket]), src=0)
         except Exception as error:
             raise self._failure() or RolloutWorkerError(f"sending the weights of step {step} to the rollout processes failed ({_last_line(error)})") from None
         self.broadcast_seconds = time.perf_counter() - started
@@ -300,8 +317,11 @@ class WorkerLink:
         if word["stop"]:
             return False
         try:
-            for _, parameter in parameters:
-                dist.broadcast(parameter, src=0)
+            for bucket in buckets(parameters):
+                flat = paddle.empty([sum(p.size for p in bucket)], dtype=bucket[0].dtype)
+                dist.broadcast(flat, src=0)
+                for parameter, values in zip(bucket, paddle.split(flat, [p.size for p in bucket])):
+                    parameter.set_value(values.reshape(parameter.shape))
         except Exception as error:
             raise TrainerGone(f"receiving the weights of step {step} failed ({_last_line(error)})") from None
         return True

@@ -386,6 +386,7 @@ def received_batch(link: TrainerLink, prompts: list, scorer, tokenizer, config: 
     return scored, timings, {
         "rollout/staleness": step - 1 - min(part.weights_step for part in parts),  # optimizer steps behind
         "rollout/generate_seconds": max(part.seconds for part in parts),
+        "rollout/engine_sync_seconds": max(part.sync_seconds for part in parts),  # the rollout process's weight refresh and check
     }
 
 

@@ -31,7 +31,7 @@ RUN = [
     "--importance_sampling_correction", "false", "--adam_epsilon", "1e-6", "--max_grad_norm", "0.3",
 ]
 ROLLOUT = ["--rollout_workers", "1"]
-WALL_CLOCK = ("time/", "tokens_per_second", "rollout/generate_seconds")
+WALL_CLOCK = ("time/", "tokens_per_second", "rollout/generate_seconds", "rollout/engine_sync_seconds")
 
 
 @pytest.fixture(scope="module", autouse=True)
