@@ -2,14 +2,15 @@
 in which order.
 
 Under `paddle.distributed.launch --nproc_per_node 1+N`, rank 0 trains and ranks 1..N only generate, each with
-its own copy of the weights in its rollout engine. Two channels, both set up by the launcher:
+its own copy of the weights in its rollout engine. Two channels:
 
-- its TCP store (paddle's, served by rank 0) carries the small things: the run's plan, every rollout (pickled,
-  about a megabyte), the trainer's word after a step (go or stop), a failure's message. No process ever waits
-  inside a collective: gloo ends one that waits more than 30 s, and a step of a real model takes longer. A
-  waiting process polls a counter in the store instead, and checks meanwhile that the other side is alive;
-- the collective (gloo on CPU, NCCL on GPU) carries the weights: after a go word, a broadcast of every trained
-  parameter from rank 0, which the rollout processes enter once the store says it is coming.
+- a connection from the trainer to each rollout process (multiprocessing.connection over TCP, its address and key
+  left in the launcher's store) carries the small things: the run's plan, every rollout (pickled, about a
+  megabyte), the trainer's word after a step (go or stop), a failure's message. A process that waits, waits on
+  its connection, never inside a collective (gloo ends one that waits more than 30 s, and a real model's step
+  takes longer), and learns at once when the other side dies: the kernel closes a dead process's sockets;
+- the collective (gloo on CPU, NCCL on GPU) carries the weights: after a go word, broadcasts of every trained
+  parameter from rank 0, which the rollout processes enter as soon as the word arrives.
 
 The order of rollouts and words (rollout_order, words_after) is what keeps the two sides in step. A batch's
 staleness is the number of optimizer steps between the weights that generated it and those it trains: 0 when
@@ -20,9 +21,11 @@ synchronous (the trainer waits for step s's rollout from the weights of step s -
 import json
 import os
 import pickle
+import secrets
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener
 from typing import Optional
 
 import numpy as np
@@ -33,9 +36,7 @@ from alignment.config import ConfigError
 from alignment.rollout import Rollout, concat_rollouts
 
 PENDING_FILE = "pending_rollout.pkl"  # in a checkpoint of a one-step-off run: the next step's rollout, received
-POLL_SECONDS = 0.01
-BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: a gloo call costs ~2 ms whatever its size
-SLOTS = 4  # store values are overwritten in a ring (the store cannot delete): at most two rollouts are in flight
+BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory
 RELEASE_SECONDS = 600  # how long a failed rollout process waits for the trainer to save before it exits anyway
 
 
@@ -141,43 +142,19 @@ def trained_parameters(model) -> list:
     return [(name, p) for name, p in model.named_parameters() if not p.stop_gradient]
 
 
-class _Store:
-    """The launcher's TCP store, with the polling both sides wait by."""
+@dataclass(frozen=True)
+class Failure:
+    """What a rollout process sends before it stops for an error."""
 
-    def __init__(self):
-        from paddle.base import core
-
-        self.store = core.create_or_get_global_tcp_store()
-
-    def set(self, key: str, value: bytes) -> None:
-        self.store.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        return bytes(self.store.get(key))
-
-    def count(self, key: str) -> int:
-        return self.store.add(key, 0)  # add 0: read a counter without waiting
-
-    def bump(self, key: str) -> None:
-        self.store.add(key, 1)
+    text: str
 
 
-def _alive(identity: str) -> bool:
-    """identity "host pid": False only when the process is on this machine and gone."""
-    host, pid = identity.rsplit(" ", 1)
-    if host != socket.gethostname():
-        return True  # another machine's: its death shows as a failed collective or the launcher stopping us
-    try:  # the state after the command's closing parenthesis: Z, a zombie its launcher has not reaped yet, is gone too
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # no /proc here: assume alive
-    return state not in ("Z", "X")
-
-
-def _announce(store: _Store, rank: int) -> None:
-    store.set(f"grpo/process/{rank}", f"{socket.gethostname()} {os.getpid()}".encode())
+def _quick(connection: Connection) -> Connection:
+    """TCP_NODELAY on a connection's socket: small messages go out at once, not after the peer's delayed ACK
+    (40 ms here, and paddle's store, which does not set it, takes 44-88 ms a call)."""
+    with socket.fromfd(connection.fileno(), socket.AF_INET, socket.SOCK_STREAM) as duplicate:
+        duplicate.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
 
 
 class TrainerLink:
@@ -185,18 +162,25 @@ class TrainerLink:
 
     def __init__(self, rollout_workers: int, async_generate: bool):
         self.workers, self.async_generate = rollout_workers, async_generate
-        self.store = _Store()
-        _announce(self.store, 0)
-        self.received = [0] * rollout_workers  # rollouts taken from each rollout process so far
-        self.words = 0
+        self.connections: list = []  # one per rollout process, made in publish()
         self.pending: Optional[tuple] = None  # (step, [RolloutPart], seconds waited) received ahead of its step
         self.total_steps = 0
         self.broadcast_seconds = 0.0  # the last weights broadcast
 
     def publish(self, plan: RunPlan) -> None:
+        """Connect to every rollout process (each listens once it starts, its address in the launcher's store) and
+        send the plan."""
+        from paddle.base import core
+
+        store = core.create_or_get_global_tcp_store()
         self.total_steps = plan.total_steps
-        self.store.set("grpo/plan", json.dumps(asdict(plan)).encode())
-        self.store.bump("grpo/plan/set")
+        for rank in range(1, self.workers + 1):
+            while not store.add(f"grpo/address/{rank}", 0):  # add 0: read a counter without waiting
+                time.sleep(0.05)
+            host, port, key = json.loads(bytes(store.get(f"grpo/listener/{rank}")))
+            self.connections.append(_quick(Client((host, port), authkey=bytes.fromhex(key))))
+        for connection in self.connections:
+            connection.send(plan)
 
     def take(self, step: int) -> tuple:
         """Step `step`'s rollout: the one received ahead (async_generate), or waited for now -> ([RolloutPart],
@@ -228,93 +212,106 @@ class TrainerLink:
         this step (the last ones)."""
         if not words_after(step, self.total_steps, self.async_generate):
             return
-        self.store.set(f"grpo/word/{self.words % SLOTS}", json.dumps({"step": step, "stop": stop}).encode())
-        self.store.bump("grpo/words")
-        self.words += 1
-        if stop:
-            return
         started = time.perf_counter()
         try:
-            for bucket in buckets(parameters):
-                dist.broadcast(paddle.concat([p.reshape([-1]) for p in bucket]), src=0)
+            for connection in self.connections:
+                connection.send(("word", step, stop))
+            if not stop:
+                for bucket in buckets(parameters):
+                    dist.broadcast(paddle.concat([p.reshape([-1]) for p in bucket]), src=0)
         except Exception as error:
             raise self._failure() or RolloutWorkerError(f"sending the weights of step {step} to the rollout processes failed ({_last_line(error)})") from None
         self.broadcast_seconds = time.perf_counter() - started
 
     def wait_finished(self) -> None:
-        """The end of the run: wait until every rollout process has said it is done, so none loses the store (served
-        by this process) while it still reads it."""
-        self._wait(lambda: self.store.count("grpo/finished") >= self.workers)
+        """The end of the run: every rollout process says it is done before this process (and the launcher's store
+        it serves) goes away."""
+        for worker in range(self.workers):
+            message = self._next(worker)
+            if message != ("finished",):
+                raise RolloutWorkerError(f"rollout process {worker + 1} sent {type(message).__name__} where its last word was due")
 
     def release(self) -> None:
         """After a rollout process's failure was handled (the last step saved): it may exit."""
-        self.store.bump("grpo/released")
+        for connection in self.connections:
+            try:
+                connection.send(("released",))
+            except OSError:
+                pass  # that one is gone already
 
     def _receive(self, step: int) -> tuple:
         """-> (step, [RolloutPart] in rollout-process order, seconds waited)."""
         started = time.perf_counter()
         parts = []
         for worker in range(self.workers):
-            key = f"grpo/rollout/{worker}"
-            self._wait(lambda: self.store.count(f"{key}/sent") > self.received[worker])
-            part = pickle.loads(self.store.get(f"{key}/{self.received[worker] % SLOTS}"))
-            self.received[worker] += 1
-            if part.step != step:
-                raise RolloutWorkerError(f"rollout process {worker + 1} sent step {part.step}'s rollout where step {step}'s was due")
+            part = self._next(worker)
+            if not isinstance(part, RolloutPart) or part.step != step:
+                raise RolloutWorkerError(f"rollout process {worker + 1} sent {getattr(part, 'step', part)!r} where step {step}'s rollout was due")
             parts.append(part)
         return step, parts, time.perf_counter() - started
 
-    def _wait(self, ready) -> None:
-        while not ready():
-            failure = self._failure()
-            if failure:
-                raise failure
-            time.sleep(POLL_SECONDS)
+    def _next(self, worker: int):
+        """The next message of rollout process `worker` (0-based), waiting for it; its failure or death raised."""
+        rank = worker + 1
+        try:
+            message = self.connections[worker].recv()
+        except (EOFError, OSError):  # the kernel closes a dead process's sockets, whatever killed it
+            raise RolloutWorkerError(
+                f"rollout process {rank} died without a word (killed, or out of memory): its log <log_dir>/workerlog.{rank} "
+                f"and the system log may say why"
+            ) from None
+        if isinstance(message, Failure):
+            raise RolloutWorkerError(f"rollout process {rank} failed: {message.text} (its log: <log_dir>/workerlog.{rank})")
+        return message
 
     def _failure(self) -> Optional[RolloutWorkerError]:
-        """A rollout process that reported its error, or that is gone from this machine without a word."""
-        if self.store.count("grpo/failed"):
-            for rank in range(1, self.workers + 1):
-                if self.store.count(f"grpo/failed/{rank}/set"):
-                    message = self.store.get(f"grpo/failed/{rank}").decode()
-                    return RolloutWorkerError(f"rollout process {rank} failed: {message} (its log: <log_dir>/workerlog.{rank})")
-        for rank in range(1, self.workers + 1):
-            if self.store.count(f"grpo/process/{rank}/set") and not _alive(self.store.get(f"grpo/process/{rank}").decode()):
-                return RolloutWorkerError(
-                    f"rollout process {rank} died without a word (killed, or out of memory): its log <log_dir>/workerlog.{rank} "
-                    f"and the system log may say why"
-                )
+        """After a failed broadcast: the rollout process that reported an error or died, if one did."""
+        for worker, connection in enumerate(self.connections):
+            try:
+                ready = connection.poll(1.0)
+            except OSError:
+                ready = True
+            if ready:
+                try:
+                    self._next(worker)
+                except RolloutWorkerError as failure:
+                    return failure
         return None
 
 
 class WorkerLink:
-    """A rollout process's end: reads the plan, sends its rollouts, waits for the trainer's words and weights."""
+    """A rollout process's end: listens for the trainer, reads the plan, sends its rollouts, waits for the trainer's
+    words and weights."""
 
     def __init__(self, place: Placement):
+        from paddle.base import core
+
         self.place = place
-        self.store = _Store()
-        _announce(self.store, place.rank)
-        self.store.bump(f"grpo/process/{place.rank}/set")
-        self.sent = self.words = 0
+        key = secrets.token_bytes(16)
+        self.listener = Listener(("0.0.0.0", 0), authkey=key)
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]  # this process's address in the launch
+        store = core.create_or_get_global_tcp_store()
+        store.set(f"grpo/listener/{place.rank}", json.dumps([host, self.listener.address[1], key.hex()]).encode())
+        store.add(f"grpo/address/{place.rank}", 1)
+        self.connection: Optional[Connection] = None
 
     def plan(self) -> RunPlan:
-        self._wait(lambda: self.store.count("grpo/plan/set") > 0)
-        return RunPlan(**json.loads(self.store.get("grpo/plan")))
+        self.connection = _quick(self.listener.accept())
+        self.listener.close()
+        return self._next()
 
     def send(self, part: RolloutPart) -> None:
-        key = f"grpo/rollout/{self.place.worker_index}"
-        self.store.set(f"{key}/{self.sent % SLOTS}", pickle.dumps(part))
-        self.store.bump(f"{key}/sent")
-        self.sent += 1
+        try:
+            self.connection.send(part)
+        except OSError as error:
+            raise TrainerGone(f"the training process stopped ({_last_line(error)}): its log <log_dir>/workerlog.0 says why") from None
 
     def receive_word(self, step: int, parameters: list) -> bool:
         """The trainer's word after `step` -> True (the weights, broadcast, are now in `parameters`) or False: stop."""
-        self._wait(lambda: self.store.count("grpo/words") > self.words)
-        word = json.loads(self.store.get(f"grpo/word/{self.words % SLOTS}"))
-        self.words += 1
-        if word["step"] != step:
-            raise RuntimeError(f"the trainer's word after step {word['step']} came where the one after step {step} was due")
-        if word["stop"]:
+        word = self._next()
+        if word[:2] != ("word", step):
+            raise RuntimeError(f"the trainer sent {word!r} where its word after step {step} was due")
+        if word[2]:
             return False
         try:
             for bucket in buckets(parameters):
@@ -329,31 +326,23 @@ class WorkerLink:
     def report(self, error: BaseException) -> None:
         """Tell the trainer why this process stops, then wait (at most RELEASE_SECONDS) until it has saved its last
         finished step: the launcher stops every process a few seconds after one exits."""
-        rank = self.place.rank
-        self.store.set(f"grpo/failed/{rank}", f"{type(error).__name__}: {_last_line(error)}".encode())
-        self.store.bump(f"grpo/failed/{rank}/set")
-        self.store.bump("grpo/failed")
-        deadline = time.monotonic() + RELEASE_SECONDS
+        if self.connection is None:
+            return  # the trainer never connected: it learns of this from the launcher
         try:
-            self._wait(lambda: self.store.count("grpo/released") > 0 or time.monotonic() > deadline)
-        except TrainerGone:
-            pass
+            self.connection.send(Failure(f"{type(error).__name__}: {_last_line(error)}"))
+            if self.connection.poll(RELEASE_SECONDS):
+                self.connection.recv()
+        except (EOFError, OSError):
+            pass  # the trainer is gone
 
     def finished(self) -> None:
-        self.store.bump("grpo/finished")
+        self.connection.send(("finished",))
 
-    def _wait(self, ready) -> None:
-        """Poll until ready(); raises TrainerGone when the training process (and with it the store) is gone."""
-        while True:
-            try:
-                if ready():
-                    return
-                trainer = self.store.get("grpo/process/0").decode() if self.store.count("grpo/plan/set") else None
-            except Exception as error:  # the store's server lived in the training process
-                raise TrainerGone(f"the training process stopped ({_last_line(error)}): its log <log_dir>/workerlog.0 says why") from None
-            if trainer and not _alive(trainer):
-                raise TrainerGone("the training process stopped: its log <log_dir>/workerlog.0 says why")
-            time.sleep(POLL_SECONDS)
+    def _next(self):
+        try:
+            return self.connection.recv()
+        except (EOFError, OSError):
+            raise TrainerGone("the training process stopped: its log <log_dir>/workerlog.0 says why") from None
 
 
 def combined(parts: list, pad_token_id: int) -> Rollout:

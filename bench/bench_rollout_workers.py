@@ -7,21 +7,24 @@ generated while this one trains). Seconds per step and held-out accuracy, at sev
 
 Each (mode, seed) is one bench/bench_tiny_run.py run into output/bench-rollout-MODE-SEED. Under the launcher every
 process gets cores / processes threads (alignment/runtime.py): colocated, the one process has them all; with a
-rollout process, each of the two has half. Prints one JSON object per run as it ends, then one per mode.
+rollout process, each of the two has half (async-all-threads gives each all of them, GRPO_CPU_THREADS). Prints one JSON object per run as it ends, then one per mode.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = {  # processes, keys
-    "colocated": (1, []),
-    "sync": (2, ["--rollout_workers", "1"]),
-    "async": (2, ["--rollout_workers", "1", "--async_generate", "true"]),
+MODES = {  # processes, keys, threads per process (None: the runtime's default, cores / processes)
+    "colocated": (1, [], None),
+    "sync": (2, ["--rollout_workers", "1"], None),
+    "async": (2, ["--rollout_workers", "1", "--async_generate", "true"], None),
+    # every core for each process: the update and decoding overlap, each slowed by the other where they meet
+    "async-all-threads": (2, ["--rollout_workers", "1", "--async_generate", "true"], os.cpu_count()),
 }
 
 
@@ -35,12 +38,13 @@ def main() -> None:
     runs = {}
     for seed in args.seeds:
         for mode in args.modes:
-            processes, keys = MODES[mode]
+            processes, keys, threads = MODES[mode]
+            env = {**os.environ, **({"GRPO_CPU_THREADS": str(threads)} if threads else {})}
             command = [
                 sys.executable, "bench/bench_tiny_run.py", "--output_dir", f"output/bench-rollout-{mode}-{seed}", "--config", args.config,
                 "--processes", str(processes), "--", "--seed", str(seed), *keys, *overrides,
             ]
-            result = json.loads(subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+            result = json.loads(subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
             runs.setdefault(mode, []).append(result)
             print(json.dumps({"mode": mode, "seed": seed, **result}), flush=True)
     colocated = statistics.median(r["median_seconds"]["step"] for r in runs["colocated"]) if "colocated" in runs else None
@@ -50,6 +54,7 @@ def main() -> None:
         print(json.dumps({
             "mode": mode,
             "keys": " ".join(MODES[mode][1]) or "(colocated)",
+            "threads_per_process": MODES[mode][2] or "cores / processes",
             "seeds": args.seeds,
             "median_seconds_per_step": round(seconds, 3),
             **({"speed_vs_colocated": round(colocated / seconds, 2)} if colocated else {}),
