@@ -209,11 +209,15 @@ def train(config: GRPOConfig) -> Path:
         where = f"{saved} holds the state after step {finished_step}" if saved else "no step had finished, nothing to resume"
         return type(error)(f"{error}\n{where}; {then}, then rerun with --resume_from_checkpoint auto")
 
-    def rollout_stopped(error: RolloutWorkerError, finished_step: int) -> Exception:
+    @contextlib.contextmanager
+    def saved_if_rollout_stops(finished_step: int):
         """A rollout process failed or died: save the last finished step, then let a failed one exit."""
-        failure = stop_saving(error, finished_step, "mend what stopped the rollout process")
-        link.release()
-        return failure
+        try:
+            yield
+        except RolloutWorkerError as error:
+            failure = stop_saving(error, finished_step, "mend what stopped the rollout process")
+            link.release()
+            raise failure from None
 
     with TerminationRequest() as terminate, logger:
         for step in range(first_step + 1, total_steps + 1):
@@ -222,15 +226,14 @@ def train(config: GRPOConfig) -> Path:
             link_metrics = {}
             try:
                 if link:
-                    scored, timings, link_metrics = received_batch(link, prompts, scorer, tokenizer, config, step)
+                    with saved_if_rollout_stops(step - 1):
+                        scored, timings, link_metrics = received_batch(link, prompts, scorer, tokenizer, config, step)
                 else:
                     scored, timings = sample_and_score(engine, scorer, prompts, tokenizer, config, world, sampling, step, "train")
                 if config.dynamic_sampling:
                     scored, counts = keep_groups_with_signal(scored, engine, scorer, train_prompts, tokenizer, config, world, sampling, step, timings)
             except RewardServerError as error:
                 failure = error
-            except RolloutWorkerError as error:
-                raise rollout_stopped(error, step - 1) from None
             elsewhere = RewardServerError("another process's reward scoring failed: its log (<log_dir>/workerlog.<rank>) names the server and the cause")
             if failure := world.first_failure(failure, elsewhere):  # every process stops after the same step, the main one saving it
                 raise stop_saving(failure, step - 1, "once the reward server answers again") from None
@@ -268,10 +271,8 @@ def train(config: GRPOConfig) -> Path:
                         f"the run stops with the weights of step {step - skipped_in_a_row}" + (f"; last checkpoint {checkpoint}" if checkpoint else "")
                     )
             if link:
-                try:
+                with saved_if_rollout_stops(step):
                     link.collect_ahead(step)  # one step off: the next step's rollout, generated while this one trained
-                except RolloutWorkerError as error:
-                    raise rollout_stopped(error, step) from None
             last = step == total_steps
             if eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
                 if link:
@@ -286,10 +287,8 @@ def train(config: GRPOConfig) -> Path:
             if stopping and (checkpoint is None or checkpoint.name != f"checkpoint-{step}"):
                 checkpoint = save(step)
             if link:
-                try:
+                with saved_if_rollout_stops(step):
                     link.send_word(step, trained_parameters(model), stopping)  # go with the new weights, or stop
-                except RolloutWorkerError as error:
-                    raise rollout_stopped(error, step) from None
             if stopping:
                 logger.print(f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto")
                 break
