@@ -45,7 +45,7 @@ class RolloutWorkerError(RuntimeError):
 
 
 class TrainerGone(RuntimeError):
-    """The training process stopped (its store went away): a rollout process has nobody to serve."""
+    """The training process stopped (its connection closed): a rollout process has nobody to serve."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ def placement(rollout_workers: int) -> Placement:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What the trainer decided before loading anything, for the rollout processes to load the same."""
+    """What the trainer decided at its start (the checkpoint, the model folders, the steps), for the rollout
+    processes to load the same."""
 
     tokenizer_folder: str
     weights_folder: str  # the checkpoint resumed from, or the actor's folder (a LoRA run: always the base)
@@ -97,7 +98,6 @@ class RolloutPart:
     """One rollout process's share of a step's completions."""
 
     step: int
-    worker: int
     rollout: Rollout
     weights_step: int  # the optimizer step whose weights generated it (0: the starting weights)
     seconds: float  # generation time

@@ -90,4 +90,4 @@ def _serve(config: GRPOConfig, link: WorkerLink, place: Placement) -> None:
         started = time.perf_counter()
         params = dataclasses.replace(sampling, seed=seed_phase(config, step, 0, "train"), first_row=first * config.rollout_n)
         rollout = generate(engine, batch[first:end], config.rollout_n, params)
-        link.send(RolloutPart(step, place.worker_index, rollout, weights_step, time.perf_counter() - started, synced))
+        link.send(RolloutPart(step, rollout, weights_step, time.perf_counter() - started, synced))
