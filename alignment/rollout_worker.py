@@ -13,6 +13,8 @@ import dataclasses
 import signal
 import time
 
+import paddle.distributed as dist
+
 from alignment.config import GRPOConfig
 from alignment.cpu_bf16 import choose_compute
 from alignment.data import PromptSchedule
@@ -35,8 +37,6 @@ from alignment.trainer import generate, load_prompts, model_dtype, sampling_para
 
 
 def serve_rollouts(config: GRPOConfig, place: Placement) -> None:
-    import paddle.distributed as dist
-
     dist.init_parallel_env()  # the collective the weights come through; the trainer joins it too
     link = WorkerLink(place)
     for number in (signal.SIGINT, signal.SIGTERM):
