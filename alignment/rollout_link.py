@@ -33,7 +33,7 @@ import paddle
 import paddle.distributed as dist
 
 from alignment.config import ConfigError
-from alignment.rollout import Rollout, concat_rollouts
+from alignment.rollout import Rollout
 
 PENDING_FILE = "pending_rollout.pkl"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory
@@ -343,11 +343,6 @@ class WorkerLink:
             return self.connection.recv()
         except (EOFError, OSError):
             raise TrainerGone("the training process stopped: its log <log_dir>/workerlog.0 says why") from None
-
-
-def combined(parts: list, pad_token_id: int) -> Rollout:
-    """The rollout processes' shares of a step, in their order: the step's whole batch."""
-    return concat_rollouts([part.rollout for part in parts], pad_token_id)
 
 
 def worker_share(prompt_count: int, workers: int, worker: int) -> tuple:

@@ -16,14 +16,8 @@ import time
 import paddle.distributed as dist
 
 from alignment.config import GRPOConfig
-from alignment.cpu_bf16 import choose_compute
 from alignment.data import PromptSchedule
-from alignment.fused_train import bf16_unavailable
-from alignment.lora import apply_lora, load_adapter
-from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids
-from alignment.plugins import plugin_sources
-from alignment.rollout import build_engine
-from alignment.rollout.multi_turn import with_environment
+from alignment.modeling import load_tokenizer
 from alignment.rollout_link import (
     Placement,
     RolloutPart,
@@ -33,7 +27,7 @@ from alignment.rollout_link import (
     trained_parameters,
     worker_share,
 )
-from alignment.trainer import generate, load_prompts, model_dtype, sampling_params, seed_phase
+from alignment.trainer import generate, load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params, seed_phase
 
 
 def serve_rollouts(config: GRPOConfig, place: Placement) -> None:
@@ -59,11 +53,7 @@ def _serve(config: GRPOConfig, link: WorkerLink, place: Placement) -> None:
     tokenizer = load_tokenizer(plan.tokenizer_folder, config.chat_template)
     prompts = load_prompts(config.train_datasets, tokenizer, config)[0]
     schedule = PromptSchedule(len(prompts), config.per_device_prompt_batch_size, 1, config.seed)
-    model = load_causal_lm(plan.weights_folder, model_dtype(config))
-    if config.lora:
-        apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
-        if plan.adapter_folder:
-            load_adapter(model, plan.adapter_folder)
+    model = load_actor(config, plan.weights_folder, plan.adapter_folder)
     parameters = trained_parameters(model)
     names = [name for name, _ in parameters]
     if names != plan.trained_parameters:
@@ -71,10 +61,7 @@ def _serve(config: GRPOConfig, link: WorkerLink, place: Placement) -> None:
     for parameter in model.parameters():
         parameter.stop_gradient = True
     model.eval()
-    on_gpu = not model.lm_head.weight.place.is_cpu_place()
-    compute = choose_compute(config.cpu_bf16_matmul, on_gpu, bf16_unavailable(model, config.use_fused_train_ops))
-    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, compute.bf16)
-    engine = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))
+    engine = rollout_engine(config, model, tokenizer, matmul_compute(config, model).bf16)
     print(f"rollout process {place.rank}: generating with the {type(engine).__name__} from step {plan.first_step + 1}", flush=True)
     sampling, weights_step = sampling_params(config), plan.first_step
     for step, word_step in rollout_order(plan.first_step, plan.total_steps, config.async_generate, plan.pending):

@@ -67,7 +67,7 @@ from alignment.rewards.registry import reference_readers
 from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
 from alignment.rollout.multi_turn import MultiTurnEngine, check_template, episode_sums, tool_schemas, tool_use, with_environment
-from alignment.rollout_link import PENDING_FILE, RolloutWorkerError, RunPlan, TrainerLink, combined, placement, trained_parameters
+from alignment.rollout_link import PENDING_FILE, RolloutWorkerError, RunPlan, TrainerLink, placement, trained_parameters
 from alignment.run_start import model_folders, nothing_to_train, start_point
 from alignment.runtime import contiguous_kernels
 
@@ -124,22 +124,17 @@ def train(config: GRPOConfig) -> Path:
     eval_prompts = load_prompts(config.eval_datasets, tokenizer, config)[0] if config.eval_datasets else []
     schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
     total_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * schedule.steps_per_epoch)
+    weights_folder, adapter_folder = actor_sources(config, resume, actor_folder)
     if resume and resume.step >= total_steps:
-        if link:
-            publish_plan(link, config, tokenizer_folder, actor_folder, resume, total_steps, None)
+        if link:  # nothing to generate either
+            link.publish(RunPlan(tokenizer_folder, weights_folder, adapter_folder, total_steps, total_steps, False, []))
             link.wait_finished()
         return nothing_to_train(resume, total_steps, world)
 
-    # a LoRA checkpoint holds the adapter only: the base comes from actor_model_name_or_path
-    model = load_causal_lm(str(resume.path if resume and not config.lora else actor_folder), model_dtype(config))
-    if config.lora:  # before the training operators, the rollout engine and the optimizer take the layers
-        apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
-        if resume:
-            load_adapter(model, resume.path)
+    model = load_actor(config, weights_folder, adapter_folder)  # adapters before the training operators, the engine and the optimizer
     if config.recompute:
         enable_recompute(model, config.recompute_granularity)
-    on_gpu = not model.lm_head.weight.place.is_cpu_place()
-    compute = choose_compute(config.cpu_bf16_matmul, on_gpu, bf16_unavailable(model, config.use_fused_train_ops))
+    compute = matmul_compute(config, model)
     if config.use_fused_train_ops:
         why_not = use_training_ops(model, compute.bf16)
         if why_not:
@@ -152,8 +147,7 @@ def train(config: GRPOConfig) -> Path:
             parameter.stop_gradient = True
     engine = None  # with rollout processes, the training process generates for evaluation only
     if link is None or eval_prompts:
-        engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, compute.bf16)
-        engine = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))  # multi-turn with tools
+        engine = rollout_engine(config, model, tokenizer, compute.bf16)
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, config, total_steps, world)
     state = load_training_state(resume.path, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
@@ -162,7 +156,8 @@ def train(config: GRPOConfig) -> Path:
     if link:
         if resume and config.async_generate and (resume.path / PENDING_FILE).is_file():
             link.restore_pending((resume.path / PENDING_FILE).read_bytes(), first_step + 1)
-        publish_plan(link, config, tokenizer_folder, actor_folder, resume, total_steps, model)
+        names = [name for name, _ in trained_parameters(model)]
+        link.publish(RunPlan(tokenizer_folder, weights_folder, adapter_folder, first_step, total_steps, link.pending is not None, names))
 
     logger = RunLogger(
         config.output_dir, config.resolved_logging_dir, config.logging_steps, total_steps, first_step, world.is_main,
@@ -380,7 +375,7 @@ def received_batch(link: TrainerLink, prompts: list, scorer, tokenizer, config: 
     seed_phase(config, step, 0, "train")  # paddle's generator as a colocated run leaves it (dropout in the update)
     parts, waited, broadcast = link.take(step)
     started = time.perf_counter()
-    scored = score_rollout(prompts, combined(parts, tokenizer.pad_token_id), scorer, tokenizer, config)
+    scored = score_rollout(prompts, concat_rollouts([part.rollout for part in parts], tokenizer.pad_token_id), scorer, tokenizer, config)
     timings = {"rollout": waited, "reward": time.perf_counter() - started, "weights": broadcast}
     return scored, timings, {
         "rollout/staleness": step - 1 - min(part.weights_step for part in parts),  # optimizer steps behind
@@ -389,18 +384,34 @@ def received_batch(link: TrainerLink, prompts: list, scorer, tokenizer, config: 
     }
 
 
-def publish_plan(link: TrainerLink, config: GRPOConfig, tokenizer_folder: str, actor_folder: str, resume, total_steps: int, model) -> None:
-    """What the rollout processes load: the same model and data as this process (model None: nothing to train)."""
-    first_step = resume.step if resume else 0
-    link.publish(RunPlan(
-        tokenizer_folder=tokenizer_folder,
-        weights_folder=str(resume.path if resume and not config.lora else actor_folder),
-        adapter_folder=str(resume.path) if resume and config.lora else None,
-        first_step=first_step if model is not None else total_steps,
-        total_steps=total_steps,
-        pending=link.pending is not None,
-        trained_parameters=[name for name, _ in trained_parameters(model)] if model is not None else [],
-    ))
+def actor_sources(config: GRPOConfig, resume, actor_folder: str) -> tuple:
+    """-> (the folder the actor's weights load from, the folder of its LoRA adapter or None): a LoRA checkpoint
+    holds the adapter only, its base comes from actor_model_name_or_path."""
+    if resume is None:
+        return actor_folder, None
+    return (actor_folder, str(resume.path)) if config.lora else (str(resume.path), None)
+
+
+def load_actor(config: GRPOConfig, weights_folder: str, adapter_folder):
+    """The policy as the training process and the rollout processes hold it: the model, with LoRA adapters."""
+    model = load_causal_lm(weights_folder, model_dtype(config))
+    if config.lora:
+        apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
+        if adapter_folder:
+            load_adapter(model, adapter_folder)
+    return model
+
+
+def matmul_compute(config: GRPOConfig, model):
+    """cpu_bf16_matmul's choice for this model on this machine (alignment/cpu_bf16.py)."""
+    on_gpu = not model.lm_head.weight.place.is_cpu_place()
+    return choose_compute(config.cpu_bf16_matmul, on_gpu, bf16_unavailable(model, config.use_fused_train_ops))
+
+
+def rollout_engine(config: GRPOConfig, model, tokenizer, bf16: bool):
+    """The engine that generates (use_fusemt picks the fused one), with the environment of a multi-turn run."""
+    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
+    return with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))
 
 
 def generate(engine, prompts: list, group_size: int, params: SamplingParams) -> Rollout:
