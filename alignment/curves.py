@@ -1,6 +1,7 @@
 """Pictures of a run: `python -m alignment.curves OUTPUT_DIR` reads OUTPUT_DIR/metrics.jsonl and writes
 OUTPUT_DIR/curves.png, four panels (reward, accuracy, response length, KL) against the step, training
-and evaluation series together where both exist."""
+and evaluation series together where both exist, and a fifth, each reward function's mean, where the run
+has several."""
 
 import argparse
 import re
@@ -20,6 +21,7 @@ PANELS = {
     ],
     "KL": [("train kl", "train", "kl")],
 }
+REWARD_FUNCTION_KEY = {"train": re.compile(r"reward/(.+)"), "eval": re.compile(r"eval_reward/(.+)")}
 SAMPLED_EVAL_KEY = re.compile(r"eval_(mean|pass)@\d+")  # eval_mean@8, eval_pass@8: only when the run asked for them
 EMPTY_TEXT = {"KL": "KL not computed (kl_loss_coeff = 0)"}  # kl is null in every record when its weight is 0
 
@@ -46,6 +48,14 @@ def extract_series(records: list) -> dict:
     sampled = sorted({key for record in by_kind["eval"].values() for key in record if SAMPLED_EVAL_KEY.fullmatch(key)})
     sampled_lines = [(f"eval {key.removeprefix('eval_')}", "eval", key) for key in sampled]
     wanted = {**PANELS, "accuracy": PANELS["accuracy"] + sampled_lines}
+    function_lines = [  # (label, kind, key) of each reward function's mean, in the order the run logged them
+        (f"{kind} {match[1]}", kind, key)
+        for kind, records in by_kind.items()
+        for key in dict.fromkeys(key for record in records.values() for key in record)
+        if (match := REWARD_FUNCTION_KEY[kind].fullmatch(key))
+    ]
+    if len({label.split(" ", 1)[1] for label, _, _ in function_lines}) > 1:
+        wanted["reward by function"] = function_lines
 
     series = {}
     for panel, lines in wanted.items():
@@ -60,9 +70,13 @@ def extract_series(records: list) -> dict:
 def plot_curves(output_dir: str | Path) -> Path:
     output_dir = Path(output_dir)
     series = extract_series(read_records(output_dir / "metrics.jsonl"))
-    fig = Figure(figsize=(12, 8), layout="constrained")  # no pyplot: savefig to .png renders with Agg
+    columns = 2 if len(series) <= 4 else 3
+    fig = Figure(figsize=(6 * columns, 8), layout="constrained")  # no pyplot: savefig to .png renders with Agg
     fig.suptitle(str(output_dir))
-    for ax, (panel, lines) in zip(fig.subplots(2, 2).flat, series.items()):
+    axes = fig.subplots(2, columns).flat
+    for ax in axes[len(series) :]:
+        ax.set_visible(False)
+    for ax, (panel, lines) in zip(axes, series.items()):
         ax.set_title(panel)
         ax.set_xlabel("step")
         for label, (steps, values) in lines.items():

@@ -21,6 +21,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from alignment.algo import HeadKernels
 from alignment.cpu_bf16 import Bf16Matmuls
 from alignment.lora import lora_update
 from alignment.rollout import fused
@@ -62,7 +63,7 @@ def bf16_unavailable(model, training_ops_on: bool) -> Optional[str]:
 
 def use_training_ops(model, bf16: bool = False) -> Optional[str]:
     """Swap the training modules into `model` in place; -> None, or why not (nothing is changed then). With bf16,
-    the projections and the log-prob head (head_matmul) multiply in bf16 (alignment/cpu_bf16.py); after every
+    the projections and the log-prob head (head_kernels) multiply in bf16 (alignment/cpu_bf16.py); after every
     change of the weights, weights_changed(model) must be called."""
     reason = training_ops_unavailable(model)
     if reason:
@@ -79,11 +80,14 @@ def use_training_ops(model, bf16: bool = False) -> Optional[str]:
     return None
 
 
-def head_matmul(model):
-    """The product the log-prob head (algo.chunked_token_logprobs) uses for this model: bf16 where
-    use_training_ops turned it on, else paddle.matmul."""
-    matmuls = getattr(model, "bf16_matmuls", None)
-    return paddle.matmul if matmuls is None else matmuls.matmul
+def head_kernels(model) -> HeadKernels:
+    """What the log-prob head (algo.chunked_token_logprobs) computes this model's with: where use_training_ops
+    swapped the modules, the compiled row kernels (grpo_logprob_rows and its gradient) and, with bf16, the bf16
+    products; else paddle's kernels throughout."""
+    if not isinstance(model.model.norm, TrainingRMSNorm):
+        return HeadKernels()
+    ops, matmuls = load_ops()[0], getattr(model, "bf16_matmuls", None)
+    return HeadKernels(paddle.matmul if matmuls is None else matmuls.matmul, ops.grpo_logprob_rows, ops.grpo_logprob_rows_grad)
 
 
 def weights_changed(model) -> None:

@@ -2,7 +2,7 @@
 // embedding fused with the KV-cache write, attention over the static cache, SwiGLU, sampling with
 // logit shaping, stop bookkeeping and in-place row compaction of the cache. And the training
 // operators of the actor's forward and backward (alignment/fused_train.py, 8-10 below, and
-// grpo_silu_mul's backward).
+// grpo_silu_mul's backward), and of its log-prob head (11-12, alignment/algo.py).
 //
 // CPU kernels are float32, OpenMP-parallel over rows/heads, with vectorisable inner loops. Every op
 // validates its inputs here; tensors on a GPU then go to the launchers of grpo_ops.cu (the training
@@ -1120,6 +1120,153 @@ std::vector<paddle::DataType> MaskedSoftmaxDtype(const paddle::DataType& scores,
   return {scores};
 }
 
+// ---------------------------------------------------------------------------------------------
+// 11. grpo_logprob_rows: what the log-prob head (alignment/algo.py, _ChunkedLogprobs) needs of each row of a chunk
+// of raw logits, in two passes over the row: paddle computes it as a chain of whole-chunk kernels (divide,
+// logsumexp, subtract, gather, exp, multiply, sum), each a pass over c x V floats, some single-threaded, and at a
+// real model's vocabulary they took longer than the head's matmuls (bench/RESULTS.md). With s = logits / t,
+// m = max s and S = sum exp(s - m): normaliser N = m + log S, log-prob s[target] - N, and entropy
+// H = -sum p log p = log S - sum exp(s - m) (s - m) / S. A NaN logit makes the row's three values NaN.
+// logits (c, V) float32, targets (c, 1) int64 -> log-probs, entropies, normalisers, each (c, 1) float32.
+
+void check_head_rows(const paddle::Tensor& logits, const paddle::Tensor& targets, const char* op) {
+  check_dtype(logits, paddle::DataType::FLOAT32, op, "logits");
+  check_dtype(targets, paddle::DataType::INT64, op, "targets");
+  cpu_only(logits, op);
+  check_place(targets, logits, op, "targets");
+  const auto ls = logits.shape();
+  const std::vector<int64_t> column{ls.empty() ? 0 : ls[0], 1};
+  PD_CHECK(ls.size() == 2 && targets.shape() == column, op,
+           ": logits must be [c, V] and targets [c, 1], got ", shape_str(ls), " and ", shape_str(targets.shape()));
+}
+
+// targets[r] must index the vocabulary: an id outside it would read another row's logits.
+void check_target(int64_t target, int64_t vocab, const char* op) {
+  PD_CHECK(target >= 0 && target < vocab, op, ": target token ", target, " is outside the vocabulary [0, ", vocab, ")");
+}
+
+std::vector<paddle::Tensor> LogprobRows(const paddle::Tensor& logits_in, const paddle::Tensor& targets_in,
+                                        float temperature) {
+  const char* op = "grpo_logprob_rows";
+  check_head_rows(logits_in, targets_in, op);
+  const int64_t rows = logits_in.shape()[0], vocab = logits_in.shape()[1];
+  PD_CHECK(vocab > 0 && temperature > 0.0f, op, ": needs a vocabulary and a positive temperature, got V = ", vocab,
+           " and t = ", temperature);
+  const auto l_t = dense(logits_in), t_t = dense(targets_in);
+  const float* logits = l_t.data<float>();
+  const int64_t* targets = t_t.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) check_target(targets[r], vocab, op);
+  auto logprob = paddle::empty({rows, 1}, paddle::DataType::FLOAT32, logits_in.place());
+  auto entropy = paddle::empty({rows, 1}, paddle::DataType::FLOAT32, logits_in.place());
+  auto normaliser = paddle::empty({rows, 1}, paddle::DataType::FLOAT32, logits_in.place());
+  float* lp = logprob.data<float>();
+  float* ent = entropy.data<float>();
+  float* norm = normaliser.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * vocab;
+    float mx = kNegInf;
+    bool nan = false;
+#pragma omp simd reduction(max : mx) reduction(|| : nan)
+    for (int64_t v = 0; v < vocab; ++v) {
+      const float s = x[v] / temperature;
+      mx = std::max(mx, s);
+      nan = nan || s != s;
+    }
+    float sum = 0.0f, weighted = 0.0f;  // S and sum exp(s - m) (s - m)
+#pragma omp simd reduction(+ : sum, weighted)
+    for (int64_t v = 0; v < vocab; ++v) {
+      const float shifted = x[v] / temperature - mx;
+      const float e = exp_nonpos(shifted);
+      sum += e;
+      weighted += e * shifted;
+    }
+    const float log_sum = std::log(sum);
+    const float n = nan ? std::numeric_limits<float>::quiet_NaN() : mx + log_sum;
+    norm[r] = n;
+    lp[r] = x[targets[r]] / temperature - n;
+    ent[r] = nan ? n : log_sum - weighted / sum;
+  }
+  return {logprob, entropy, normaliser};
+}
+
+std::vector<std::vector<int64_t>> LogprobRowsShape(const std::vector<int64_t>& logits, const std::vector<int64_t>&) {
+  return {{logits[0], 1}, {logits[0], 1}, {logits[0], 1}};
+}
+
+std::vector<paddle::DataType> LogprobRowsDtype(const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. grpo_logprob_rows_grad: the gradient of a chunk's raw logits, in place of them, in one pass per row. With
+// p = exp(s - N) and the incoming gradients of the log-probs (scale = g / t) and, where an entropy bonus trains,
+// of the entropies (entropy_scale = e / t):
+//   G = scale onehot(target) - p (scale + entropy_scale (log p + H)).
+// logits (c, V) float32 (overwritten), targets, normalisers, entropies, scale, entropy_scale (c, 1) -> G (c, V).
+
+std::vector<paddle::Tensor> LogprobRowsGrad(const paddle::Tensor& logits_in, const paddle::Tensor& targets_in,
+                                            const paddle::Tensor& normaliser_in, const paddle::Tensor& entropy_in,
+                                            const paddle::Tensor& scale_in,
+                                            const paddle::optional<paddle::Tensor>& entropy_scale_in,
+                                            float temperature) {
+  const char* op = "grpo_logprob_rows_grad";
+  check_head_rows(logits_in, targets_in, op);
+  PD_CHECK(logits_in.is_contiguous(), op, ": logits must be contiguous (the gradient is written in their place)");
+  const int64_t rows = logits_in.shape()[0], vocab = logits_in.shape()[1];
+  const std::vector<int64_t> column{rows, 1};
+  std::vector<std::pair<const paddle::Tensor*, const char*>> columns{
+      {&normaliser_in, "normaliser"}, {&entropy_in, "entropy"}, {&scale_in, "scale"}};
+  if (entropy_scale_in) columns.emplace_back(&*entropy_scale_in, "entropy_scale");
+  for (const auto& [t, name] : columns) {
+    check_dtype(*t, paddle::DataType::FLOAT32, op, name);
+    check_place(*t, logits_in, op, name);
+    PD_CHECK(t->shape() == column, op, ": ", name, " must be [c, 1] = ", shape_str(column), ", got ",
+             shape_str(t->shape()));
+  }
+  const auto t_t = dense(targets_in), n_t = dense(normaliser_in), h_t = dense(entropy_in), g_t = dense(scale_in);
+  const int64_t* targets = t_t.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) check_target(targets[r], vocab, op);
+  paddle::Tensor e_t;
+  if (entropy_scale_in) e_t = dense(*entropy_scale_in);
+  const float* norm = n_t.data<float>();
+  const float* ent = h_t.data<float>();
+  const float* scale = g_t.data<float>();
+  const float* entropy_scale = entropy_scale_in ? e_t.data<float>() : nullptr;
+  auto grad = logits_in;  // the same buffer
+  float* x = grad.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * vocab;
+    const float n = norm[r], g = scale[r], e = entropy_scale ? entropy_scale[r] : 0.0f, h = ent[r];
+    if (entropy_scale) {
+#pragma omp simd
+      for (int64_t v = 0; v < vocab; ++v) {
+        const float logp = row[v] / temperature - n;
+        row[v] = exp_nonpos(logp) * (-(e * (logp + h)) - g);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t v = 0; v < vocab; ++v) row[v] = exp_nonpos(row[v] / temperature - n) * -g;
+    }
+    row[targets[r]] += g;
+  }
+  return {grad};
+}
+
+std::vector<std::vector<int64_t>> LogprobRowsGradShape(const std::vector<int64_t>& logits,
+                                                       const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                       const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                       const paddle::optional<std::vector<int64_t>>&) {
+  return {logits};
+}
+
+std::vector<paddle::DataType> LogprobRowsGradDtype(const paddle::DataType& logits, const paddle::DataType&,
+                                                   const paddle::DataType&, const paddle::DataType&,
+                                                   const paddle::DataType&, const paddle::optional<paddle::DataType>&) {
+  return {logits};
+}
+
 }  // namespace
 
 PD_BUILD_OP(grpo_add_rms_norm)
@@ -1226,3 +1373,20 @@ PD_BUILD_GRAD_OP(grpo_masked_softmax)
     .Outputs({paddle::Grad("Scores")})
     .Attrs({"scale: float"})
     .SetKernelFn(PD_KERNEL(MaskedSoftmaxGrad));
+
+PD_BUILD_OP(grpo_logprob_rows)
+    .Inputs({"Logits", "Targets"})
+    .Outputs({"Logprob", "Entropy", "Normaliser"})
+    .Attrs({"temperature: float"})
+    .SetKernelFn(PD_KERNEL(LogprobRows))
+    .SetInferShapeFn(PD_INFER_SHAPE(LogprobRowsShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LogprobRowsDtype));
+
+PD_BUILD_OP(grpo_logprob_rows_grad)
+    .Inputs({"Logits", "Targets", "Normaliser", "Entropy", "Scale", paddle::Optional("EntropyScale")})
+    .Outputs({"Grad"})
+    .Attrs({"temperature: float"})
+    .SetInplaceMap({{"Logits", "Grad"}})
+    .SetKernelFn(PD_KERNEL(LogprobRowsGrad))
+    .SetInferShapeFn(PD_INFER_SHAPE(LogprobRowsGradShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LogprobRowsGradDtype));

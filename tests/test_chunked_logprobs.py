@@ -1,5 +1,6 @@
-"""chunked_token_logprobs (alignment/algo.py) against float64 and against the unchunked path's autograd,
-and completion_hidden + output_head (alignment/modeling.py) against completion_logits."""
+"""chunked_token_logprobs (alignment/algo.py) against float64 and against the unchunked path's autograd, with
+paddle's row kernels and with the compiled ones (grpo_logprob_rows and its gradient, csrc/grpo_ops.cc), and
+completion_hidden + output_head (alignment/modeling.py) against completion_logits."""
 
 import contextlib
 
@@ -9,9 +10,21 @@ import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo import chunked_token_logprobs, token_logprobs
+from alignment.algo import HeadKernels, chunked_token_logprobs, paddle_row_grad, paddle_row_stats, token_logprobs
 from alignment.modeling import completion_hidden, completion_logits, make_token_batch, output_head
+from alignment.rollout.ops import load_ops
 from alignment.runtime import contiguous_kernels
+
+OPS, WHY_NOT = load_ops()
+
+
+def compiled_kernels() -> HeadKernels:
+    if OPS is None:
+        pytest.skip(f"fused operators not available: {WHY_NOT}")
+    return HeadKernels(paddle.matmul, OPS.grpo_logprob_rows, OPS.grpo_logprob_rows_grad)
+
+
+ROW_KERNELS = pytest.mark.parametrize("row_kernels", [HeadKernels, compiled_kernels], ids=["paddle-rows", "compiled-rows"])
 
 B, T, H, V = 2, 5, 8, 13  # 10 tokens: chunks of 3 leave a remainder, 64 is more than all of them
 CHUNKS = [1, 3, 4, 10, 64]
@@ -72,31 +85,33 @@ def gradients(t: dict, logprobs: paddle.Tensor) -> dict:
     return {name: None if t[name] is None or t[name].grad is None else t[name].grad.numpy() for name in ("hidden", "weight", "bias")}
 
 
+@ROW_KERNELS
 @pytest.mark.parametrize("chunk_tokens", CHUNKS)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_logprobs_and_entropy_against_float64(chunk_tokens, with_bias):
+def test_logprobs_and_entropy_against_float64(chunk_tokens, with_bias, row_kernels):
     inputs = random_inputs(with_bias)
     logits = inputs["hidden"] @ inputs["weight"].T + (inputs["bias"] if with_bias else 0.0)  # (B, T, V) float64
     scaled = logits / TEMPERATURE
     logp64 = scaled - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True)) - scaled.max(-1, keepdims=True)
     t = tensors(inputs)
-    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens)
+    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens, row_kernels())
     np.testing.assert_allclose(logprobs.numpy(), np.take_along_axis(logp64, inputs["tokens"][..., None], -1)[..., 0], atol=1e-5)
     np.testing.assert_allclose(entropy.numpy(), -(np.exp(logp64) * logp64).sum(-1), atol=1e-5)
     assert logprobs.shape == entropy.shape == [B, T] and entropy.stop_gradient and not logprobs.stop_gradient
 
 
+@ROW_KERNELS
 @pytest.mark.parametrize("chunk_tokens", CHUNKS)
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("kernels", [contextlib.nullcontext, contiguous_kernels], ids=["strided", "contiguous"])
-def test_gradients_equal_the_unchunked_path(chunk_tokens, with_bias, kernels):
+def test_gradients_equal_the_unchunked_path(chunk_tokens, with_bias, kernels, row_kernels):
     """Under both kernel modes: the trainer's update runs under contiguous_kernels, where slices are copies."""
     inputs = random_inputs(with_bias, seed=1)
     reference = tensors(inputs)
     expected = gradients(reference, unchunked_logprobs(reference))
     t = tensors(inputs)
     with kernels():
-        logprobs, _ = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens)
+        logprobs, _ = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens, row_kernels())
         # relative: float32 values near -19 are 1.9e-6 apart, and MKL's AVX-512 path rounds a 1-row matmul
         # differently from a 10-row one
         np.testing.assert_allclose(logprobs.numpy(), unchunked_logprobs(reference).numpy(), rtol=1e-6, atol=1e-6)
@@ -106,9 +121,10 @@ def test_gradients_equal_the_unchunked_path(chunk_tokens, with_bias, kernels):
             np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
 
 
+@ROW_KERNELS
 @pytest.mark.parametrize("chunk_tokens", [1, 3, 64])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_entropy_gradient_equals_autograd_through_the_whole_logits_in_float64(chunk_tokens, with_bias):
+def test_entropy_gradient_equals_autograd_through_the_whole_logits_in_float64(chunk_tokens, with_bias, row_kernels):
     """entropy_grad: the loss sum(u log p) + sum(e H) (an entropy bonus beside the policy term) differentiated
     through the chunks, against paddle's autograd over the (B, T, V) logits in float64."""
     inputs = random_inputs(with_bias, seed=4)
@@ -120,7 +136,7 @@ def test_entropy_gradient_equals_autograd_through_the_whole_logits_in_float64(ch
     entropy64 = -(logp_all.exp() * logp_all).sum(-1)
     ((chosen * reference["upstream"]).sum() + (entropy64 * paddle.to_tensor(entropy_upstream)).sum()).backward()
     t = tensors(inputs)
-    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens, entropy_grad=True)
+    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens, row_kernels(), entropy_grad=True)
     assert not entropy.stop_gradient
     ((logprobs * t["upstream"]).sum() + (entropy * paddle.to_tensor(entropy_upstream.astype(np.float32))).sum()).backward()
     np.testing.assert_allclose(entropy.numpy(), entropy64.numpy(), atol=1e-5)
@@ -133,10 +149,11 @@ def test_entropy_gradient_equals_autograd_through_the_whole_logits_in_float64(ch
     [("hidden",), ("weight", "bias"), ("hidden", "bias"), ()],
     ids=["frozen-head", "frozen-hidden", "frozen-weight", "nothing-trains"],
 )
-def test_frozen_inputs_get_no_gradient(trainable):
+@ROW_KERNELS
+def test_frozen_inputs_get_no_gradient(trainable, row_kernels):
     inputs = random_inputs(with_bias=True, seed=2)
     reference, t = tensors(inputs, trainable), tensors(inputs, trainable)
-    logprobs, _ = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, 3)
+    logprobs, _ = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, 3, row_kernels())
     assert logprobs.stop_gradient == (not trainable)
     if not trainable:
         return
@@ -147,6 +164,55 @@ def test_frozen_inputs_get_no_gradient(trainable):
             np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
         else:
             assert got[name] is None, name
+
+
+def real_vocabulary_rows(seed: int) -> dict:
+    """Rows of logits as SmolLM2's head gives them (49,152 words, a few units apart, some rows peaked), targets,
+    normalisers and incoming gradients: what the compiled row kernels see in training."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(7, 49152)) * 3.0
+    logits[2, 123] += 40.0  # one near-certain token: p close to 1, log p close to 0
+    return {"logits": logits, "targets": rng.integers(0, 49152, size=(7, 1)), "scale": rng.normal(size=(7, 1)), "entropy_scale": rng.normal(size=(7, 1))}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_compiled_rows_equal_float64_and_paddles_rows_at_a_real_vocabulary(temperature, with_entropy):
+    kernels = compiled_kernels()
+    r = real_vocabulary_rows(seed=6)
+    scaled = r["logits"] / temperature
+    normaliser64 = scaled.max(-1, keepdims=True) + np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    logp64 = scaled - normaliser64  # (c, V)
+    p64 = np.exp(logp64)
+    entropy64 = -(p64 * logp64).sum(-1, keepdims=True)
+    f32 = {name: paddle.to_tensor(value.astype(np.int64 if name == "targets" else np.float32)) for name, value in r.items()}
+    logprobs, entropy, normaliser = kernels.row_stats(f32["logits"].clone(), f32["targets"], temperature)
+    np.testing.assert_allclose(normaliser.numpy(), normaliser64, rtol=1e-6)
+    np.testing.assert_allclose(logprobs.numpy(), np.take_along_axis(logp64, r["targets"], -1), atol=2e-5)
+    np.testing.assert_allclose(entropy.numpy(), entropy64, atol=2e-5)
+    # no further from float64 than paddle's chain is (its float32 logsumexp is up to 1e-4 off on these rows)
+    for got, paddles, exact in zip((logprobs, entropy, normaliser), paddle_row_stats(f32["logits"].clone(), f32["targets"], temperature),
+                                   (np.take_along_axis(logp64, r["targets"], -1), entropy64, normaliser64)):
+        assert np.abs(got.numpy() - exact).max() <= max(np.abs(paddles.numpy() - exact).max(), 2e-5)
+
+    entropy_scale = f32["entropy_scale"] if with_entropy else None
+    grad = kernels.row_grad(f32["logits"].clone(), f32["targets"], normaliser, entropy, f32["scale"], entropy_scale, temperature)
+    grad64 = -p64 * (r["scale"] + (r["entropy_scale"] * (logp64 + entropy64) if with_entropy else 0.0))
+    np.put_along_axis(grad64, r["targets"], np.take_along_axis(grad64, r["targets"], -1) + r["scale"], -1)
+    np.testing.assert_allclose(grad.numpy(), grad64, rtol=1e-4, atol=1e-7)
+    reference = paddle_row_grad(f32["logits"].clone(), f32["targets"], normaliser, entropy, f32["scale"], entropy_scale, temperature)
+    np.testing.assert_allclose(grad.numpy(), reference.numpy(), rtol=1e-4, atol=1e-7)  # both near float32 rounding
+
+
+def test_compiled_rows_keep_nan_and_refuse_targets_outside_the_vocabulary():
+    kernels = compiled_kernels()
+    logits = paddle.to_tensor(np.random.default_rng(7).normal(size=(3, 50)).astype(np.float32))
+    logits[1, 7] = float("nan")
+    logprobs, entropy, normaliser = kernels.row_stats(logits, paddle.to_tensor([[0], [1], [2]], dtype="int64"), 1.0)
+    assert np.isnan(logprobs.numpy()[1]) and np.isnan(entropy.numpy()[1]) and np.isnan(normaliser.numpy()[1])  # the trainer's non-finite check sees it
+    assert np.isfinite(logprobs.numpy()[[0, 2]]).all()
+    with pytest.raises(Exception, match=r"target token 50 is outside the vocabulary \[0, 50\)"):
+        kernels.row_stats(logits, paddle.to_tensor([[0], [50], [2]], dtype="int64"), 1.0)
 
 
 def test_no_grad_gives_the_same_values():

@@ -16,7 +16,7 @@ from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 from alignment.algo import chunked_token_logprobs, token_logprobs
 from alignment.config import ConfigError, GRPOConfig, validate
 from alignment.cpu_bf16 import choose_compute, cpu_bf16_flags
-from alignment.fused_train import head_matmul, use_training_ops, weights_changed
+from alignment.fused_train import head_kernels, use_training_ops, weights_changed
 from alignment.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout import SamplingParams, WeightSyncError
 from alignment.runtime import contiguous_kernels
@@ -164,7 +164,7 @@ def loss_and_gradients(model) -> tuple:
     model.train()
     with contiguous_kernels():
         weight, bias = output_head(model)
-        logprobs, _ = chunked_token_logprobs(completion_hidden(model, tokens), weight, bias, tokens.completion_ids, 1.0, 5, head_matmul(model))
+        logprobs, _ = chunked_token_logprobs(completion_hidden(model, tokens), weight, bias, tokens.completion_ids, 1.0, 5, head_kernels(model))
         loss = -(logprobs * tokens.completion_mask).sum() / tokens.completion_mask.sum()
         loss.backward()
     return logprobs.numpy(), {name: p.grad.numpy() for name, p in model.named_parameters() if not p.stop_gradient}
@@ -219,7 +219,7 @@ def test_the_bf16_engine_samples_what_the_bf16_actor_computes(bf16_ops):
     with paddle.no_grad(), contiguous_kernels():
         hidden = completion_hidden(model, tokens)
         weight, bias = output_head(model)
-        actor = chunked_token_logprobs(hidden, weight, bias, tokens.completion_ids, 0.8, 512, head_matmul(model))[0].numpy()
+        actor = chunked_token_logprobs(hidden, weight, bias, tokens.completion_ids, 0.8, 512, head_kernels(model))[0].numpy()
         fp32_actor = token_logprobs(completion_logits(model, tokens), tokens.completion_ids, 0.8).numpy()
     gap = np.abs(rollout.logprobs - actor * rollout.completion_mask).max()
     assert gap < 0.05, gap  # the importance-sampling correction's business, and small

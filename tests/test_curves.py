@@ -57,15 +57,29 @@ def test_series(records, panel, expected):
 
 
 def test_every_panel_is_always_present():
-    assert list(extract_series(RUN)) == ["reward", "accuracy", "response length", "KL"]
+    assert list(extract_series(RUN)) == ["reward", "accuracy", "response length", "KL"]  # one reward function: no fifth
+
+
+def test_several_reward_functions_get_a_panel_of_their_own():
+    two = [
+        evaluation(0, 0.0, 0.2, 22.0, **{"eval_reward/accuracy": 0.0, "eval_reward/format": 0.4}),
+        {**train(1, 0.3, 0.1, 24.0), "reward/format": 0.6},
+        {**train(2, 0.4, 0.2, 25.0), "reward/format": 0.8},
+    ]
+    assert extract_series(two)["reward by function"] == {
+        "train accuracy": ([1, 2], [0.1, 0.2]), "train format": ([1, 2], [0.6, 0.8]),
+        "eval accuracy": ([0], [0.0]), "eval format": ([0], [0.4]),
+    }
 
 
 def write_metrics(folder, lines):
     (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
-def test_plot_writes_a_png_with_content(tmp_path):
-    run = RUN + [train(step, 0.5 + step / 100, 0.3 + step / 100, 26.0 + step / 10) for step in range(4, 30)]
+@pytest.mark.parametrize("functions", [1, 2], ids=["four-panels", "five-panels"])
+def test_plot_writes_a_png_with_content(tmp_path, functions):
+    run = RUN + [{**train(step, 0.5 + step / 100, 0.3 + step / 100, 26.0 + step / 10), **({"reward/format": 0.1} if functions == 2 else {})}
+                 for step in range(4, 30)]
     write_metrics(tmp_path, [json.dumps(record) for record in run])
     path = plot_curves(tmp_path)
     assert path == tmp_path / "curves.png"

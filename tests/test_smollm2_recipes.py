@@ -39,10 +39,14 @@ def test_recipe_validates_against_the_imported_model(recipe, smollm2):
     config = load_config(recipe_args(recipe, smollm2))
     assert config.use_fusemt and config.use_fused_train_ops and config.kl_loss_coeff == 0.0
     assert config.system_prompt == Path(f"config/smollm2/{recipe}_system_prompt.txt").read_text()
-    if recipe == "gsm8k":  # SmolLM2's own template, the assistant's turn opened with the recipe's first tag
+    if recipe == "gsm8k":  # SmolLM2's ChatML, two worked exchanges, the assistant's turn opened with the first tag
         tokenizer = load_tokenizer(str(smollm2), config.chat_template)
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True, tokenize=False)
-        assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<reasoning>\n")
+        for system in ([], [{"role": "system", "content": config.system_prompt}]):
+            prompt = tokenizer.apply_chat_template([*system, {"role": "user", "content": "2+2?"}], add_generation_prompt=True, tokenize=False)
+            assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<reasoning>\n")
+            assert prompt.count("<|im_start|>assistant\n<reasoning>\n") == 3
+            assert "\n<answer>\n8\n</answer>\n<|im_end|>\n" in prompt and "\n<answer>\n14\n</answer>\n<|im_end|>\n" in prompt
+            assert prompt.startswith("<|im_start|>system\n" + (config.system_prompt if system else "You are a helpful AI assistant named SmolLM"))
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -17,6 +17,8 @@ Inputs come first and attributes after them, positionally or by keyword:
     out = ops.grpo_rms_norm(x, weight, eps)                  # training operators, with backward kernels
     q, k, v = ops.grpo_rope_qkv(qkv, bias, cos, sin, num_heads, num_kv_heads)  # bias may be None
     probs = ops.grpo_masked_softmax(scores, mask, scale)
+    logprob, entropy, normaliser = ops.grpo_logprob_rows(logits, targets, temperature)  # the log-prob head's rows
+    grad = ops.grpo_logprob_rows_grad(logits, targets, normaliser, entropy, scale, entropy_scale, temperature)
     packed = ops.grpo_pack_weight(weight, transpose)          # where paddle ships MKL: x @ weight (or weight^T)
     out = ops.grpo_packed_matmul(x, packed, n)                # through the packed copy, n output columns
     weight_bf16 = ops.grpo_to_bf16(weight)                    # where paddle ships oneDNN: bf16 products, fp32 sums
@@ -24,7 +26,8 @@ Inputs come first and attributes after them, positionally or by keyword:
     out, x_saved = ops.grpo_bf16_linear(x, weight, weight_bf16, weight_grad)  # with backward to x and weight
 
 grpo_silu_mul has a backward kernel too. grpo_rope_kv_write, grpo_stop_update and grpo_compact_rows
-write their cache / presence / x argument in place and also return it. Shapes and semantics:
+write their cache / presence / x argument in place and also return it, as grpo_logprob_rows_grad writes the
+gradient in place of its logits. Shapes and semantics:
 csrc/grpo_ops.cc.
 """
 
@@ -88,6 +91,14 @@ def grpo_masked_softmax(scores, mask, scale: float):
     return _run("grpo_masked_softmax", scores, mask, float(scale))
 
 
+def grpo_logprob_rows(logits, targets, temperature: float):
+    return _run("grpo_logprob_rows", logits, targets, float(temperature))
+
+
+def grpo_logprob_rows_grad(logits, targets, normaliser, entropy, scale, entropy_scale, temperature: float):
+    return _run("grpo_logprob_rows_grad", logits, targets, normaliser, entropy, scale, entropy_scale, float(temperature))
+
+
 def grpo_pack_weight(weight, transpose: bool):
     return _run("grpo_pack_weight", weight, bool(transpose))
 
@@ -109,7 +120,7 @@ def grpo_bf16_linear(x, weight, weight_bf16, weight_grad: bool):
 
 
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
-       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax)
+       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_logprob_rows, grpo_logprob_rows_grad)
 MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
 DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear)  # csrc/grpo_bf16.cc: only where paddle ships oneDNN
 
