@@ -1173,19 +1173,27 @@ std::vector<paddle::Tensor> LogprobRows(const paddle::Tensor& logits_in, const p
       mx = std::max(mx, s);
       nan = nan || s != s;
     }
-    float sum = 0.0f, weighted = 0.0f;  // S and sum exp(s - m) (s - m)
-#pragma omp simd reduction(+ : sum, weighted)
-    for (int64_t v = 0; v < vocab; ++v) {
-      const float shifted = x[v] / temperature - mx;
-      const float e = exp_nonpos(shifted);
-      sum += e;
-      weighted += e * shifted;
+    // S and sum exp(s - m) (s - m): float sums inside a block, double across blocks, so the rounding error does
+    // not grow with the vocabulary (one float sum over 49,152 terms drifted 5e-5 in log S where it did not vectorise)
+    double sum = 0.0, weighted = 0.0;
+    for (int64_t lo = 0; lo < vocab; lo += kBlock) {
+      const int64_t hi = std::min(vocab, lo + kBlock);
+      float block_sum = 0.0f, block_weighted = 0.0f;
+#pragma omp simd reduction(+ : block_sum, block_weighted)
+      for (int64_t v = lo; v < hi; ++v) {
+        const float shifted = x[v] / temperature - mx;
+        const float e = exp_nonpos(shifted);
+        block_sum += e;
+        block_weighted += e * shifted;
+      }
+      sum += block_sum;
+      weighted += block_weighted;
     }
-    const float log_sum = std::log(sum);
+    const float log_sum = static_cast<float>(std::log(sum));
     const float n = nan ? std::numeric_limits<float>::quiet_NaN() : mx + log_sum;
     norm[r] = n;
     lp[r] = x[targets[r]] / temperature - n;
-    ent[r] = nan ? n : log_sum - weighted / sum;
+    ent[r] = nan ? n : static_cast<float>(std::log(sum) - weighted / sum);
   }
   return {logprob, entropy, normaliser};
 }
