@@ -454,7 +454,9 @@ struct ByLogitDesc {
   bool operator()(int32_t a, int32_t b) const { return w[a] > w[b] || (w[a] == w[b] && a < b); }
 };
 
-constexpr int64_t kBlock = 1024;  // inverse-CDF draws walk per-block sums first, then one block
+// Long float sums run in blocks of kBlock added in double: the sampler's inverse-CDF draws walk the per-block sums
+// first, then one block; the log-prob head's rows (11) sum a row that way.
+constexpr int64_t kBlock = 1024;
 
 // p[v] = exp(w[v] - mx) for the whole row, block[k] = sum of block k; returns the total. Float sums
 // inside a block (vectorised), double across blocks.
@@ -1189,11 +1191,11 @@ std::vector<paddle::Tensor> LogprobRows(const paddle::Tensor& logits_in, const p
       sum += block_sum;
       weighted += block_weighted;
     }
-    const float log_sum = static_cast<float>(std::log(sum));
-    const float n = nan ? std::numeric_limits<float>::quiet_NaN() : mx + log_sum;
+    const double log_sum = std::log(sum);
+    const float n = nan ? std::numeric_limits<float>::quiet_NaN() : mx + static_cast<float>(log_sum);
     norm[r] = n;
     lp[r] = x[targets[r]] / temperature - n;
-    ent[r] = nan ? n : static_cast<float>(std::log(sum) - weighted / sum);
+    ent[r] = nan ? n : static_cast<float>(log_sum - weighted / sum);
   }
   return {logprob, entropy, normaliser};
 }
