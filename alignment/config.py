@@ -142,6 +142,7 @@ class GRPOConfig:
     max_steps: int = _key(-1, "Optimizer steps to run; -1: num_train_epochs over train_datasets.")
     num_train_epochs: float = _key(1.0, "Passes over the training prompts when max_steps is -1.")
     seed: int = _key(42, "Seed for data order, sampling and initialisation.")
+    use_prefix_grouper: bool = _key(True, "The policy update's forward runs each prompt once per micro-batch and its completions attend to its keys and values, instead of running it again with every completion (verl's key; the same log-probs and gradients up to float32 rounding, and a prompt shared by n completions costs 1/n). Where the training operators run (use_fused_train_ops) and recompute is off; elsewhere whole rows are run.")
     logprob_chunk_tokens: int = _key(512, "Tokens whose full-vocabulary logits exist at once when computing log-probs for the update (backward recomputes each chunk); smaller uses less memory for the same result.")
     lora: bool = _key(False, "Train LoRA adapters (paddleformers.peft) instead of all the actor's weights; checkpoints hold the adapter in Hugging Face peft's layout (python -m alignment.merge_lora merges it into the base).")
     lora_rank: int = _key(8, "Rank r of each adapter (A is in x r, B is r x out).")

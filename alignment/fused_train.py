@@ -80,6 +80,13 @@ def use_training_ops(model, bf16: bool = False) -> Optional[str]:
     return None
 
 
+def groups_prompts(model, recompute: bool) -> bool:
+    """Whether a forward may run each shared prompt once (alignment/prefix_grouper.py): where the training attention
+    runs, which concatenates the keys and values the grouper's cache gives it, and layers are not recomputed (a
+    recomputed layer would keep the prompt's keys and values of its first, gradient-free, pass)."""
+    return not recompute and all(isinstance(layer.self_attn, TrainingAttention) for layer in model.model.layers)
+
+
 def head_kernels(model) -> HeadKernels:
     """What the log-prob head (algo.chunked_token_logprobs) computes this model's with: where use_training_ops
     swapped the modules, the compiled row kernels (grpo_logprob_rows and its gradient) and, with bf16, the bf16

@@ -47,7 +47,7 @@ from alignment.cpu_bf16 import choose_compute
 from alignment.curves import plot_curves
 from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.distributed import World, init_world
-from alignment.fused_train import bf16_unavailable, head_kernels, use_training_ops, weights_changed
+from alignment.fused_train import bf16_unavailable, groups_prompts, head_kernels, use_training_ops, weights_changed
 from alignment.logger import RunLogger
 from alignment.lora import adapters_disabled, apply_lora, load_adapter
 from alignment.modeling import (
@@ -769,7 +769,7 @@ def policy_logprobs(model, batch, config: GRPOConfig, entropy_grad: bool = False
     """-> (log-probs (b, T) with grad where the model has it, entropy (b, T), with grad only for entropy_grad)
     of the completion tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time."""
     weight, bias = output_head(model)
-    hidden = completion_hidden(model, batch)
+    hidden = completion_hidden(model, batch, config.use_prefix_grouper and groups_prompts(model, config.recompute))
     return chunked_token_logprobs(
         hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens, head_kernels(model), entropy_grad
     )

@@ -53,6 +53,7 @@ def test_splits_are_disjoint_and_answers_are_right(variant, folder):
         assert int(previous) == problem.answer
 
 
+@pytest.mark.slow
 def test_model_script_is_deterministic(tmp_path):
     hashes = []
     for run in ("a", "b"):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 NOISE = [
     "No ccache found",  # paddle looks for ccache at every import
@@ -33,6 +35,7 @@ def make_train(output: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, env=USERS_ENVIRONMENT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_make_train_prints_the_run_and_runs_again_in_the_same_folder(tmp_path):
     output = tmp_path / "tiny"
     for attempt in range(2):  # the second run replaces the first (--overwrite_output_dir in the Makefile)

@@ -190,6 +190,7 @@ def test_a_sharding_degree_other_than_all_processes_is_refused(tmp_path, eval_fi
     assert "run_grpo: error: sharding_parallel_degree = 4 with 2 processes" in log and "-1: all" in log
 
 
+@pytest.mark.slow
 def test_step_wide_statistics_are_taken_over_all_processes(tmp_path, eval_file):
     """REINFORCE++'s whitening over the step's tokens, the entropy selection's quantile and the entropy bonus's
     token count are global: one step on two processes logs what it logs on one (loss, gradient norm, selected

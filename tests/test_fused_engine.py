@@ -86,6 +86,17 @@ def test_sampling_logprobs_equal_the_actor_forward(model):
         assert (rollout.completion_ids[row, length:] == PAD).all()
 
 
+def test_a_group_prefilled_once_decodes_as_its_prompt_alone(model):
+    """generate(prompts, 3) prefills each prompt once and copies its cache to the group's 3 rows
+    (FusedEngine._prefill_groups); greedy, every row must equal the prompt generated alone (group size 1)."""
+    engine = FusedEngine(model, [7, 11, 13], PAD, OPS)
+    greedy = SamplingParams(max_new_tokens=12, greedy=True)
+    alone, grouped = engine.generate(PROMPTS, 1, greedy), engine.generate(PROMPTS, 3, greedy)
+    assert grouped.completion_ids.tolist() == np.repeat(alone.completion_ids, 3, axis=0).tolist()
+    assert grouped.finish_reasons == [reason for reason in alone.finish_reasons for _ in range(3)]
+    np.testing.assert_allclose(grouped.logprobs, np.repeat(alone.logprobs, 3, axis=0), atol=1e-5)
+
+
 def test_same_seed_same_completions():
     model = qwen2_tied()
     engine = FusedEngine(model, [VOCAB - 1], PAD, OPS)

@@ -29,6 +29,7 @@ def records(out: Path) -> list:
     return [{k: v for k, v in row.items() if not k.startswith(WALL_CLOCK)} for row in rows]
 
 
+@pytest.mark.slow
 def test_a_multi_turn_run_logs_conversations_and_resumes_exactly(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(straight, "--max_steps", "4")

@@ -44,6 +44,7 @@ def eval_file(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_exactly(tmp_path, eval_file):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run(straight, "--eval_datasets", eval_file)

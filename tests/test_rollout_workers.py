@@ -183,6 +183,7 @@ def test_synchronous_rollout_process_trains_as_a_colocated_run(tmp_path, colocat
     assert "rollout process 1: generating with the FusedEngine from step 1" in worker_log and "step 1:" not in worker_log
 
 
+@pytest.mark.slow
 def test_one_step_off_logs_staleness_and_resumes_exactly(tmp_path, eval_file):
     flags = ["--max_steps", "5", "--save_steps", "2", "--learning_rate", "2e-3", *ROLLOUT, "--async_generate", "true", "--importance_sampling_correction", "true"]
     straight, killed = tmp_path / "straight" / "out", tmp_path / "killed" / "out"

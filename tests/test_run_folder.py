@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # Tiny steps: 2 prompts x 4 completions of at most 8 tokens, no evaluation.
 RUN = [
     "run_grpo.py", "config/tiny/grpo_argument.json", "--max_dec_len", "8", "--per_device_prompt_batch_size", "2",
@@ -48,6 +50,7 @@ def test_a_second_run_in_the_same_output_dir_is_refused_or_replaces_it_when_told
     assert len(list((out / "vdl_log").iterdir())) == 1  # one VisualDL log, not two runs mixed
 
 
+@pytest.mark.slow
 def test_retention_and_auto_follow_the_resumed_run_not_higher_steps_of_another(tmp_path):
     out = tmp_path / "run"
     trainer(out, "--max_steps", "4", "--save_steps", "1")  # checkpoints 1-4
@@ -61,6 +64,7 @@ def test_retention_and_auto_follow_the_resumed_run_not_higher_steps_of_another(t
     assert f"resuming from {out}/checkpoint-3 after step 3" in output  # not the first run's checkpoint-4
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_skipped_by_auto_and_named_when_given(tmp_path):
     out = tmp_path / "run"
     trainer(out, "--max_steps", "2", "--save_steps", "1")
@@ -77,6 +81,7 @@ def test_a_damaged_checkpoint_is_skipped_by_auto_and_named_when_given(tmp_path):
     assert f"resuming from {out}/checkpoint-1 after step 1" in output and steps(out) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_resuming_with_changed_settings_refuses_what_changes_the_steps_and_prints_the_rest(tmp_path):
     out = tmp_path / "run"
     trainer(out, "--max_steps", "1")

@@ -49,6 +49,7 @@ def test_recipe_validates_against_the_imported_model(recipe, smollm2):
             assert prompt.startswith("<|im_start|>system\n" + (config.system_prompt if system else "You are a helpful AI assistant named SmolLM"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_path):
     eval_file = tmp_path / "eval.jsonl"  # the recipe's evaluation set, cut to 4 prompts

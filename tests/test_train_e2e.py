@@ -114,6 +114,7 @@ print("GENERATED", repr(tokenizer.decode(ids[0].tolist())))
     assert "GENERATED '<think>" in done.stdout, done.stdout[-500:]
 
 
+@pytest.mark.slow
 def test_kl_penalty_loads_a_reference_model(tmp_path):
     launch(tmp_path, "--max_steps", "1", "--kl_loss_coeff", "0.05", "--eval_on_start", "false")
     (step,) = [s for s in read_jsonl(tmp_path / "out" / "metrics.jsonl") if "reward_mean" in s]

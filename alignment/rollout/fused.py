@@ -7,7 +7,9 @@ What it changes against the eager engine (PaddleNLP's FusedMT idea):
   rotary + cache write, attention over the cache with grouped KV heads, one gate|up matmul,
   SiLU x up, and the two output matmuls (Qwen3 adds its per-head q and k RMSNorms before the rotary);
 - sampling, stop handling and compaction in C++: finished rows leave the active batch, so a batch
-  whose completions end early stops paying for them.
+  whose completions end early stops paying for them;
+- a group's prompt prefilled once: generate's rows are group_size copies of each prompt, so the prompt runs
+  once and its cache slots are copied to the group's rows.
 
 Weights: the o / down projections, norms and embedding are the actor's own tensors; q|k|v and gate|up
 are concatenated copies (one matmul instead of three and two), and lm_head is held packed for MKL's
@@ -250,6 +252,18 @@ class FusedEngine:
         hidden, _ = ops.grpo_add_rms_norm(x, residual, self.model.model.norm.weight, self.eps)
         return hidden
 
+    def _prefill_groups(self, input_ids, position_ids, first_slot, cache, group_size: int) -> paddle.Tensor:
+        """Prefill of rows that come in groups of group_size copies of one prompt: each prompt runs once, into a cache
+        of its own, whose slots are then copied to every row of its group. (B, W) inputs -> the logits (B, V) of each
+        row's first new token (equal within a group; each row samples its own)."""
+        width = input_ids.shape[1]
+        distinct = paddle.arange(0, input_ids.shape[0], group_size)  # (B / G,) each group's first row
+        prompt_cache = self._empty_cache(len(distinct), width)
+        embedded = self.model.model.embed_tokens(paddle.gather(input_ids, distinct))
+        hidden = self._forward(embedded, paddle.gather(position_ids, distinct), paddle.gather(first_slot, distinct), prompt_cache, start=0)
+        cache[:, :, :, :width] = paddle.repeat_interleave(prompt_cache, group_size, axis=2)  # (L, 2, B, W, KVH, D)
+        return paddle.repeat_interleave(self._logits(hidden[:, -1]), group_size, axis=0)
+
     def _linear(self, x, weight, bias=None):
         """x (..., K) @ weight (K, N) + bias, or with a bf16 copy (N, K) x @ copy^T in bf16 with fp32 sums."""
         if weight.dtype == paddle.bfloat16:
@@ -314,9 +328,12 @@ class FusedEngine:
         row_ids = np.arange(batch)  # active position -> original row
         alive = np.ones(batch, dtype=bool)  # per active position: not finished yet
 
-        embedded = self.model.model.embed_tokens(input_ids[:, width - window :])
-        hidden = self._forward(embedded, position_ids[:, width - window :], first_slot, cache, start=width - window)
-        logits = self._logits(hidden[:, -1])  # (B, V)
+        if known is None and group_size > 1:  # each prompt once: its group_size rows are consecutive copies
+            logits = self._prefill_groups(input_ids, position_ids, first_slot, cache, group_size)
+        else:
+            embedded = self.model.model.embed_tokens(input_ids[:, width - window :])
+            hidden = self._forward(embedded, position_ids[:, width - window :], first_slot, cache, start=width - window)
+            logits = self._logits(hidden[:, -1])  # (B, V)
         positions = position_ids[:, -1:] + 1  # (B, 1) rotary position of the next token
         keys = np.asarray(params.row_keys, dtype=np.int64) if params.row_keys is not None else params.first_row + row_ids
         for step in range(new_tokens):
