@@ -190,6 +190,9 @@ class GRPOConfig:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
 
+# verl's importance_sampling_mode values, stored as the modes they are
+IMPORTANCE_SAMPLING_SYNONYMS = {"token": "token_truncate", "sequence": "sequence_truncate"}
+
 # alias -> canonical key: the names TRL (GRPOConfig), ms-swift (swift rlhf --rlhf_type grpo) and
 # Hugging Face generate use for the same thing.
 ALIASES = {
@@ -627,7 +630,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         c.importance_sampling_min is None or 0 <= c.importance_sampling_min < 1,
         f"importance_sampling_min = {c.importance_sampling_min}: must lie in [0, 1) (null: no lower bound)",
     )
-    importance_sampling_mode = {"token": "token_truncate", "sequence": "sequence_truncate"}.get(c.importance_sampling_mode, c.importance_sampling_mode)
+    importance_sampling_mode = IMPORTANCE_SAMPLING_SYNONYMS.get(c.importance_sampling_mode, c.importance_sampling_mode)
     _check(0 <= c.top_entropy_quantile <= 1, f"top_entropy_quantile = {c.top_entropy_quantile}: must lie in [0, 1] (1.0: every token)")
     _check(c.entropy_coeff >= 0, f"entropy_coeff = {c.entropy_coeff}: must be >= 0 (0: no entropy bonus)")
     _check(

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from alignment.config import ALIASES, KEYS, ConfigError, GRPOConfig, load_config
+from alignment.config import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, KEYS, ConfigError, GRPOConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 BASES = [{}, json.loads((REPO / "config/tiny/grpo_argument.json").read_text())]
@@ -204,6 +204,8 @@ def test_config_file_values(config_path, case):
         for written, tag in tags.items():
             name = ALIASES.get(written, written)
             given_value = config[written]
+            if name == "importance_sampling_mode":
+                given_value = IMPORTANCE_SAMPLING_SYNONYMS.get(given_value, given_value)
             if given_value is not None and name not in DERIVED:
                 assert getattr(result, name) == given_value, name
         return
