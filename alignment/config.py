@@ -562,10 +562,13 @@ def validate(c: GRPOConfig) -> GRPOConfig:
             f"({accumulation}) = {sequences} sequences is not a whole number of groups of rollout_n ({c.rollout_n})",
         )
         prompt_batch = sequences // c.rollout_n
+        derived = f", derived from gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({c.per_device_train_batch_size})"
+    else:
+        derived = ""
     prompt_batch = 8 if prompt_batch is None else prompt_batch
     _check(prompt_batch >= 1, "per_device_prompt_batch_size must be at least 1")
     sequences = prompt_batch * c.rollout_n
-    _check(sequences < INT64, f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step: too many")
+    _check(sequences < INT64, f"per_device_prompt_batch_size ({prompt_batch}{derived}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step: too many")
     _check(
         sequences % c.per_device_train_batch_size == 0,
         f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step "
