@@ -4,8 +4,8 @@ On a CPU, paddle runs Qwen2 / Llama's RMSNorm, rotary embedding, SwiGLU and atte
 chains of broadcast elementwise kernels, and their backward passes (MultiplyGrad, PowGrad, TileGrad)
 took more of a policy update than the matmuls did (bench/RESULTS.md). use_training_ops swaps, in every
 decoder layer, the two norms, the attention and the MLP, and the final norm, for modules that call
-grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax and grpo_silu_mul, which have backward kernels; Qwen3's
-per-head q/k RMSNorms go through grpo_rms_norm too.
+grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens and grpo_silu_mul, which have
+backward kernels; Qwen3's per-head q/k RMSNorms go through grpo_rms_norm too.
 
 The swapped modules hold the model's own Parameter objects (and Linear layers) under the same names:
 the state_dict, checkpoints, the optimizer's state and the fused rollout engine's in-place weight
@@ -190,7 +190,7 @@ class TrainingAttention(nn.Layer):
         scores = paddle.matmul(grouped, k, transpose_y=True)  # (B, KVH, G T, S)
         probs = self.ops.grpo_masked_softmax(scores, attention_mask, self.scaling)  # mask (B, 1, T, S)
         out = paddle.matmul(probs, v).reshape([batch, self.num_heads, length, self.head_dim])  # (B, H, T, D)
-        out = out.transpose([0, 2, 1, 3]).reshape([batch, length, self.num_heads * self.head_dim])
+        out = self.ops.grpo_heads_to_tokens(out, self.num_heads)  # (B, T, H D)
         return _project(out, [self.o_proj], self.o_proj.bias, self.bf16), None
 
     def _norm_qk_heads(self, qkv):

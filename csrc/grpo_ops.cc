@@ -1,7 +1,7 @@
 // Fused operators of the rollout engine (alignment/rollout): RMSNorm with the residual add, rotary
 // embedding fused with the KV-cache write, attention over the static cache, SwiGLU, sampling with
 // logit shaping, stop bookkeeping and in-place row compaction of the cache. And the training
-// operators of the actor's forward and backward (alignment/fused_train.py, 8-10 below, and
+// operators of the actor's forward and backward (alignment/fused_train.py, 8-10 and 13 below, and
 // grpo_silu_mul's backward), and of its log-prob head (11-12, alignment/algo.py).
 //
 // CPU kernels are float32, OpenMP-parallel over rows/heads, with vectorisable inner loops. Every op
@@ -11,6 +11,7 @@
 // Cache layout used by all attention ops: [L, 2, Bcap, S, KVH, D], one buffer for every layer;
 // cache[layer, 0] holds rotated keys and cache[layer, 1] values; slot s of row b holds token s.
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -46,7 +47,7 @@ bool on_gpu(const paddle::Tensor& t, const char* op) {
   return true;
 }
 
-// The training operators (8-10 and the backward of 4) have CPU kernels only: on a GPU, paddle's own
+// The training operators (8-10, 13 and the backward of 4) have CPU kernels only: on a GPU, paddle's own
 // fused kernels serve training.
 void cpu_only(const paddle::Tensor& t, const char* op) {
   PD_CHECK(t.is_cpu(), op, ": CPU kernels only (a training operator), got a tensor on ", t.place().DebugString());
@@ -275,6 +276,113 @@ std::vector<paddle::DataType> RopeKvWriteDtype(const paddle::DataType& qkv, cons
 
 // ---------------------------------------------------------------------------------------------
 // 3. grpo_cache_attention
+//
+// One query against its row's cached keys and values, slots lo..hi. A dot product of D floats per key, summed
+// horizontally one key at a time, kept the loop waiting on each sum (the kernel took half of a SmolLM2-135M
+// rollout at 64 rows); with AVX-512 and D = 64 or 128 (the head size of the models served), 16 keys' products are
+// summed together by a tree of shuffles, and the values are accumulated in registers over two alternating sets
+// of slots.
+
+#ifdef __AVX512F__
+// sums[j] (16 lanes each) -> one register whose lane j is the sum of sums[j]'s lanes. Each level adds pairs of
+// registers after shuffling them so that every lane keeps a partial sum of one key: 16 -> 8 -> 4 -> 2 -> 1.
+inline __m512 lane_sums(__m512* sums) {
+  __m512 halves[8], quarters[4], eighths[2];
+  for (int j = 0; j < 8; ++j)  // 128-bit lanes: [j.0 + j.2, j.1 + j.3, (j+8).0 + (j+8).2, (j+8).1 + (j+8).3]
+    halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(sums[j], sums[j + 8], 0x44), _mm512_shuffle_f32x4(sums[j], sums[j + 8], 0xEE));
+  for (int j = 0; j < 4; ++j)  // 128-bit lanes: keys j, j + 8, j + 4, j + 12
+    quarters[j] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[j], halves[j + 4], 0x88),
+                                _mm512_shuffle_f32x4(halves[j], halves[j + 4], 0xDD));
+  for (int j = 0; j < 2; ++j)  // in each 128-bit lane: pairs of quarters[j] and quarters[j + 2]
+    eighths[j] = _mm512_add_ps(_mm512_shuffle_ps(quarters[j], quarters[j + 2], 0x44), _mm512_shuffle_ps(quarters[j], quarters[j + 2], 0xEE));
+  const __m512 sums_shuffled = _mm512_add_ps(_mm512_shuffle_ps(eighths[0], eighths[1], 0x88), _mm512_shuffle_ps(eighths[0], eighths[1], 0xDD));
+  // lane 4 L + e holds key m(e) + o(L), m = (0, 2, 1, 3), o = (0, 8, 4, 12): put key j in lane j
+  const __m512i where = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+  return _mm512_permutexvar_ps(where, sums_shuffled);
+}
+
+// N = D / 16 registers per key or value.
+template <int N>
+float key_scores_avx512(const float* q, const float* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
+  __m512 qv[N];
+  for (int i = 0; i < N; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+  __m512 block_max = _mm512_set1_ps(kNegInf);
+  int64_t s = lo;
+  for (; s + 16 <= hi + 1; s += 16) {
+    __m512 sums[16];
+    for (int j = 0; j < 16; ++j) {
+      const float* key = k + (s + j) * stride;
+      sums[j] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
+      for (int i = 1; i < N; ++i) sums[j] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + 16 * i), sums[j]);
+    }
+    const __m512 block = _mm512_mul_ps(lane_sums(sums), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(scores + s, block);
+    block_max = _mm512_max_ps(block_max, block);
+  }
+  float mx = _mm512_reduce_max_ps(block_max);
+  for (; s <= hi; ++s) {
+    const float* key = k + s * stride;
+    __m512 sum = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
+    for (int i = 1; i < N; ++i) sum = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + 16 * i), sum);
+    scores[s] = _mm512_reduce_add_ps(sum) * scale;
+    mx = std::max(mx, scores[s]);
+  }
+  return mx;
+}
+
+template <int N>
+void weighted_values_avx512(const float* p, const float* v, int64_t stride, int64_t lo, int64_t hi, float inv, float* out) {
+  __m512 even[N], odd[N];  // two sets of sums, so consecutive slots' FMAs do not wait on each other
+  for (int i = 0; i < N; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+  int64_t s = lo;
+  for (; s + 1 <= hi; s += 2) {
+    const __m512 p0 = _mm512_set1_ps(p[s]), p1 = _mm512_set1_ps(p[s + 1]);
+    const float* v0 = v + s * stride;
+    const float* v1 = v0 + stride;
+    for (int i = 0; i < N; ++i) {
+      even[i] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * i), even[i]);
+      odd[i] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * i), odd[i]);
+    }
+  }
+  if (s <= hi)
+    for (int i = 0; i < N; ++i) even[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(v + s * stride + 16 * i), even[i]);
+  for (int i = 0; i < N; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(_mm512_add_ps(even[i], odd[i]), _mm512_set1_ps(inv)));
+}
+#endif
+
+// scores[s] = scale * q . key(s) for s in lo..hi, key(s) = k + s * stride, D floats each -> their max.
+float key_scores(const float* q, const float* k, int64_t stride, int64_t lo, int64_t hi, int64_t D, float scale, float* scores) {
+#ifdef __AVX512F__
+  if (D == 64) return key_scores_avx512<4>(q, k, stride, lo, hi, scale, scores);
+  if (D == 128) return key_scores_avx512<8>(q, k, stride, lo, hi, scale, scores);
+#endif
+  float mx = kNegInf;
+  for (int64_t s = lo; s <= hi; ++s) {
+    const float* key = k + s * stride;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < D; ++i) dot += q[i] * key[i];
+    scores[s] = dot * scale;
+    mx = std::max(mx, scores[s]);
+  }
+  return mx;
+}
+
+// out (D,) = inv * sum over s in lo..hi of p[s] value(s), value(s) = v + s * stride.
+void weighted_values(const float* p, const float* v, int64_t stride, int64_t lo, int64_t hi, int64_t D, float inv, float* out) {
+#ifdef __AVX512F__
+  if (D == 64) return weighted_values_avx512<4>(p, v, stride, lo, hi, inv, out);
+  if (D == 128) return weighted_values_avx512<8>(p, v, stride, lo, hi, inv, out);
+#endif
+  std::fill(out, out + D, 0.0f);
+  for (int64_t s = lo; s <= hi; ++s) {
+    const float* value = v + s * stride;
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) out[i] += p[s] * value[i];
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) out[i] *= inv;
+}
 
 std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const paddle::Tensor& cache_in,
                                            const paddle::Tensor& first_slot_in, int layer, int start) {
@@ -314,48 +422,36 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
   float* o = out.data<float>();
   const int64_t group = H / KVH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t S = cd.S;
+  const int64_t S = cd.S, key_stride = KVH * D;
+  // A work item is a query's G heads that share a KV head, so its keys and values come into the core's cache once
+  // for all G; single heads where that would leave threads idle (a row or two of decode).
+  const int64_t heads_per_item = B * T * KVH >= 2 * omp_get_max_threads() ? group : 1;
+  const int64_t items_per_query = H / heads_per_item;
 #pragma omp parallel
   {
     std::vector<float> scores(S);  // (S,) softmax weights of one query
-    std::vector<float> acc(D);
-#pragma omp for collapse(3) schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < H; ++h) {
-          const float* qv = q + ((b * T + t) * H + h) * D;
-          float* ov = o + (b * T + t) * H * D + h * D;
-          const int64_t lo = first[b], hi = start + t;  // inclusive slot range
-          if (lo > hi) {
-            std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
-            continue;
-          }
-          const int64_t g = h / group;
-          const float* kb = kc + b * row_stride + g * D;
-          const float* vb = vc + b * row_stride + g * D;
-          float mx = kNegInf;
-          for (int64_t s = lo; s <= hi; ++s) {
-            const float* kv = kb + s * KVH * D;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < D; ++i) dot += qv[i] * kv[i];
-            dot *= scale;
-            scores[s] = dot;
-            mx = std::max(mx, dot);
-          }
-          const float sum = exp_shifted_sum(scores.data() + lo, hi - lo + 1, mx);
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          float* a = acc.data();
-          for (int64_t s = lo; s <= hi; ++s) {
-            const float p = scores[s];
-            const float* vv = vb + s * KVH * D;
-#pragma omp simd
-            for (int64_t i = 0; i < D; ++i) a[i] += p * vv[i];
-          }
-          const float inv = 1.0f / sum;
-#pragma omp simd
-          for (int64_t i = 0; i < D; ++i) ov[i] = a[i] * inv;
+    // static: with schedule(dynamic, 1) this loop ran some items twice (test_cache_attention, 2 threads; libgomp and
+    // paddle's libiomp5 are both loaded), which the D = 32 case's accumulating fallback showed as doubled outputs
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < B * T * items_per_query; ++item) {
+      const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
+      const int64_t lo = first[b], hi = start + t;  // inclusive slot range
+      for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
+        const float* qv = q + (bt * H + h) * D;
+        float* ov = o + bt * H * D + h * D;
+        if (lo > hi) {
+          std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
+          continue;
         }
+        const int64_t g = h / group;
+        const float* kb = kc + b * row_stride + g * D;  // key of slot s at kb + s * key_stride
+        const float* vb = vc + b * row_stride + g * D;
+        float* p = scores.data();
+        const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p);
+        const float sum = exp_shifted_sum(p + lo, hi - lo + 1, mx);
+        weighted_values(p, vb, key_stride, lo, hi, D, 1.0f / sum, ov);
+      }
+    }
   }
   return {out};
 }
@@ -1277,6 +1373,52 @@ std::vector<paddle::DataType> LogprobRowsGradDtype(const paddle::DataType& logit
   return {logits};
 }
 
+// ---------------------------------------------------------------------------------------------
+// 13. grpo_heads_to_tokens: the training attention's output, head-major [B, H, T, D], in the token-major layout
+// the output projection multiplies, [B, T, H D]; the backward moves the gradient back. paddle's transpose
+// leaves a strided view, and the reshape after it copied element by element (about 1.5 s of a SmolLM2-135M
+// update at 64 x 192 tokens, forward and backward: bench/RESULTS.md); here each head's D floats move as one block.
+
+void move_head_blocks(const float* from, float* to, int64_t B, int64_t H, int64_t T, int64_t D, bool to_tokens) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t heads = ((b * H + h) * T + t) * D, tokens = ((b * T + t) * H + h) * D;
+        std::memcpy(to + (to_tokens ? tokens : heads), from + (to_tokens ? heads : tokens), D * sizeof(float));
+      }
+}
+
+std::vector<paddle::Tensor> HeadsToTokens(const paddle::Tensor& x_in, int num_heads) {
+  const char* op = "grpo_heads_to_tokens";
+  check_dtype(x_in, paddle::DataType::FLOAT32, op, "x");
+  cpu_only(x_in, op);
+  const auto xs = x_in.shape();
+  PD_CHECK(xs.size() == 4 && xs[1] == num_heads, op, ": x must be [B, H, T, D] with H = num_heads = ", num_heads,
+           ", got ", shape_str(xs));
+  const int64_t B = xs[0], H = xs[1], T = xs[2], D = xs[3];
+  auto out = paddle::empty({B, T, H * D}, paddle::DataType::FLOAT32, x_in.place());
+  const auto x_t = dense(x_in);
+  move_head_blocks(x_t.data<float>(), out.data<float>(), B, H, T, D, true);
+  return {out};
+}
+
+std::vector<paddle::Tensor> HeadsToTokensGrad(const paddle::Tensor& dout_in, int num_heads) {
+  cpu_only(dout_in, "grpo_heads_to_tokens (backward)");
+  const auto ds = dout_in.shape();
+  const int64_t B = ds[0], T = ds[1], H = num_heads, D = ds[2] / num_heads;
+  auto dx = paddle::empty({B, H, T, D}, paddle::DataType::FLOAT32, dout_in.place());
+  const auto d_t = dense(dout_in);
+  move_head_blocks(d_t.data<float>(), dx.data<float>(), B, H, T, D, false);
+  return {dx};
+}
+
+std::vector<std::vector<int64_t>> HeadsToTokensShape(const std::vector<int64_t>& x) {
+  return {{x[0], x[2], x[1] * x[3]}};
+}
+
+std::vector<paddle::DataType> HeadsToTokensDtype(const paddle::DataType& x) { return {x}; }
+
 }  // namespace
 
 PD_BUILD_OP(grpo_add_rms_norm)
@@ -1400,3 +1542,17 @@ PD_BUILD_OP(grpo_logprob_rows_grad)
     .SetKernelFn(PD_KERNEL(LogprobRowsGrad))
     .SetInferShapeFn(PD_INFER_SHAPE(LogprobRowsGradShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(LogprobRowsGradDtype));
+
+PD_BUILD_OP(grpo_heads_to_tokens)
+    .Inputs({"X"})
+    .Outputs({"Out"})
+    .Attrs({"num_heads: int"})
+    .SetKernelFn(PD_KERNEL(HeadsToTokens))
+    .SetInferShapeFn(PD_INFER_SHAPE(HeadsToTokensShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(HeadsToTokensDtype));
+
+PD_BUILD_GRAD_OP(grpo_heads_to_tokens)
+    .Inputs({paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X")})
+    .Attrs({"num_heads: int"})
+    .SetKernelFn(PD_KERNEL(HeadsToTokensGrad));

@@ -96,6 +96,10 @@ ATTN_CASES = [  # B, Bcap, T, start, H, KVH, D, S
     (3, 4, 6, 0, 14, 2, 32, 10),  # prefill, Qwen2-0.5B head layout
     (2, 2, 1, 9, 14, 2, 32, 10),  # decode into the last slot
     (4, 5, 3, 2, 4, 4, 64, 7),  # multi-token append after a prefix, no grouping
+    (5, 6, 1, 44, 9, 3, 64, 48),  # decode over up to 45 slots: blocks of 16 keys and a tail (SmolLM2's heads)
+    (3, 3, 2, 31, 4, 1, 128, 40),  # D = 128, exactly 32 slots for the first query
+    (2, 2, 20, 0, 4, 2, 64, 24),  # prefill of 20 tokens
+    (3, 3, 1, 37, 4, 2, 48, 40),  # D without an AVX-512 path
 ]
 
 

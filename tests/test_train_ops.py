@@ -1,4 +1,4 @@
-"""The training operators (csrc/, 8-10 and grpo_silu_mul's backward) against paddle float64 references on
+"""The training operators (csrc/, 8-10, 13 and grpo_silu_mul's backward) against paddle float64 references on
 fresh random inputs, value and gradient with respect to every input, and the actor with its modules swapped
 by alignment/fused_train.py against the same model unswapped. A failure names its seed; replay it with
 GRPO_OPS_TEST_SEED=<seed>."""
@@ -130,6 +130,19 @@ def test_masked_softmax(ops, rng, group):
 def test_masked_softmax_checks_the_mask(ops):
     with pytest.raises(Exception, match=r"mask must be \[B, 1, Lq, L\]"):
         ops.grpo_masked_softmax(paddle.ones([2, 2, 10, 4]), paddle.zeros([2, 1, 3, 4]), 1.0)
+
+
+@pytest.mark.parametrize("B,H,T,D", [(2, 9, 5, 64), (1, 3, 1, 16), (3, 2, 7, 8)])
+def test_heads_to_tokens(ops, rng, B, H, T, D):
+    def reference(x):
+        return x.transpose([0, 2, 1, 3]).reshape([B, T, H * D])
+
+    check_op(lambda x: ops.grpo_heads_to_tokens(x, H), reference, [rng.standard_normal((B, H, T, D))], rng, "heads_to_tokens")
+
+
+def test_heads_to_tokens_checks_its_input(ops):
+    with pytest.raises(Exception, match=r"x must be \[B, H, T, D\] with H = num_heads = 4, got \[2, 3, 5, 8\]"):
+        ops.grpo_heads_to_tokens(paddle.ones([2, 3, 5, 8]), 4)
 
 
 # --------------------------------------------------------------------------------------------- the actor

@@ -17,6 +17,7 @@ Inputs come first and attributes after them, positionally or by keyword:
     out = ops.grpo_rms_norm(x, weight, eps)                  # training operators, with backward kernels
     q, k, v = ops.grpo_rope_qkv(qkv, bias, cos, sin, num_heads, num_kv_heads)  # bias may be None
     probs = ops.grpo_masked_softmax(scores, mask, scale)
+    out = ops.grpo_heads_to_tokens(x, num_heads)             # (B, H, T, D) -> (B, T, H D)
     logprob, entropy, normaliser = ops.grpo_logprob_rows(logits, targets, temperature)  # the log-prob head's rows
     grad = ops.grpo_logprob_rows_grad(logits, targets, normaliser, entropy, scale, entropy_scale, temperature)
     packed = ops.grpo_pack_weight(weight, transpose)          # where paddle ships MKL: x @ weight (or weight^T)
@@ -91,6 +92,10 @@ def grpo_masked_softmax(scores, mask, scale: float):
     return _run("grpo_masked_softmax", scores, mask, float(scale))
 
 
+def grpo_heads_to_tokens(x, num_heads: int):
+    return _run("grpo_heads_to_tokens", x, int(num_heads))
+
+
 def grpo_logprob_rows(logits, targets, temperature: float):
     return _run("grpo_logprob_rows", logits, targets, float(temperature))
 
@@ -120,7 +125,8 @@ def grpo_bf16_linear(x, weight, weight_bf16, weight_grad: bool):
 
 
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
-       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_logprob_rows, grpo_logprob_rows_grad)
+       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens, grpo_logprob_rows,
+       grpo_logprob_rows_grad)
 MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
 DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear)  # csrc/grpo_bf16.cc: only where paddle ships oneDNN
 
