@@ -29,6 +29,16 @@ from alignment.rollout.fused import FusedEngine  # noqa: E402
 from alignment.rollout.ops import load_ops  # noqa: E402
 
 
+def arith_chat_prompts(tokenizer, count: int) -> list:
+    """The first `count` questions of data/arith/train.jsonl in the model's chat template with data/arith/system_prompt.txt."""
+    system = (REPO / "data/arith/system_prompt.txt").read_text()
+    questions = [json.loads(line)["src"] for line in (REPO / "data/arith/train.jsonl").open()][:count]
+    return [
+        tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}], add_generation_prompt=True)
+        for q in questions
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(REPO / "models/SmolLM2-135M-Instruct"))
@@ -41,12 +51,7 @@ def main() -> None:
     if ops is None:
         sys.exit(f"fused operators not available: {why_not}")
     tokenizer = load_tokenizer(args.model)
-    system = (REPO / "data/arith/system_prompt.txt").read_text()
-    questions = [json.loads(line)["src"] for line in (REPO / "data/arith/train.jsonl").open()][: args.prompts]
-    prompts = [
-        tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}], add_generation_prompt=True)
-        for q in questions
-    ]
+    prompts = arith_chat_prompts(tokenizer, args.prompts)
     engine = FusedEngine(load_causal_lm(args.model, "float32"), [tokenizer.eos_token_id], tokenizer.pad_token_id, ops)
     params = SamplingParams(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
     runs = {
