@@ -430,8 +430,9 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
 #pragma omp parallel
   {
     std::vector<float> scores(S);  // (S,) softmax weights of one query
-    // static: with schedule(dynamic, 1) this loop ran some items twice (test_cache_attention, 2 threads; libgomp and
-    // paddle's libiomp5 are both loaded), which the D = 32 case's accumulating fallback showed as doubled outputs
+    // static: with schedule(dynamic, 1), test_cache_attention's D = 32 case (whose fallback accumulates into its
+    // output) intermittently gave doubled outputs with 2 threads, as if some items ran twice; the cause is not known
+    // (libgomp and paddle's libiomp5 are both loaded)
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < B * T * items_per_query; ++item) {
       const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
@@ -1376,8 +1377,8 @@ std::vector<paddle::DataType> LogprobRowsGradDtype(const paddle::DataType& logit
 // ---------------------------------------------------------------------------------------------
 // 13. grpo_heads_to_tokens: the training attention's output, head-major [B, H, T, D], in the token-major layout
 // the output projection multiplies, [B, T, H D]; the backward moves the gradient back. paddle's transpose
-// leaves a strided view, and the reshape after it copied element by element (about 1.5 s of a SmolLM2-135M
-// update at 64 x 192 tokens, forward and backward: bench/RESULTS.md); here each head's D floats move as one block.
+// leaves a strided view, and the reshape after it copied element by element (1.66 s forward and 1.29 s backward of
+// a bf16 SmolLM2-135M update at 64 rows: bench/RESULTS.md); here each head's D floats move as one block.
 
 void move_head_blocks(const float* from, float* to, int64_t B, int64_t H, int64_t T, int64_t D, bool to_tokens) {
 #pragma omp parallel for collapse(2) schedule(static)
