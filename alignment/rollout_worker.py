@@ -65,16 +65,16 @@ def _serve(config: GRPOConfig, link: WorkerLink, place: Placement) -> None:
     print(f"rollout process {place.rank}: generating with the {type(engine).__name__} from step {plan.first_step + 1}", flush=True)
     sampling, weights_step = sampling_params(config), plan.first_step
     for step, word_step in rollout_order(plan.first_step, plan.total_steps, config.async_generate, plan.pending):
-        synced = 0.0
+        synced, gap = 0.0, None
         if word_step is not None:
             if not link.receive_word(word_step, parameters):
                 return
             started = time.perf_counter()
-            engine.sync()  # the receiving side's check: the engine against the weights just received
+            gap = engine.sync()  # the receiving side's check: the engine against the weights just received
             weights_step, synced = word_step, time.perf_counter() - started
         batch = [prompts[i] for i in schedule.indices(step - 1, 0)]
         first, end = worker_share(len(batch), place.rollout_workers, place.worker_index)
         started = time.perf_counter()
         params = dataclasses.replace(sampling, seed=seed_phase(config, step, 0, "train"), first_row=first * config.rollout_n)
         rollout = generate(engine, batch[first:end], config.rollout_n, params)
-        link.send(RolloutPart(step, rollout, weights_step, time.perf_counter() - started, synced))
+        link.send(RolloutPart(step, rollout, weights_step, time.perf_counter() - started, synced, gap))

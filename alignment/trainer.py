@@ -240,14 +240,15 @@ def train(config: GRPOConfig) -> Path:
                 update = update_policy(model, ref_model, optimizer, scored, config, world, tokenizer.pad_token_id, step)
             scheduler.step()
             updated = time.perf_counter()
-            if link is None:
-                engine.sync()  # the fused engine refreshes its weight layout and checks itself against the actor
+            sync_gap = None if link else engine.sync()  # the fused engine refreshes its weights and checks them against the actor
             finished = time.perf_counter()
 
             skipped = update.pop("skipped_phase")
             skipped_steps, skipped_in_a_row = skipped_steps + bool(skipped), (skipped_in_a_row + 1) if skipped else 0
             timings.update(train=updated - rewarded, sync=finished - updated)
             metrics = step_metrics(scored, update, learning_rate, timings, world)
+            if sync_gap is not None:  # each process checks its own engine
+                link_metrics["rollout/weight_sync_gap"] = float(world.max(np.array([sync_gap]))[0])
             logger.log_step(step, {**metrics, **sampling_metrics, **link_metrics, "step_skipped": int(bool(skipped)), "skipped_steps": skipped_steps})
             logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
             unscored_in_a_row = unscored_in_a_row + 1 if nothing_scored(scored, world) else 0
@@ -377,10 +378,12 @@ def received_batch(link: TrainerLink, prompts: list, scorer, tokenizer, config: 
     started = time.perf_counter()
     scored = score_rollout(prompts, concat_rollouts([part.rollout for part in parts], tokenizer.pad_token_id), scorer, tokenizer, config)
     timings = {"rollout": waited, "reward": time.perf_counter() - started, "weights": broadcast}
+    gaps = [part.sync_gap for part in parts if part.sync_gap is not None]  # none before the first weights arrive
     return scored, timings, {
         "rollout/staleness": step - 1 - min(part.weights_step for part in parts),  # optimizer steps behind
         "rollout/generate_seconds": max(part.seconds for part in parts),
         "rollout/engine_sync_seconds": max(part.sync_seconds for part in parts),  # the rollout process's weight refresh and check
+        **({"rollout/weight_sync_gap": max(gaps)} if gaps else {}),
     }
 
 

@@ -1,13 +1,67 @@
+import os
+import zlib
 from pathlib import Path
 
 from alignment.runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # before anything imports paddle, as run_grpo.py does
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+
+# make test-all (what CI runs) sets up every environment a test can need, so there a skip is a failure: a reference
+# check that silently stopped running. The one skip it allows is for an instruction set this CPU lacks; such a skip
+# gives a reason that starts with CPU_SKIP.
+REQUIRE_ALL = os.environ.get("GRPO_REQUIRE_ALL") == "1"
+CPU_SKIP = "this CPU lacks"
+
+# The seed of every test's random draws: GRPO_TEST_SEED (CI pins it), else a fresh one, printed in the header and in
+# the failure messages of the tests that draw from it, so that GRPO_TEST_SEED=<seed> replays a failure.
+TEST_SEED = int(os.environ.get("GRPO_TEST_SEED") or np.random.SeedSequence().entropy % 2**32)
+
+
+def pytest_report_header(config):
+    pinned = "pinned by GRPO_TEST_SEED" if os.environ.get("GRPO_TEST_SEED") else "fresh; GRPO_TEST_SEED=<seed> replays it"
+    lines = [f"test seed: {TEST_SEED} ({pinned})"]
+    if REQUIRE_ALL:
+        lines.append(f"GRPO_REQUIRE_ALL=1: a skip fails, unless its reason starts with {CPU_SKIP!r}")
+    return lines
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_ALL and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not reason.removeprefix("Skipped: ").startswith(CPU_SKIP):
+            report.outcome = "failed"
+            report.longrepr = f"skipped where every environment was set up (GRPO_REQUIRE_ALL=1): {reason}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REQUIRE_ALL:
+        skipped = terminalreporter.stats.get("skipped", [])
+        terminalreporter.write_line(f"skipped for this CPU's instruction set: {len(skipped)}")
+        for report in skipped:
+            terminalreporter.write_line(f"  {report.nodeid}: {report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr}")
+
+
+class SeededRng(np.random.Generator):
+    """A numpy Generator that remembers the run's seed, for failure messages: `seed` is TEST_SEED, and the draws
+    depend on it and on the test's id, so each test gets its own stream and a replay gets the same one."""
+
+    def __init__(self, test_id: str):
+        super().__init__(np.random.PCG64(np.random.SeedSequence([TEST_SEED, zlib.crc32(test_id.encode())])))
+        self.seed = TEST_SEED
+
+
+@pytest.fixture
+def rng(request) -> SeededRng:
+    return SeededRng(request.node.nodeid)
 
 
 @pytest.fixture(autouse=True)

@@ -189,7 +189,7 @@ def test_a_slow_reward_server_times_out_and_stops_the_run(tmp_path):
 
 @pytest.fixture
 def trickling_server():
-    """A server that answers 200 at once and then its body one byte every 0.2 s: no single read waits
+    """A server that answers 200 at once and then its body one byte every 0.5 s: no single read waits
     long, so only a limit on the whole exchange stops the wait."""
 
     def trickle(wfile, body: bytes) -> None:
@@ -197,7 +197,7 @@ def trickling_server():
             for byte in body:
                 wfile.write(bytes([byte]))
                 wfile.flush()
-                time.sleep(0.2)
+                time.sleep(0.5)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up, as it should
             pass
 
@@ -209,7 +209,7 @@ def test_a_trickling_answer_is_held_to_the_timeout_as_a_whole(trickling_server):
     started = time.monotonic()
     with pytest.raises(RewardServerError, match=r"failed 2 attempt\(s\); last: no complete answer within reward_server_timeout = 1 s"):
         score_remote(["x"], [{}], ["format"], [1.0], url=trickling_server, protocol="v1", timeout=1.0, retries=1, api_key=None, backoff_s=0.01)
-    assert time.monotonic() - started < 4  # 2 x 1 s, where the ~60-byte answer alone takes 12 s
+    assert time.monotonic() - started < 15  # 2 x 1 s, where the ~60-byte answer alone takes 30 s
 
 
 def test_a_reward_server_killed_mid_run_stops_with_a_checkpoint_and_resume_continues(tmp_path):
@@ -303,6 +303,6 @@ def test_a_rank_that_hangs_ends_the_launch_after_the_collective_timeout(tmp_path
     launcher = launch_two(tmp_path, "--max_steps", "4", "--external_plugins", PLUGINS, "--reward_functions", "rank_1_hangs", "--reward_function_weights", "1.0")
     launcher.wait(timeout=RUN_TIMEOUT_S)
     elapsed = time.monotonic() - started
-    assert launcher.returncode != 0 and 30 < elapsed < 120, (launcher.returncode, elapsed)
+    assert launcher.returncode != 0 and 30 < elapsed < RUN_TIMEOUT_S, (launcher.returncode, elapsed)  # for ever without it
     assert "TIMEOUT" in (tmp_path / "log" / "workerlog.0").read_text()
     assert logged_steps(tmp_path / "out") == [1]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -232,19 +233,60 @@ def test_the_prompt_the_model_saw_decides_who_writes_think(chat_template, opens_
         assert KK("<think>" + right if opens_think else right, sample) == -3.0  # two <think> / none
 
 
-def test_config_kk_scores_as_paddlenlps_reward_server_does(tmp_path):
-    # PaddleNLP's server prepends "<think>" to every response: with config/kk's template, whose prompts end
-    # in "<think>" as PaddleNLP's src does, both score every completion alike.
+def paddlenlp_kk_score(response: str, reference: str) -> float:
+    """PaddleNLP's reward server's K&K score, written here from its published behaviour, independently of
+    alignment/rewards: the server opens every response with the "<think>" its pre-templated src ends with, cuts it
+    after a literal "Assistant:", and scores it with Logic-RL's kk.py (format_reward 1), whose steps are these."""
+    text = "<think>" + response
+    text = text.split("Assistant:", 1)[1] if "Assistant:" in text else text
+    answers = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)  # the last one is the answer
+    answer = answers[-1].strip() if answers else None
+    tags = ["<think>", "</think>", "<answer>", "</answer>"]
+    positions = [text.find(tag) for tag in tags]
+    well_formed = all(text.count(tag) == 1 for tag in tags) and all(a <= b for a, b in zip(positions, positions[1:]))
+    expected = {}
+    for line in reference.split("\n"):  # "(1) Zoey is a knave": the line's first word and the first role after it
+        found = re.search(r"\b([A-Za-z]+)\b.*?\b(knight|knave)\b", line.strip(), re.IGNORECASE)
+        if found:
+            expected[found[1]] = found[2].lower()
+    answer_score = -2.0  # bad format, no answer, or an answer that does not name every role
+    if well_formed and answer:
+        lowered = answer.lower()
+        predicted = {}
+        if lowered.count("knight") + lowered.count("knave") == len(expected):
+            for name in expected:
+                said = re.search(rf"\b{re.escape(name)}\b\s+is\s+a\s+\b(knight|knave)\b", answer, re.IGNORECASE)
+                if said is None:
+                    predicted = {}
+                    break
+                predicted[name] = said[1].lower()
+        if predicted:
+            answer_score = 2.0 if predicted == expected else -1.5
+    return (1.0 if well_formed else -1.0) + answer_score
+
+
+def test_with_config_kk_the_reward_scores_as_paddlenlps_reward_server_does(tmp_path):
+    # config/kk's template ends its prompts in "<think>" as PaddleNLP's src does, so the model writes what follows it
     for sample in kk_samples("config/kk/chat_template.jinja", tmp_path):
-        wrong = sample["tgt"].replace("knight", "KNAVE") if "knight" in sample["tgt"] else sample["tgt"].replace("knave", "knight")
-        for completion in (
-            f"Reasoning.</think><answer>{sample['tgt']}</answer>",
-            f"Reasoning.</think>\n<answer>\n{wrong}\n</answer>",
+        tgt = sample["tgt"]
+        wrong = tgt.replace("knight", "KNAVE") if "knight" in tgt else tgt.replace("knave", "knight")
+        first = tgt.split("\n")[0]
+        completions = [
+            f"Reasoning.</think><answer>{tgt}</answer>",  # 3
+            f"Reasoning.</think>\n<answer>\n{wrong}\n</answer>",  # -0.5
+            f"Reasoning.</think><answer>{first}</answer>",  # too few roles: -1
+            f"Reasoning.</think><answer>{tgt} and a knight</answer>",  # too many: -1
+            f"Reasoning.</think><answer>{tgt.replace(' is a ', ' was a ')}</answer>",  # roles not said as "is a": -1
             "Reasoning.</think><answer>no idea</answer>",
-            f"<think>Reasoning.</think><answer>{sample['tgt']}</answer>",
-            f"<answer>{sample['tgt']}</answer>",
-        ):
-            assert KK(completion, sample) == KK("<think>" + completion, {"answer": sample["tgt"]}), completion
+            "Reasoning.</think><answer> </answer>",  # empty: -1
+            f"Reasoning.</think><answer>{tgt}</answer> More.<answer>{wrong}</answer>",  # two answers: -3
+            f"Reasoning.<answer>{tgt}</answer></think>",  # out of order: -3
+            f"<think>Reasoning.</think><answer>{tgt}</answer>",  # a second <think>: -3
+            f"<answer>{tgt}</answer>",  # no </think>: -3
+        ]
+        scores = [KK(completion, sample) for completion in completions]
+        assert scores == [paddlenlp_kk_score(completion, tgt) for completion in completions], sample["src"]
+        assert scores[:3] == [3.0, -0.5, -1.0] and scores[-1] == -3.0
 
 
 def test_the_templated_prompt_reaches_the_reward_server(tmp_path):

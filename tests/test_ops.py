@@ -1,7 +1,7 @@
 """The compiled rollout operators (csrc/) against float64 numpy references on fresh random inputs.
 
-Every test draws a new seed and names it in its failure message, so a failure can be replayed with
-GRPO_OPS_TEST_SEED=<seed>.
+Every test draws its inputs from the `rng` fixture (tests/conftest.py): a fresh seed each run unless GRPO_TEST_SEED
+pins it (CI does), named in the failure message, so GRPO_TEST_SEED=<seed> replays a failure.
 """
 
 import importlib.util
@@ -26,19 +26,6 @@ def ops():
     if loaded is None:
         pytest.skip(reason)
     return loaded
-
-
-class SeededRng(np.random.Generator):
-    """A numpy Generator that remembers its seed, for failure messages."""
-
-    def __init__(self, seed: int):
-        super().__init__(np.random.PCG64(seed))
-        self.seed = seed
-
-
-@pytest.fixture
-def rng():
-    return SeededRng(int(os.environ.get("GRPO_OPS_TEST_SEED", np.random.SeedSequence().entropy % 2**32)))
 
 
 def t(a, dtype=None):

@@ -2,8 +2,10 @@
 the gradients are the same."""
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -56,12 +58,27 @@ def test_granularities_paddleformers_lacks_for_dense_models_are_refused(granular
         load_config(["config/tiny/grpo_argument.json", "--recompute", "true", "--recompute_granularity", granularity])
 
 
+# run_grpo.py as a user runs it, with paddleformers' recompute of a decoder layer counted: the count printed at the end
+# shows whether the run recomputed, which the equal metrics alone cannot
+COUNTING_RUN = """
+import sys
+sys.path.insert(0, ".")
+import run_grpo
+from paddleformers.transformers.qwen2.modeling import Qwen2Model
+calls, recompute = [], Qwen2Model.recompute_training_full
+Qwen2Model.recompute_training_full = lambda self, *args, **kwargs: calls.append(1) or recompute(self, *args, **kwargs)
+code = run_grpo.main(sys.argv[1:])
+print(f"recomputed decoder layers: {len(calls)}")
+sys.exit(code)
+"""
+
+
 def test_a_run_with_recompute_equals_one_without(tmp_path):
-    runs = {}
+    runs, recomputed_layers = {}, {}
     for recompute in ("false", "true"):
         out = tmp_path / recompute
         command = [
-            sys.executable, "run_grpo.py", "config/tiny/grpo_argument.json", "--max_steps", "2", "--max_dec_len", "16",
+            sys.executable, "-c", COUNTING_RUN, "config/tiny/grpo_argument.json", "--max_steps", "2", "--max_dec_len", "16",
             "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "4",
             "--learning_rate", "1e-3", "--warmup_steps", "0",
             "--eval_datasets", "", "--recompute", recompute, "--output_dir", str(out),
@@ -72,6 +89,10 @@ def test_a_run_with_recompute_equals_one_without(tmp_path):
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         runs[recompute] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        recomputed_layers[recompute] = int(re.search(r"recomputed decoder layers: (\d+)", done.stdout)[1])
+    # 2 steps x 2 micro-batches (8 rows, 4 at a time) x the model's layers, and none without
+    layers = json.loads(Path("data/tiny-qwen2/config.json").read_text())["num_hidden_layers"]
+    assert recomputed_layers == {"false": 0, "true": 2 * 2 * layers}, recomputed_layers
     for plain, recomputed in zip(runs["false"], runs["true"]):
         for key in ("reward_mean", "loss", "grad_norm", "entropy", "response_length_mean"):
             assert recomputed[key] == pytest.approx(plain[key], rel=1e-5), key

@@ -3,7 +3,6 @@ limit reached for real."""
 
 import os
 import socket
-import time
 
 import pytest
 
@@ -36,17 +35,17 @@ def test_failures_are_one_sentence(code, error):
 
 
 def test_a_hang_is_killed_at_the_time_limit_with_what_it_started():
-    started = time.monotonic()
-    result = run_python("import time\nwhile True: time.sleep(0.01)", LIMITS)
+    result = run_python("import time\nwhile True: time.sleep(0.01)", LIMITS)  # without the limit: for ever
     assert result.timed_out and result.exit_code is None and result.error() == "timed out after 2 s (tool_timeout)"
-    assert time.monotonic() - started < LIMITS.seconds + 1.5
+    assert LIMITS.seconds <= result.seconds < LIMITS.seconds + 30
 
 
 def test_a_flood_is_stopped_at_the_output_limit_without_reading_it_all():
-    started = time.monotonic()
-    result = run_python("import sys\nfor _ in range(1000): sys.stdout.write('x' * 10**4)", LIMITS)
+    # 10 MB over 10 s: read to its end, the call would meet the 2 s time limit instead
+    flood = "import sys, time\nfor _ in range(1000): sys.stdout.write('x' * 10**4); sys.stdout.flush(); time.sleep(0.01)"
+    result = run_python(flood, LIMITS)
     assert result.output_truncated and len(result.stdout) + len(result.stderr) <= LIMITS.output_bytes
-    assert result.error().startswith("printed more than 4096 bytes") and time.monotonic() - started < 2
+    assert result.error().startswith("printed more than 4096 bytes") and not result.timed_out
 
 
 def test_the_environment_is_empty(monkeypatch):

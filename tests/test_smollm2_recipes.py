@@ -6,7 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file
 from test_gguf import smollm2_file
 
 from alignment.config import load_config
@@ -19,6 +21,9 @@ RECIPES = {
     "gsm8k": ["--train_datasets", str(GSM8K / "train.jsonl"), "--eval_datasets", str(GSM8K / "test.jsonl")],
 }
 pytestmark = pytest.mark.real
+# completion tokens in the one-step runs: enough for some of a group's completions to reach a reward the others miss,
+# so that step 1 has a gradient (24 tokens of GSM8K reasoning all end truncated with the same format score)
+ONE_STEP_TOKENS = {"arith": 24, "gsm8k": 96}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,8 @@ def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_p
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir", str(tmp_path / "launch"),
         "run_grpo.py", *recipe_args(recipe, smollm2), "--output_dir", str(tmp_path / "out"), "--eval_datasets", str(eval_file),
         "--max_steps", "1", "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "8",
-        "--max_dec_len", "24", "--per_device_eval_batch_size", "4", "--save_steps", "1",
+        "--max_dec_len", str(ONE_STEP_TOKENS[recipe]), "--per_device_eval_batch_size", "4", "--save_steps", "1",
+        "--warmup_steps", "0",  # the recipes warm up from a learning rate of 0, which would leave step 1's weights alone
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -68,5 +74,11 @@ def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_p
     assert [m["step"] for m in evals] == [0, 1] and evals[0]["eval_samples"] == 4
     config = load_config(recipe_args(recipe, smollm2))
     assert {f"reward/{name}" for name in config.reward_functions} <= set(steps[0]) and steps[0]["reward_errors"] == 0
-    assert steps[0]["grad_norm"] >= 0 and steps[0]["response_length_max"] <= 24
-    assert (tmp_path / "out" / "checkpoint-1" / "model.safetensors").is_file()
+    assert steps[0]["grad_norm"] > 0 and steps[0]["response_length_max"] <= ONE_STEP_TOKENS[recipe]
+    # every weight moved, by about one AdamW step of the learning rate
+    start, trained = load_file(str(smollm2 / "model.safetensors")), load_file(str(tmp_path / "out" / "checkpoint-1" / "model.safetensors"))
+    assert start.keys() <= trained.keys()  # with lm_head.weight, which a checkpoint also saves where it is tied
+    moved = {name: float(np.abs(trained[name] - start[name]).max()) for name in start}
+    print(f"{recipe}: grad_norm {steps[0]['grad_norm']:.4g}, weights moved by {min(moved.values()):.3g} to {max(moved.values()):.3g}")
+    assert min(moved.values()) > 0, [name for name, change in moved.items() if change == 0][:5]
+    assert max(moved.values()) < 10 * config.learning_rate, max(moved.values())

@@ -72,7 +72,7 @@ def test_a_tool_needs_typed_and_documented_arguments():
 def environment():
     load_plugins([PLUGINS])
     settings = ToolSettings(
-        tools=("calculator", "python", "add", "sleepy", "flood", "crash"),
+        tools=("calculator", "python", "add", "sleepy", "flood", "crash", "clock"),
         limits=SandboxLimits(seconds=2.0, memory_mb=256, output_bytes=2048),
         plugin_sources=tuple(plugin_sources([PLUGINS])),
         parallel=8,
@@ -102,11 +102,11 @@ def test_the_tools_environment_answers_each_call_in_order(environment):
     "turn, error",
     [
         ("<tool_call>{bad}</tool_call>", "error: the tool call is not valid JSON"),
-        (call("calculater", expression="1"), "error: unknown tool 'calculater'; the tools are add, calculator, crash, flood, python, sleepy"),
+        (call("calculater", expression="1"), "error: unknown tool 'calculater'; the tools are add, calculator, clock, crash, flood, python, sleepy"),
         (call("calculator", expr="1"), "error: tool 'calculator': unknown argument(s) expr; it takes expression"),
         (call("add", a=1), "error: tool 'add': missing argument(s) b; it takes a, b"),
         (call("calculator", expression="1/0"), "error: CalculatorError: division by zero"),
-        (call("sleepy", seconds=30), "error: timed out after 2 s"),
+        (call("sleepy", seconds=300), "error: timed out after 2 s"),
         (call("flood", megabytes=10), "error: printed more than 2048 bytes"),
         (call("crash", code=0), "error: "),
         (call("python", code="while True: pass"), "error: timed out after 2 s"),
@@ -118,14 +118,13 @@ def test_a_failing_call_is_answered_with_its_error_and_counted(environment, turn
     (reply,), (episode,) = answers(environment, turn)
     assert reply[0].startswith(error), reply
     assert episode.calls[0].error is not None and len(reply[0]) < 4000
-    assert time.monotonic() - started < 10  # a hang costs the time limit, a flood does not wait for 10 MB
+    assert time.monotonic() - started < 60  # a hang costs the time limit (not 300 s), a flood does not wait for 10 MB
 
 
 def test_calls_run_in_parallel(environment):
-    started = time.monotonic()
-    (replies, _) = answers(environment, *[call("sleepy", seconds=1.0) for _ in range(4)])
-    assert replies == [["awake"]] * 4
-    assert time.monotonic() - started < 3.0  # one after another: more than 4 s
+    (replies, _) = answers(environment, *[call("clock", seconds=1.5) for _ in range(4)])
+    spans = [tuple(map(float, reply.split())) for (reply,) in replies]  # (start, end) of each call's sleep
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans  # all four were running at once
 
 
 @pytest.mark.parametrize(

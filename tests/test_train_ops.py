@@ -1,7 +1,7 @@
 """The training operators (csrc/, 8-10, 13 and grpo_silu_mul's backward) against paddle float64 references on
 fresh random inputs, value and gradient with respect to every input, and the actor with its modules swapped
 by alignment/fused_train.py against the same model unswapped. A failure names its seed; replay it with
-GRPO_OPS_TEST_SEED=<seed>."""
+GRPO_TEST_SEED=<seed>."""
 
 import numpy as np
 import paddle
@@ -20,7 +20,7 @@ from alignment.rollout.fused import FusedEngine
 from alignment.rollout.ops import load_ops
 from alignment.runtime import contiguous_kernels
 
-ops, rng = test_ops.ops, test_ops.rng  # its fixtures: the loaded operators (or a skip), a seeded Generator
+ops = test_ops.ops  # its fixture: the loaded operators (or a skip); rng comes from conftest.py
 MASKED = float(np.finfo(np.float32).min)  # what paddleformers' additive mask holds where a key is hidden
 
 

@@ -97,5 +97,6 @@ TokenStream = Optional[Callable[[np.ndarray], None]]
 class RolloutEngine(Protocol):
     def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout: ...
 
-    def sync(self) -> None:
-        """Called after every optimizer step: from then on, generate with the actor's new weights."""
+    def sync(self) -> Optional[float]:
+        """Called after every optimizer step: from then on, generate with the actor's new weights. -> the engine's
+        largest |log-prob difference| from the actor on its check, or None where it computes with the actor itself."""

@@ -76,7 +76,7 @@ class EagerEngine:
         self.pad_token_id = pad_token_id
 
     def sync(self) -> None:
-        pass  # the forward reads the actor's parameters themselves
+        return None  # the forward reads the actor's parameters themselves: nothing to refresh or check
 
     @paddle.no_grad()
     @contiguous_kernels()

@@ -144,14 +144,15 @@ class FusedEngine:
     # --- weights -------------------------------------------------------------------------------------
 
     @paddle.no_grad()
-    def sync(self) -> None:
+    def sync(self) -> float:
         """Rebuild the concatenated and packed weights from the actor, then check the engine against it on the
-        probe (the bf16 copies were made from the actor's weights a moment ago: no bit-for-bit comparison)."""
+        probe (the bf16 copies were made from the actor's weights a moment ago: no bit-for-bit comparison).
+        -> the probe's max |log-prob difference|."""
         self.layers = self._layer_weights()
         # Only lm_head is packed: the layers' matrices are a few MB each, and packed copies of them (3x
         # larger in MKL's layout) measured no faster (bench/RESULTS.md).
         self.lm_head = Projection(self.model.lm_head.weight, self.ops, transpose=True, bf16=self.bf16)  # (V, Hd) weight
-        self._check_probe()
+        return self._check_probe()
 
     def _layer_weights(self) -> list:
         # bf16 copies are held transposed, (N, K) as lm_head's weight is: one row per output, which decode's few rows

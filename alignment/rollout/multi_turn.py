@@ -65,8 +65,8 @@ class MultiTurnEngine:
         self.markup = TemplateMarkup(tokenizer, tool_schemas)
         self.pad_token_id = engine.pad_token_id
 
-    def sync(self) -> None:
-        self.engine.sync()
+    def sync(self) -> Optional[float]:
+        return self.engine.sync()
 
     def generate(self, prompts: list, group_size: int, params: SamplingParams, samples: Optional[list] = None) -> Rollout:
         """As RolloutEngine.generate (no token stream); samples: each prompt's reward sample, which the environment sees."""

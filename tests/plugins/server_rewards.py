@@ -5,6 +5,7 @@ The marker rewards misbehave only on completions that ask for it, so one batch c
 
 import os
 import time
+from pathlib import Path
 
 from alignment.rewards import register_reward
 
@@ -35,9 +36,11 @@ def exit_on_marker(completion, sample):
     return 1.0
 
 
-@register_reward("traced_sleep", "writes the completion to the item's trace file, sleeps its sleep_s seconds; 1.0")
-def traced_sleep(completion, sample):
-    with open(sample["trace"], "a") as trace:  # which items started, and in what order
-        trace.write(completion + "\n")
-    time.sleep(sample.get("sleep_s", 0))
+@register_reward("traced_gate", "writes the completion and its process id to the item's trace file, waits until its gate file exists (at most 10 minutes); 1.0")
+def traced_gate(completion, sample):
+    with open(sample["trace"], "a") as trace:  # which items started, in what order, and in which worker
+        trace.write(f"{completion} {os.getpid()}\n")
+    gate, deadline = Path(sample["gate"]), time.monotonic() + 600
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     return 1.0

@@ -28,6 +28,18 @@ def sleepy(seconds: float) -> str:
     return "awake"
 
 
+@register_tool("clock")
+def clock(seconds: float) -> str:
+    """Sleeps, then answers when it began and ended (seconds since the epoch, a clock every process shares).
+
+    Args:
+        seconds: how long
+    """
+    began = time.time()
+    time.sleep(seconds)
+    return f"{began} {time.time()}"
+
+
 @register_tool("flood")
 def flood(megabytes: int) -> str:
     """Prints a lot.

@@ -1,0 +1,197 @@
+"""Each test that claims something ran, or that a limit holds, fails when the claim is made false.
+
+    .venv/bin/python tests/mutations.py [NAME ...]        # make test-mutations: all of them
+
+For each mutation below, a deliberately broken copy of the product: one source file changed in a copy of the working
+tree, its named tests run there, and they must fail. A control run of the same tests on the unchanged copy must pass
+first, so that a failure is the mutation's doing. Prints one JSON object per mutation and exits 1 if any mutation
+survived (its tests passed on the broken copy) or a control failed.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # the source file it changes, relative to the repository
+    replacements: tuple  # (old, new) pairs; each old text occurs exactly once in the file
+    tests: tuple  # pytest node ids that must fail on the broken copy
+
+
+MUTATIONS = (
+    Mutation(
+        "bf16-engine-in-float32",  # the engine asked for bf16 computes in float32, with the bf16 tolerance
+        "alignment/rollout/fused.py",
+        (("self.model, self.ops, self.bf16 = model, ops, bf16", "self.model, self.ops, self.bf16 = model, ops, False"),),
+        ("tests/test_cpu_bf16.py::test_the_bf16_engine_samples_what_the_bf16_actor_computes",),
+    ),
+    Mutation(
+        "bf16-linear-in-float32",  # a float32 product, which the bf16 error bound also admits
+        "alignment/rollout/ops.py",
+        (('    return _run("grpo_bf16_linear", x, weight, weight_bf16, bool(weight_grad))',
+          '    import paddle\n    return paddle.matmul(x, weight), x.astype("bfloat16")'),),
+        ("tests/test_cpu_bf16.py::test_linear_and_its_gradients_against_float64",),
+    ),
+    Mutation(
+        "recompute-ignored",
+        "alignment/trainer.py",
+        (("    if config.recompute:\n        enable_recompute(", "    if False:\n        enable_recompute("),),
+        ("tests/test_recompute.py::test_a_run_with_recompute_equals_one_without",),
+    ),
+    Mutation(
+        "reference-model-not-loaded",  # none loads, so the actor (without adapters, as with LoRA) stands in for it
+        "alignment/trainer.py",
+        (("if config.kl_loss_coeff > 0 and not config.lora:", "if False:"),),
+        ("tests/test_train_e2e.py::test_kl_penalty_loads_a_reference_model",),
+    ),
+    Mutation(
+        "weights-not-changed",  # the optimizer never steps
+        "alignment/trainer.py",
+        (("                optimizer.step()\n", "                pass\n"),),
+        ("tests/test_smollm2_recipes.py::test_recipe_trains_and_saves_a_step_of_the_real_model[arith]",),
+    ),
+    Mutation(
+        "weight-sync-check-skipped",  # the fused engine refreshes its weights but checks nothing
+        "alignment/rollout/fused.py",
+        (("bf16=self.bf16)  # (V, Hd) weight\n        return self._check_probe()", "bf16=self.bf16)  # (V, Hd) weight\n        return 0.0"),),
+        ("tests/test_train_e2e.py::test_fused_and_eager_runs_evaluate_alike",),
+    ),
+    Mutation(
+        "kk-wrong-answer-scored-as-unparsed",  # PaddleNLP's server gives a wrong answer -1.5
+        "alignment/rewards/logic_rewards.py",
+        (("ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSED = 2.0, -1.5, -2.0", "ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSED = 2.0, -2.0, -2.0"),),
+        ("tests/test_kk.py::test_with_config_kk_the_reward_scores_as_paddlenlps_reward_server_does",),
+    ),
+    Mutation(
+        "one-request-holds-every-worker",
+        "reward_server/reward_server.py",
+        (("job_workers=args.workers - 1", "job_workers=args.workers"),),
+        ("tests/test_reward_server.py::test_one_request_cannot_hold_every_worker",),
+    ),
+    Mutation(
+        "request-budget-ignored",  # the request waits for all its items
+        "alignment/rewards/pool.py",
+        (("await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job.done)), budget)", "await asyncio.wrap_future(job.done)"),),
+        ("tests/test_reward_server.py::test_a_request_is_scored_within_its_time_budget_and_its_other_items_get_an_error",),
+    ),
+    Mutation(
+        "scoring-goes-on-after-the-client-left",
+        "alignment/rewards/pool.py",
+        (('        except asyncio.CancelledError:\n            self.end(job, "cancelled")\n            raise',
+          "        except asyncio.CancelledError:\n            raise"),),
+        ("tests/test_reward_server.py::test_a_client_that_goes_away_stops_its_scoring_and_is_logged_as_gone_not_as_500",),
+    ),
+    Mutation(
+        "stalled-head-left-open",
+        "reward_server/reward_server.py",
+        (("        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():\n            self.transport.close()",
+          "        pass"),),
+        ("tests/test_reward_server.py::test_a_connection_that_stalls_in_its_headers_is_closed",),
+    ),
+    Mutation(
+        "flood-read-to-its-end",  # the output is cut at the limit, but only after the child wrote all of it
+        "alignment/tools/sandbox.py",
+        (("    streams = {\"stdout\": bytearray(), \"stderr\": bytearray()}", "    streams, over = {\"stdout\": bytearray(), \"stderr\": bytearray()}, False"),
+         ("                        del streams[name][cap:]\n                    return streams, False, True", "                        del streams[name][cap:]\n                    over = True"),
+         ("    return streams, False, False", "    return streams, False, over")),
+        ("tests/test_sandbox.py::test_a_flood_is_stopped_at_the_output_limit_without_reading_it_all",),
+    ),
+    Mutation(
+        "tool-calls-one-at-a-time",
+        "alignment/tools/environment.py",
+        (("ThreadPoolExecutor(settings.parallel,", "ThreadPoolExecutor(1,"),),
+        ("tests/test_tools.py::test_calls_run_in_parallel",),
+    ),
+    Mutation(
+        "reward-server-timeout-per-read",  # httpx's own timeout bounds each read, not the whole answer
+        "alignment/rewards/remote.py",
+        (("with anyio.fail_after(timeout):", "with anyio.fail_after(None):"),
+         ("httpx.AsyncClient(timeout=None,", "httpx.AsyncClient(timeout=timeout,")),
+        ("tests/test_faults.py::test_a_trickling_answer_is_held_to_the_timeout_as_a_whole",),
+    ),
+)
+
+
+def copy_of_the_tree(destination: Path) -> None:
+    """The working tree's files (tracked, and untracked ones git does not ignore) and the compiled operators, with
+    their times kept: the operators must stay newer than csrc/'s sources, or they count as stale."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    if (REPO / "csrc" / "build").is_dir():
+        shutil.copytree(REPO / "csrc" / "build", destination / "csrc" / "build", copy_function=shutil.copy2)
+
+
+def run_tests(tree: Path, tests: tuple) -> tuple:
+    """-> (pytest's exit code, seconds, the end of its output), run in `tree` with its own code first on the path; a
+    skipped test fails there (GRPO_REQUIRE_ALL), so a test that did not run never counts as passing."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-o", "addopts=", "-p", "no:cacheprovider", *tests], cwd=tree,
+                          env={**os.environ, "PYTHONPATH": str(tree), "GRPO_REQUIRE_ALL": "1"}, capture_output=True, text=True)
+    return done.returncode, round(time.monotonic() - started, 1), (done.stdout + done.stderr)[-2000:]
+
+
+def mutated(text: str, mutation: Mutation) -> str:
+    for old, new in mutation.replacements:
+        if text.count(old) != 1:
+            raise SystemExit(f"{mutation.name}: {mutation.path} holds {text.count(old)} copies of {old!r}, not one")
+        text = text.replace(old, new)
+    return text
+
+
+def check(tree: Path, mutation: Mutation) -> dict:
+    control, control_seconds, control_output = run_tests(tree, mutation.tests)
+    record = {"mutation": mutation.name, "tests": list(mutation.tests), "control_passed": control == 0, "control_seconds": control_seconds}
+    if control != 0:
+        return {**record, "output": control_output}
+    source = tree / mutation.path
+    original = source.read_text()
+    source.write_text(mutated(original, mutation))
+    try:
+        code, seconds, output = run_tests(tree, mutation.tests)
+    finally:
+        source.write_text(original)
+    # pytest's exit code 1: tests ran and failed; 0 means the mutation survived, others that the tests did not run
+    record.update(broken_copy_failed=code == 1, seconds=seconds)
+    first_error = next((line for line in output.splitlines() if line.startswith("E ")), output[-300:])
+    return {**record, "failure": first_error[1:].strip()[:300]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help=f"mutations to run (default all): {', '.join(m.name for m in MUTATIONS)}")
+    names = parser.parse_args().names
+    unknown = set(names) - {m.name for m in MUTATIONS}
+    if unknown:
+        parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="grpo-mutations-") as folder:
+        tree = Path(folder)
+        copy_of_the_tree(tree)
+        for mutation in MUTATIONS:
+            if names and mutation.name not in names:
+                continue
+            record = check(tree, mutation)
+            ok &= record["control_passed"] and record.get("broken_copy_failed", False)
+            print(json.dumps(record), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
