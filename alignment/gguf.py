@@ -25,6 +25,7 @@ convert_hf_to_gguf.py), and what is undone here:
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -103,8 +104,11 @@ def import_gguf(source: str | Path, out_dir: str | Path, overwrite: bool = False
     metadata = {name: field.contents() for name, field in reader.fields.items()}
     arch = _architecture(source, metadata)
     config = model_config(source, metadata, arch, reader)
+    check_tensors(source, reader, config)
+    check_token_ids(source, metadata, config)
     weights = hf_weights(source, reader, config)
     tokenizer = build_tokenizer(source, metadata)
+    check_chat_template(source, tokenizer)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
@@ -128,7 +132,10 @@ def read_config(source: str | Path) -> dict:
     source = Path(source)
     reader = _open(source)
     metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.") or name.endswith("_token_id")}
-    return model_config(source, metadata, _architecture(source, metadata), reader)
+    config = model_config(source, metadata, _architecture(source, metadata), reader)
+    check_tensors(source, reader, config)
+    check_token_ids(source, metadata, config)
+    return config
 
 
 def import_if_changed(source: str | Path, out_dir: str | Path) -> bool:
@@ -276,6 +283,79 @@ def llama3_rope_factors(theta: float, head_dim: int, scaling: dict) -> np.ndarra
     low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
     smooth = np.clip((scaling["original_max_position_embeddings"] / wavelength - low) / (high - low), 0.0, 1.0)
     return (1.0 / ((1.0 - smooth) / scaling["factor"] + smooth)).astype(np.float32)
+
+
+# What a layer holds (GGUF names), and which of it a model may leave out
+LAYER_TENSORS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight",
+                 "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+OPTIONAL_LAYER_TENSORS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight")
+
+
+def expected_shape(name: str, config: dict) -> tuple | None:
+    """The shape (torch's layout) that config.json gives tensor `name` (a GGUF name), or None for a name with no place."""
+    hidden, inner, head = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    q, kv = config["num_attention_heads"] * head, config["num_key_value_heads"] * head
+    top = {"token_embd.weight": (config["vocab_size"], hidden), "output.weight": (config["vocab_size"], hidden), "output_norm.weight": (hidden,)}
+    if name in top:
+        return top[name]
+    layer = {"attn_norm.weight": (hidden,), "ffn_norm.weight": (hidden,), "attn_q.weight": (q, hidden), "attn_q.bias": (q,),
+             "attn_k.weight": (kv, hidden), "attn_k.bias": (kv,), "attn_v.weight": (kv, hidden), "attn_v.bias": (kv,),
+             "attn_output.weight": (hidden, q), "ffn_gate.weight": (inner, hidden), "ffn_up.weight": (inner, hidden),
+             "ffn_down.weight": (hidden, inner), "attn_q_norm.weight": (head,), "attn_k_norm.weight": (head,)}
+    found = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+    return layer.get(found[2]) if found and int(found[1]) < config["num_hidden_layers"] else None
+
+
+def check_tensors(source: Path, reader, config: dict) -> None:
+    """Refuses a file whose metadata and tensors disagree, before any tensor is read: layers other than block_count's,
+    a layer that lacks a tensor, a shape other than the metadata's, tensors that share bytes or reach past the file."""
+    tensors = {t.name: t for t in reader.tensors if t.name != "rope_freqs.weight"}
+    layers = sorted({int(found[1]) for name in tensors if (found := re.match(r"blk\.(\d+)\.", name))})
+    arch = config["model_type"]
+    if len(layers) != config["num_hidden_layers"] or layers != list(range(len(layers))):
+        held = f"layers {layers[0]}-{layers[-1]}" if layers else "no layer"
+        raise GGUFImportError(f"{source}: {arch}.block_count is {config['num_hidden_layers']}, but the file holds {held} ({len(layers)} layers)")
+    for layer in layers:
+        lacking = [f"blk.{layer}.{name}" for name in LAYER_TENSORS if f"blk.{layer}.{name}" not in tensors]
+        if lacking:
+            raise GGUFImportError(f"{source}: layer {layer} lacks {', '.join(lacking)}")
+    for name, tensor in tensors.items():
+        shape, expected = tuple(int(n) for n in reversed(tensor.shape)), expected_shape(name, config)
+        if expected is None:
+            raise GGUFImportError(f"{source}: tensor {name} has no place in the model (a tensor of another architecture?)")
+        if shape != expected:
+            raise GGUFImportError(f"{source}: tensor {name} is {shape}, where the metadata ({arch}.*) make it {expected}")
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name) for t in reader.tensors)
+    for (start, end, name), (next_start, _, following) in zip(spans, spans[1:]):
+        if next_start < end:
+            raise GGUFImportError(f"{source}: tensor {name}'s bytes {start}-{end} overlap tensor {following}'s: each tensor needs bytes of its own")
+    if spans and spans[-1][1] > source.stat().st_size:
+        raise GGUFImportError(f"{source}: tensor {spans[-1][2]}'s bytes reach past the end of the file (cut short?)")
+
+
+def check_token_ids(source: Path, metadata: dict, config: dict) -> None:
+    """Every special token id the metadata name lies inside the vocabulary."""
+    vocabulary = len(metadata.get("tokenizer.ggml.tokens", ())) or config["vocab_size"]
+    for key in sorted(k for k in metadata if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):
+        if not 0 <= int(metadata[key]) < vocabulary:
+            raise GGUFImportError(f"{source}: {key} is {metadata[key]}, outside the vocabulary of {vocabulary} tokens")
+
+
+def check_chat_template(source: Path, tokenizer) -> None:
+    """The GGUF's chat template (someone else's code, run by jinja's sandbox) renders a short conversation within the
+    limits every rendering has (alignment/template_limits.py), or the import is refused."""
+    from alignment.template_limits import ChatTemplateError, bounded_chat_template
+
+    if tokenizer.chat_template is None:
+        return
+    conversation = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 2+2?"},
+                    {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}]
+    try:
+        bounded_chat_template(tokenizer.apply_chat_template)(conversation, add_generation_prompt=True, tokenize=False)
+    except ChatTemplateError as error:
+        raise GGUFImportError(f"{source}: tokenizer.chat_template {error}") from None
+    except Exception as error:  # jinja's own errors, or the template's raise_exception("...")
+        raise GGUFImportError(f"{source}: tokenizer.chat_template cannot render a conversation ({type(error).__name__}: {error})") from None
 
 
 def hf_weights(source: Path, reader, config: dict) -> dict:

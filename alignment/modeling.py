@@ -13,6 +13,7 @@ from paddleformers.utils.log import logger as paddleformers_logger
 from safetensors import SafetensorError, safe_open
 
 from alignment.prefix_grouper import grouped_completion_hidden
+from alignment.template_limits import bounded_chat_template
 
 paddleformers_logger.set_level("WARNING")
 
@@ -42,6 +43,7 @@ def load_tokenizer(path: str, chat_template: str | None = None):
         tokenizer.chat_template = chat_template
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.apply_chat_template = bounded_chat_template(tokenizer.apply_chat_template)  # a template is code: limited
     return tokenizer
 
 

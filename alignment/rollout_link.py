@@ -4,13 +4,21 @@ in which order.
 Under `paddle.distributed.launch --nproc_per_node 1+N`, rank 0 trains and ranks 1..N only generate, each with
 its own copy of the weights in its rollout engine. Two channels:
 
-- a connection from the trainer to each rollout process (multiprocessing.connection over TCP, its address and key
-  left in the launcher's store) carries the small things: the run's plan, every rollout (pickled, about a
-  megabyte), the trainer's word after a step (go or stop), a failure's message. A process that waits, waits on
+- a connection from each rollout process to the trainer (multiprocessing.connection over TCP) carries the small
+  things: the run's plan, every rollout (JSON and raw arrays, alignment/rollout_wire.py: nothing on it is ever
+  unpickled), the trainer's word after a step (go or stop), a failure's message. A process that waits, waits on
   its connection, never inside a collective (gloo ends one that waits more than 30 s, and a real model's step
   takes longer), and learns at once when the other side dies: the kernel closes a dead process's sockets;
 - the collective (gloo on CPU, NCCL on GPU) carries the weights: after a go word, broadcasts of every trained
   parameter from rank 0, which the rollout processes enter as soon as the word arrives.
+
+Who may connect: both ends of a connection prove that they hold the run's link key (multiprocessing's HMAC
+handshake, both ways), keyed also by the trainer's address, so that a process relaying between the two cannot pass
+it. On one machine the trainer makes a new key for each run and leaves it, with its address, in a file only its user
+can read (<output_dir>/.rollout_link.json, mode 0600), which the rollout processes check is theirs before they use
+it; the launcher's store, which any process that reaches it can read and write, holds only a counter that says the
+file is ready. Across machines the key is the user's (GRPO_ROLLOUT_LINK_KEY, the same on every machine; refused
+without one) and the trainer's address comes from the store, where a forged one fails the handshake.
 
 The order of rollouts and words (rollout_order, words_after) is what keeps the two sides in step. A batch's
 staleness is the number of optimizer steps between the weights that generated it and those it trains: 0 when
@@ -18,14 +26,18 @@ synchronous (the trainer waits for step s's rollout from the weights of step s -
 (async_generate: step s + 1's rollout is generated while step s trains).
 """
 
+import hashlib
+import hmac
 import json
 import os
-import pickle
 import secrets
 import socket
+import threading
 import time
-from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener
+import warnings
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -33,11 +45,14 @@ import paddle
 import paddle.distributed as dist
 
 from alignment.config import ConfigError
-from alignment.rollout import Rollout
+from alignment.rollout_wire import RolloutPart, WireError, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
 
-PENDING_FILE = "pending_rollout.pkl"  # in a checkpoint of a one-step-off run: the next step's rollout, received
+PENDING_FILE = "pending_rollout.safetensors"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory
 RELEASE_SECONDS = 600  # how long a failed rollout process waits for the trainer to save before it exits anyway
+HANDSHAKE_SECONDS = 60  # a connection that has not proved its key by then is closed
+KEY_VARIABLE = "GRPO_ROLLOUT_LINK_KEY"  # the link key across machines: the same secret on every machine
+LINK_FILE = ".rollout_link.json"  # in output_dir, on one machine: the trainer's address and the run's key, mode 0600
 
 
 class RolloutWorkerError(RuntimeError):
@@ -93,18 +108,6 @@ class RunPlan:
     trained_parameters: list  # names, in broadcast order: both sides must hold the same ones
 
 
-@dataclass
-class RolloutPart:
-    """One rollout process's share of a step's completions."""
-
-    step: int
-    rollout: Rollout
-    weights_step: int  # the optimizer step whose weights generated it (0: the starting weights)
-    seconds: float  # generation time
-    sync_seconds: float  # before it: the engine's refresh and check once the weights it came from arrived
-    sync_gap: Optional[float] = None  # that check's largest |log-prob difference| from the actor (None: no check, or the eager engine)
-
-
 def rollout_order(first_step: int, total_steps: int, async_generate: bool, pending: bool) -> list:
     """What a rollout process does, in order -> [(step to generate, the step whose word comes first, or None)].
     Synchronous: step s's rollout comes from the weights of step s - 1, so each waits for the word after that step.
@@ -143,45 +146,135 @@ def trained_parameters(model) -> list:
     return [(name, p) for name, p in model.named_parameters() if not p.stop_gradient]
 
 
-@dataclass(frozen=True)
-class Failure:
-    """What a rollout process sends before it stops for an error."""
+def one_machine() -> bool:
+    """Whether every process of the launch runs on this machine (paddle.distributed.launch's endpoints)."""
+    endpoints = os.environ.get("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:0").split(",")
+    return len({endpoint.rsplit(":", 1)[0] for endpoint in endpoints}) == 1
 
-    text: str
+
+def shared_key() -> Optional[bytes]:
+    """GRPO_ROLLOUT_LINK_KEY, or None; a launch over several machines without it is refused before anything loads."""
+    key = os.environ.get(KEY_VARIABLE)
+    if key is None and not one_machine():
+        raise ConfigError(
+            f"rollout_workers on several machines: set {KEY_VARIABLE} to the same secret on every machine (at least 16 "
+            "characters, e.g. python -c 'import secrets; print(secrets.token_hex(32))'); the rollout link refuses "
+            "processes that do not hold it"
+        )
+    if key is not None and len(key) < 16:
+        raise ConfigError(f"{KEY_VARIABLE} is {len(key)} characters long: use at least 16")
+    return None if key is None else key.encode()
 
 
-def _quick(connection: Connection) -> Connection:
-    """TCP_NODELAY on a connection's socket: small messages go out at once, not after the peer's delayed ACK
-    (40 ms here, and paddle's store, which does not set it, takes 44-88 ms a call)."""
+def _authkey(key: bytes, host: str, port: int) -> bytes:
+    """The handshake's key: the run's key bound to the trainer's address, so that a connection relayed through
+    another address cannot prove itself."""
+    return hmac.new(key, f"grpo rollout link {host}:{port}".encode(), hashlib.sha256).digest()
+
+
+def _shut(connection: Connection) -> None:
     with socket.fromfd(connection.fileno(), socket.AF_INET, socket.SOCK_STREAM) as duplicate:
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _handshake(connection: Connection, authkey: bytes, trainer: bool) -> None:
+    """Both ends prove the key (multiprocessing's HMAC challenge, each way). The trainer gives a peer
+    HANDSHAKE_SECONDS, then cuts it off (its reads end), so that one that stalls cannot hold it; a rollout process
+    waits as long as the trainer takes to load its model. Raises AuthenticationError, EOFError, OSError."""
+    timer = threading.Timer(HANDSHAKE_SECONDS, _shut, [connection])
+    if trainer:
+        timer.start()
+    try:
+        if trainer:
+            deliver_challenge(connection, authkey)
+            answer_challenge(connection, authkey)
+        else:
+            answer_challenge(connection, authkey)
+            deliver_challenge(connection, authkey)
+    finally:
+        timer.cancel()
+    with socket.fromfd(connection.fileno(), socket.AF_INET, socket.SOCK_STREAM) as duplicate:
+        # small messages go out at once, not after the peer's delayed ACK (40 ms here)
         duplicate.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return connection
+
+
+def _write_private(path: Path, record: dict) -> None:
+    """A file only this user can read, written whole (made afresh, so no earlier file's mode carries over)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    staging.unlink(missing_ok=True)
+    descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        json.dump(record, f)
+    os.replace(staging, path)
+
+
+def _read_private(path: Path) -> dict:
+    """The trainer's link file, refused unless this user wrote it and nobody else can read it."""
+    status = path.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o077:
+        raise RolloutWorkerError(
+            f"{path} is not private to this user (owner {status.st_uid}, mode {status.st_mode & 0o777:o}): "
+            "the rollout link's key must be readable by this user only"
+        )
+    return json.loads(path.read_text())
 
 
 class TrainerLink:
-    """The training process's end: receives every step's rollout, sends its word and its weights after a step."""
+    """The training process's end: listens for the rollout processes, receives every step's rollout, sends its word
+    and its weights after a step."""
 
-    def __init__(self, rollout_workers: int, async_generate: bool):
+    def __init__(self, rollout_workers: int, async_generate: bool, output_dir: str):
+        from paddle.base import core
+
         self.workers, self.async_generate = rollout_workers, async_generate
-        self.connections: list = []  # one per rollout process, made in publish()
+        self.connections: list = []  # one per rollout process, in rank order, made in publish()
         self.pending: Optional[tuple] = None  # (step, [RolloutPart], seconds waited) received ahead of its step
         self.total_steps = 0
         self.broadcast_seconds = 0.0  # the last weights broadcast
+        key = shared_key()
+        host = "127.0.0.1" if one_machine() else os.environ["PADDLE_CURRENT_ENDPOINT"].rsplit(":", 1)[0]
+        self.server = socket.create_server((host, 0))
+        port = self.server.getsockname()[1]
+        store = core.create_or_get_global_tcp_store()
+        if key is None:  # one machine: a key of this run's, in a file only this user reads
+            key = secrets.token_bytes(32)
+            self.link_file = Path(output_dir) / LINK_FILE
+            _write_private(self.link_file, {"address": [host, port], "key": key.hex()})
+        else:
+            self.link_file = None
+            store.set("grpo/link_address", json.dumps([host, port]).encode())
+        self.authkey = _authkey(key, host, port)
+        store.add("grpo/link_ready", 1)  # the rollout processes wait for this before they read the address
 
     def publish(self, plan: RunPlan) -> None:
-        """Connect to every rollout process (each listens once it starts, its address in the launcher's store) and
-        send the plan."""
-        from paddle.base import core
-
-        store = core.create_or_get_global_tcp_store()
+        """Accept every rollout process (each proves the key and says its rank; anything else is turned away and the
+        trainer goes on waiting), then send each the plan."""
         self.total_steps = plan.total_steps
-        for rank in range(1, self.workers + 1):
-            while not store.add(f"grpo/address/{rank}", 0):  # add 0: read a counter without waiting
-                time.sleep(0.05)
-            host, port, key = json.loads(bytes(store.get(f"grpo/listener/{rank}")))
-            self.connections.append(_quick(Client((host, port), authkey=bytes.fromhex(key))))
+        slots: dict = {}
+        while len(slots) < self.workers:
+            sock, peer = self.server.accept()
+            connection = Connection(sock.detach())
+            try:
+                _handshake(connection, self.authkey, trainer=True)
+                kind, fields, _ = receive_message(connection)
+                rank = fields.get("rank")
+                if kind != "hello" or type(rank) is not int or not 1 <= rank <= self.workers or rank in slots:
+                    raise WireError(f"a hello with rank {rank!r} from a run of {self.workers} rollout process(es)")
+            except (AuthenticationError, EOFError, OSError, WireError) as error:
+                warnings.warn(f"rollout link: turned away a connection from {peer[0]}:{peer[1]} ({type(error).__name__}: {_last_line(error)})")
+                connection.close()
+                continue
+            slots[rank] = connection
+        self.server.close()
+        if self.link_file is not None:
+            self.link_file.unlink(missing_ok=True)  # read by every rollout process by now
+        self.connections = [slots[rank] for rank in sorted(slots)]
         for connection in self.connections:
-            connection.send(plan)
+            send_message(connection, "plan", asdict(plan))
 
     def take(self, step: int) -> tuple:
         """Step `step`'s rollout: the one received ahead (async_generate), or waited for now -> ([RolloutPart],
@@ -198,12 +291,22 @@ class TrainerLink:
             self.pending = self._receive(step + 1)
 
     def pending_bytes(self) -> Optional[bytes]:
-        return None if self.pending is None else pickle.dumps(self.pending[:2])
+        return None if self.pending is None else pending_bytes(*self.pending[:2])
 
-    def restore_pending(self, data: bytes, step: int) -> None:
-        """A checkpoint's in-flight rollout (written by this run's lineage: pickle is trusted as paddle's optimizer
-        file is), which must be the step after it."""
-        due, parts = pickle.loads(data)
+    def restore_pending(self, checkpoint: Path, step: int, trust_pickle: bool) -> None:
+        """A checkpoint's in-flight rollout, if it holds one, which must be the step after it (an earlier version's
+        pickle only when trust_pickle: start_point refused it otherwise)."""
+        if (checkpoint / PENDING_FILE).is_file():
+            try:
+                due, parts = load_parts(checkpoint / PENDING_FILE)
+            except WireError as error:
+                raise RolloutWorkerError(f"the checkpoint's rollout in flight cannot be read: {error}") from None
+        elif trust_pickle and (checkpoint / "pending_rollout.pkl").is_file():
+            import pickle
+
+            due, parts = pickle.loads((checkpoint / "pending_rollout.pkl").read_bytes())
+        else:
+            return
         if due != step:
             raise RolloutWorkerError(f"the checkpoint's {PENDING_FILE} holds step {due}'s rollout, not step {step}'s")
         self.pending = (due, parts, 0.0)
@@ -216,7 +319,7 @@ class TrainerLink:
         started = time.perf_counter()
         try:
             for connection in self.connections:
-                connection.send(("word", step, stop))
+                send_message(connection, "word", {"step": step, "stop": stop})
             if not stop:
                 for bucket in buckets(parameters):
                     dist.broadcast(paddle.concat([p.reshape([-1]) for p in bucket]), src=0)
@@ -228,15 +331,15 @@ class TrainerLink:
         """The end of the run: every rollout process says it is done before this process (and the launcher's store
         it serves) goes away."""
         for worker in range(self.workers):
-            message = self._next(worker)
-            if message != ("finished",):
-                raise RolloutWorkerError(f"rollout process {worker + 1} sent {type(message).__name__} where its last word was due")
+            kind, _, _ = self._next(worker)
+            if kind != "finished":
+                raise RolloutWorkerError(f"rollout process {worker + 1} sent a {kind!r} message where its last word was due")
 
     def release(self) -> None:
         """After a rollout process's failure was handled (the last step saved): it may exit."""
         for connection in self.connections:
             try:
-                connection.send(("released",))
+                send_message(connection, "released", {})
             except OSError:
                 pass  # that one is gone already
 
@@ -245,25 +348,34 @@ class TrainerLink:
         started = time.perf_counter()
         parts = []
         for worker in range(self.workers):
-            part = self._next(worker)
-            if not isinstance(part, RolloutPart) or part.step != step:
-                raise RolloutWorkerError(f"rollout process {worker + 1} sent {getattr(part, 'step', part)!r} where step {step}'s rollout was due")
+            kind, fields, arrays = self._next(worker)
+            try:
+                if kind != "rollout":
+                    raise WireError(f"a {kind!r} message")
+                sent, (part,) = parts_from_record(fields, arrays)
+            except (WireError, ValueError) as error:
+                raise RolloutWorkerError(f"rollout process {worker + 1} sent something else than step {step}'s rollout: {error}") from None
+            if sent != step or part.step != step:
+                raise RolloutWorkerError(f"rollout process {worker + 1} sent step {sent}'s rollout where step {step}'s was due")
             parts.append(part)
         return step, parts, time.perf_counter() - started
 
-    def _next(self, worker: int):
-        """The next message of rollout process `worker` (0-based), waiting for it; its failure or death raised."""
+    def _next(self, worker: int) -> tuple:
+        """The next message (kind, fields, arrays) of rollout process `worker` (0-based), waiting for it; its failure
+        or death raised."""
         rank = worker + 1
         try:
-            message = self.connections[worker].recv()
+            kind, fields, arrays = receive_message(self.connections[worker])
         except (EOFError, OSError):  # the kernel closes a dead process's sockets, whatever killed it
             raise RolloutWorkerError(
                 f"rollout process {rank} died without a word (killed, or out of memory): its log <log_dir>/workerlog.{rank} "
                 f"and the system log may say why"
             ) from None
-        if isinstance(message, Failure):
-            raise RolloutWorkerError(f"rollout process {rank} failed: {message.text} (its log: <log_dir>/workerlog.{rank})")
-        return message
+        except WireError as error:
+            raise RolloutWorkerError(f"rollout process {rank} sent something that is not a message: {error}") from None
+        if kind == "failure":
+            raise RolloutWorkerError(f"rollout process {rank} failed: {fields.get('text')} (its log: <log_dir>/workerlog.{rank})")
+        return kind, fields, arrays
 
     def _failure(self) -> Optional[RolloutWorkerError]:
         """After a failed broadcast: the rollout process that reported an error or died, if one did."""
@@ -281,38 +393,47 @@ class TrainerLink:
 
 
 class WorkerLink:
-    """A rollout process's end: listens for the trainer, reads the plan, sends its rollouts, waits for the trainer's
+    """A rollout process's end: connects to the trainer, reads the plan, sends its rollouts, waits for the trainer's
     words and weights."""
 
-    def __init__(self, place: Placement):
+    def __init__(self, place: Placement, output_dir: str):
         from paddle.base import core
 
         self.place = place
-        key = secrets.token_bytes(16)
-        self.listener = Listener(("0.0.0.0", 0), authkey=key)
-        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]  # this process's address in the launch
+        key = shared_key()
         store = core.create_or_get_global_tcp_store()
-        store.set(f"grpo/listener/{place.rank}", json.dumps([host, self.listener.address[1], key.hex()]).encode())
-        store.add(f"grpo/address/{place.rank}", 1)
-        self.connection: Optional[Connection] = None
+        while not store.add("grpo/link_ready", 0):  # add 0: read the counter without waiting
+            time.sleep(0.05)
+        if key is None:
+            record = _read_private(Path(output_dir) / LINK_FILE)
+            (host, port), key = record["address"], bytes.fromhex(record["key"])
+        else:
+            host, port = json.loads(bytes(store.get("grpo/link_address")))
+        self.connection = Connection(socket.create_connection((host, port)).detach())
+        try:
+            _handshake(self.connection, _authkey(key, host, port), trainer=False)
+        except (AuthenticationError, EOFError, OSError) as error:
+            raise TrainerGone(f"the rollout link to {host}:{port} did not prove the run's key ({type(error).__name__}): not this run's trainer") from None
+        send_message(self.connection, "hello", {"rank": place.rank})
 
     def plan(self) -> RunPlan:
-        self.connection = _quick(self.listener.accept())
-        self.listener.close()
-        return self._next()
+        kind, fields, _ = self._next()
+        if kind != "plan":
+            raise RuntimeError(f"the trainer sent a {kind!r} message where the plan was due")
+        return RunPlan(**fields)
 
     def send(self, part: RolloutPart) -> None:
         try:
-            self.connection.send(part)
+            send_message(self.connection, "rollout", *parts_record(part.step, [part]))
         except OSError as error:
             raise TrainerGone(f"the training process stopped ({_last_line(error)}): its log <log_dir>/workerlog.0 says why") from None
 
     def receive_word(self, step: int, parameters: list) -> bool:
         """The trainer's word after `step` -> True (the weights, broadcast, are now in `parameters`) or False: stop."""
-        word = self._next()
-        if word[:2] != ("word", step):
-            raise RuntimeError(f"the trainer sent {word!r} where its word after step {step} was due")
-        if word[2]:
+        kind, word, _ = self._next()
+        if kind != "word" or word.get("step") != step:
+            raise RuntimeError(f"the trainer sent {kind!r} {word!r} where its word after step {step} was due")
+        if word["stop"]:
             return False
         try:
             for bucket in buckets(parameters):
@@ -327,21 +448,19 @@ class WorkerLink:
     def report(self, error: BaseException) -> None:
         """Tell the trainer why this process stops, then wait (at most RELEASE_SECONDS) until it has saved its last
         finished step: the launcher stops every process a few seconds after one exits."""
-        if self.connection is None:
-            return  # the trainer never connected: it learns of this from the launcher
         try:
-            self.connection.send(Failure(f"{type(error).__name__}: {_last_line(error)}"))
+            send_message(self.connection, "failure", {"text": f"{type(error).__name__}: {_last_line(error)}"})
             if self.connection.poll(RELEASE_SECONDS):
-                self.connection.recv()
+                self.connection.recv_bytes(1 << 16)
         except (EOFError, OSError):
             pass  # the trainer is gone
 
     def finished(self) -> None:
-        self.connection.send(("finished",))
+        send_message(self.connection, "finished", {})
 
-    def _next(self):
+    def _next(self) -> tuple:
         try:
-            return self.connection.recv()
+            return receive_message(self.connection)
         except (EOFError, OSError):
             raise TrainerGone("the training process stopped: its log <log_dir>/workerlog.0 says why") from None
 

@@ -18,21 +18,14 @@ import paddle.distributed as dist
 from alignment.config import GRPOConfig
 from alignment.data import PromptSchedule
 from alignment.modeling import load_tokenizer
-from alignment.rollout_link import (
-    Placement,
-    RolloutPart,
-    TrainerGone,
-    WorkerLink,
-    rollout_order,
-    trained_parameters,
-    worker_share,
-)
+from alignment.rollout_link import Placement, TrainerGone, WorkerLink, rollout_order, trained_parameters, worker_share
+from alignment.rollout_wire import RolloutPart
 from alignment.trainer import generate, load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params, seed_phase
 
 
 def serve_rollouts(config: GRPOConfig, place: Placement) -> None:
     dist.init_parallel_env()  # the collective the weights come through; the trainer joins it too
-    link = WorkerLink(place)
+    link = WorkerLink(place, config.output_dir)
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, signal.SIG_IGN)
     try:

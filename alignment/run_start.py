@@ -14,6 +14,7 @@ import numpy as np
 from alignment.checkpoint import (
     CheckpointError,
     Lineage,
+    pickled_files,
     previous_run_files,
     remove_previous_run,
     resolve_resume,
@@ -49,6 +50,12 @@ def start_point(config: GRPOConfig, world: World) -> tuple:
             )
         if previous:
             notes.append(f"overwrite_output_dir: removed the previous run's {shown} from {config.output_dir}")
+        if resume and (pickled := pickled_files(resume.path)) and not config.trust_pickled_checkpoint:
+            raise ConfigError(
+                f"resume_from_checkpoint: {resume.path} holds {' and '.join(pickled)}, pickle written by an earlier version, "
+                f"which runs any code its writer put in it when loaded: resume it only if you trust whoever wrote it, with "
+                f"--trust_pickled_checkpoint true (its next save writes safetensors and JSON)"
+            )
         if resume:
             refused, allowed = settings_changes(resume.settings, resume.state.get("processes"), current, world.size)
             if refused and not config.allow_config_change:

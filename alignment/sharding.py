@@ -11,7 +11,7 @@ gradients stay whole on every process. The update is plain data parallel's:
   process alike;
 - clipping scales the owned gradients by max_grad_norm / norm, as ClipGradByGlobalNorm does over all of them.
 
-Checkpoints hold the whole state, gathered onto the main process: the same optimizer.pdopt as a run
+Checkpoints hold the whole state, gathered onto the main process: the same optimizer.safetensors as a run
 without sharding, so a run resumes with any number of processes and any sharding degree.
 """
 

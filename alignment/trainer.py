@@ -114,7 +114,7 @@ def concat_scored(parts: list, pad_token_id: int) -> ScoredBatch:
 def train(config: GRPOConfig) -> Path:
     placement(config.rollout_workers)  # one training process beside the rollout processes, or none of them
     world = init_world(config.sharding, config.sharding_parallel_degree, config.rollout_workers)
-    link = TrainerLink(config.rollout_workers, config.async_generate) if config.rollout_workers else None
+    link = TrainerLink(config.rollout_workers, config.async_generate, config.output_dir) if config.rollout_workers else None
     resume, lineage = start_point(config, world)  # refuses another run's output_dir; verifies the checkpoint
     actor_folder, tokenizer_folder = model_folders(config, world)  # a .gguf is imported once, into <output_dir>/imported
     tokenizer = load_tokenizer(tokenizer_folder, config.chat_template)
@@ -150,12 +150,12 @@ def train(config: GRPOConfig) -> Path:
         engine = rollout_engine(config, model, tokenizer, compute.bf16)
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, config, total_steps, world)
-    state = load_training_state(resume.path, optimizer) if resume else {"step": 0}  # optimizer moments and the schedule
+    state = load_training_state(resume.path, optimizer, config.trust_pickled_checkpoint) if resume else {"step": 0}  # optimizer moments and the schedule
     first_step = state["step"]
     sampling = sampling_params(config)
     if link:
-        if resume and config.async_generate and (resume.path / PENDING_FILE).is_file():
-            link.restore_pending((resume.path / PENDING_FILE).read_bytes(), first_step + 1)
+        if resume and config.async_generate:
+            link.restore_pending(resume.path, first_step + 1, config.trust_pickled_checkpoint)
         names = [name for name, _ in trained_parameters(model)]
         link.publish(RunPlan(tokenizer_folder, weights_folder, adapter_folder, first_step, total_steps, link.pending is not None, names))
 
@@ -288,8 +288,9 @@ def train(config: GRPOConfig) -> Path:
             if stopping:
                 logger.print(f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto")
                 break
-    if link:
-        link.wait_finished()
+        if link:
+            with saved_if_rollout_stops(step):  # a rollout process that died at the end: say where the state is
+                link.wait_finished()
     if world.is_main:
         plot_curves(config.output_dir)
     return checkpoint
@@ -577,19 +578,24 @@ def decode_completions(rollout: Rollout, tokenizer) -> list:
 
 
 def score_rollout(prompts: list, rollout: Rollout, scorer, tokenizer, config: GRPOConfig) -> ScoredBatch:
-    completions = decode_completions(rollout, tokenizer)  # multi-turn: the whole conversation after the prompt
+    """Rewards score what the model wrote: in a multi-turn rollout its turns, one per line, and not what tools and
+    environments put between them (a tool that prints <answer>42</answer> earns nothing); the whole conversation,
+    the turns and the tool calls are in each sample for a reward that reads them."""
+    completions = decode_completions(rollout, tokenizer)  # multi-turn: the whole conversation after the prompt, for the logs
     generated = rollout.loss_mask.sum(axis=1).astype(np.int64)
     samples = [
         {**prompts[row // rollout.group_size].record.reward_sample(), "completion_tokens": int(generated[row])}
         for row in range(len(completions))
     ]
-    if rollout.episodes is not None:  # rewards may read the model's turns and its tool calls
-        for sample, episode in zip(samples, rollout.episodes):
-            sample.update(turns=list(episode.turns), tool_calls=[call.as_dict() for call in episode.calls])
-    table: ScoreTable = scorer(completions, samples)
+    written = completions
+    if rollout.episodes is not None:
+        written = ["\n".join(episode.turns) for episode in rollout.episodes]
+        for sample, episode, conversation in zip(samples, rollout.episodes, completions):
+            sample.update(conversation=conversation, turns=list(episode.turns), tool_calls=[call.as_dict() for call in episode.calls])
+    table: ScoreTable = scorer(written, samples)
     columns = {name: _as_array(values) for name, values in table.columns.items()}  # none from a PaddleNLP server
     if config.accuracy_function not in columns:  # the accuracy metric is computed here whatever scores the reward
-        accuracy = score_completions(completions, samples, [config.accuracy_function], [1.0], settings=config.reward_settings())
+        accuracy = score_completions(written, samples, [config.accuracy_function], [1.0], settings=config.reward_settings())
         columns[config.accuracy_function] = _as_array(accuracy.columns[config.accuracy_function])
     return ScoredBatch(
         prompts=prompts,

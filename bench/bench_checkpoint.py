@@ -1,14 +1,15 @@
-"""What the checkpoint checksums cost: seconds of save_checkpoint (which now lists every file with its size and
-SHA-256 in trainer_state.json), of hashing those files alone, and of the verification a resume runs, at a real
-model's shape with its AdamW state.
+"""What a checkpoint costs: seconds of save_checkpoint (model, tokenizer, optimizer state, fsync, the checksums
+trainer_state.json lists, rename), of the verification a resume runs, and of loading it back (the model and the
+optimizer state), at a real model's shape with its AdamW state.
 
-    .venv/bin/python bench/bench_checkpoint.py [--shape qwen2.5-0.5b] [--out /tmp/bench_checkpoint]
+    .venv/bin/python bench/bench_checkpoint.py [--shape smollm2-135m] [--repo TREE] [--out /tmp/bench_checkpoint]
 
-The model has random weights of the shape (bench/bench_rollout.py's SHAPES); one AdamW step on 8 tokens
-gives it its moments, so optimizer.pdopt is the size a run writes. Prints one JSON object: the checkpoint's
-`bytes`, `save_seconds` (the whole save: write, fsync, checksums, rename), `checksum_seconds` (hashing the
-files again, warm in the page cache as the save finds them), `checksum_share` of the save, and
-`verify_seconds` (damage(): what resume_from_checkpoint adds), with GB/s.
+--repo runs another checkout's alignment/ (a worktree of an earlier commit: before and after side by side). The
+model has random weights of the shape (bench/bench_rollout.py's SHAPES); one AdamW step on 8 tokens gives it its
+moments, so the optimizer file is the size a run writes. Prints one JSON object: the checkpoint's `bytes`, the
+optimizer file's name and `optimizer_bytes`, `save_seconds`, `checksum_seconds` (hashing the files again, warm in
+the page cache), `verify_seconds` (damage(): what resume_from_checkpoint adds), `load_model_seconds`,
+`load_optimizer_seconds` (load_training_state: read and set_state_dict).
 """
 
 import argparse
@@ -18,24 +19,25 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
-
-configure_cpu_runtime()
-paddle = import_paddle()
-
-from alignment.checkpoint import Lineage, _sha256, damage, read_checkpoint, save_checkpoint  # noqa: E402
-from alignment.modeling import load_tokenizer  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", default="qwen2.5-0.5b")
+    parser.add_argument("--shape", default="smollm2-135m")
+    parser.add_argument("--repo", default=str(BENCH.parent), help="the checkout whose alignment/ saves and loads")
     parser.add_argument("--out", default="/tmp/bench_checkpoint")
     args = parser.parse_args()
+    sys.path[:0] = [args.repo, str(BENCH)]
+
+    from alignment.runtime import configure_cpu_runtime, import_paddle
+
+    configure_cpu_runtime()
+    paddle = import_paddle()
     from bench_rollout import build_model
+
+    from alignment.checkpoint import Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
+    from alignment.modeling import load_causal_lm, load_tokenizer
 
     model = build_model(args.shape, seed=0)
     model.train()
@@ -47,10 +49,11 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    path = save_checkpoint(str(out), 1, model, load_tokenizer("data/tiny-qwen2"), optimizer.state_dict(), "{}", {}, None, Lineage.new())
+    path = save_checkpoint(str(out), 1, model, load_tokenizer(str(BENCH.parent / "data" / "tiny-qwen2")), optimizer.state_dict(), "{}", {}, None, Lineage.new())
     save_seconds = time.perf_counter() - started
     files = [p for p in path.rglob("*") if p.is_file() and p.name != "trainer_state.json"]
-    size = sum(p.stat().st_size for p in files)
+    (optimizer_file,) = [p for p in files if p.name.startswith("optimizer.")]
+    sizes = {"bytes": sum(p.stat().st_size for p in files), "optimizer_file": optimizer_file.name, "optimizer_bytes": optimizer_file.stat().st_size}
 
     started = time.perf_counter()
     for file in files:
@@ -60,11 +63,18 @@ def main() -> None:
     state, _ = read_checkpoint(path)
     assert damage(path, state) is None
     verify_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    loaded = load_causal_lm(str(path))
+    load_model_seconds = time.perf_counter() - started
+    fresh = paddle.optimizer.AdamW(1e-6, parameters=loaded.parameters())
+    started = time.perf_counter()
+    load_training_state(path, fresh)
+    load_optimizer_seconds = time.perf_counter() - started
     shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({
-        "shape": args.shape, "bytes": size, "save_seconds": round(save_seconds, 2), "checksum_seconds": round(checksum_seconds, 2),
-        "checksum_share": round(checksum_seconds / save_seconds, 3), "verify_seconds": round(verify_seconds, 2),
-        "checksum_gb_per_s": round(size / checksum_seconds / 1e9, 2),
+        "shape": args.shape, "repo": args.repo, **sizes, "save_seconds": round(save_seconds, 2), "checksum_seconds": round(checksum_seconds, 2),
+        "verify_seconds": round(verify_seconds, 2), "load_model_seconds": round(load_model_seconds, 2),
+        "load_optimizer_seconds": round(load_optimizer_seconds, 2),
     }))
 
 

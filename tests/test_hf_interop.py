@@ -31,7 +31,7 @@ TOKENIZER = REPO / "data" / "tiny-qwen2"  # a real BPE tokenizer with a ChatML t
 HF_SIDE = REPO / "tests" / "hf_side.py"
 TORCH_PYTHON = os.environ.get("GRPO_TORCH_PYTHON")
 TEXT = "Mia has 12 apples. She buys 7 more. How many apples does Mia have now?"
-TRAINING_STATE = {"grpo_config.json", "optimizer.pdopt", "trainer_state.json"}
+TRAINING_STATE = {"grpo_config.json", "optimizer.safetensors", "trainer_state.json"}
 EXPORTED = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "chat_template.jinja"}
 
@@ -225,7 +225,7 @@ def test_export_refuses_what_is_not_a_model_folder_or_would_overwrite_it(checkpo
     done = export_command(tmp_path / source, tmp_path / output, "--overwrite")
     assert done.returncode == 2
     assert message in done.stderr
-    assert (tmp_path / "checkpoint" / "optimizer.pdopt").is_file()
+    assert (tmp_path / "checkpoint" / "optimizer.safetensors").is_file()
 
 
 def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(checkpoint, tmp_path):

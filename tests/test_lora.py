@@ -102,7 +102,7 @@ def test_checkpoint_holds_only_the_adapter_resumes_and_merges_to_the_same_logits
     path = save_checkpoint(str(tmp_path / "run"), 2, model, tokenizer, optimizer.state_dict(), run_config, {"total_steps": 10}, None)
 
     files = {p.name for p in path.iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "optimizer.pdopt", "trainer_state.json"} <= files
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"} <= files
     assert not files & {"model.safetensors", "config.json"}
     adapters = {n: p for n, p in model.named_parameters() if not p.stop_gradient}
     with safe_open(path / "adapter_model.safetensors", framework="np") as stored:

@@ -210,3 +210,37 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
         n = int(kept.lengths[row])
         ids, environment = kept.completion_ids[row, :n], kept.environment_mask[row, :n].astype(bool)
         assert ids[environment].tolist() == markup.ids([{"role": "tool", "name": "calculator", "content": call.answer}], tokenizer.eos_token_id)
+
+
+@pytest.mark.parametrize(
+    "turns, tool_answer, reward",
+    [
+        # the model's code assembles the tags, so only the tool's output holds <answer>19</answer>
+        (['<tool_call>{"name": "python", "arguments": {"code": "print(\'<ans\' + \'wer>\' + str(12 + 7) + \'</ans\' + \'wer>\')"}}</tool_call>', "So."],
+         "<answer>19</answer>", 0.0),
+        (['<tool_call>{"name": "calculator", "arguments": {"expression": "12+7"}}</tool_call>', "<answer>19</answer>"], "19", 1.0),
+    ],
+    ids=["a tool prints the answer", "the model writes it"],
+)
+def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns, tool_answer, reward):
+    from alignment.config import load_config
+    from alignment.data import EncodedPrompt, PromptRecord
+    from alignment.rollout import Rollout
+    from alignment.tools import Episode, ToolCall
+    from alignment.trainer import build_scorer, score_rollout
+
+    _, tokenizer = tiny
+    pieces = [(turns[0], 0.0), (f"\n<tool_response>\n{tool_answer}\n</tool_response>\n", 1.0), (turns[1], 0.0)]
+    ids = [[tokenizer.encode(text, add_special_tokens=False), environment] for text, environment in pieces]
+    completion_ids = np.array([[token for part, _ in ids for token in part]], np.int64)
+    environment_mask = np.array([[environment for part, environment in ids for _ in part]], np.float32)
+    episode = Episode(sample={}, turns=list(turns), calls=[ToolCall("python", {}, tool_answer, None, 0.1)])
+    rollout = Rollout(
+        prompt_ids=[[1, 2]], completion_ids=completion_ids, completion_mask=np.ones_like(environment_mask),
+        logprobs=np.zeros_like(environment_mask), finish_reasons=["eos"], group_size=1, environment_mask=environment_mask, episodes=[episode],
+    )
+    config = load_config(["config/tiny_tools/grpo_argument.json"])  # reward: accuracy
+    prompts = [EncodedPrompt(PromptRecord(({"role": "user", "content": QUESTIONS[0]},), "19"), (1, 2))]
+    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
+    assert scored.rewards.tolist() == [reward] and bool(scored.correct[0]) == bool(reward)
+    assert "<tool_response>" in scored.completions[0]  # the logs keep the whole conversation

@@ -5,10 +5,12 @@ dies stops the run with one line naming it, the last finished step saved."""
 
 import json
 import os
-import pickle
+import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from safetensors.numpy import load_file
 from alignment.config import ConfigError, load_config
 from alignment.rollout.ops import load_ops
 from alignment.rollout_link import placement, rollout_order, worker_share, words_after
+from alignment.rollout_wire import load_parts
 
 # A learning rate large enough to move the weights well past float noise in 3 steps, a KL term, a sampled
 # evaluation on the training process's own engine; fp32 matmuls, importance sampling off and adam_epsilon 1e-6 as
@@ -156,6 +159,85 @@ def test_a_launch_with_the_wrong_number_of_processes_is_refused(monkeypatch):
     assert placement(2).is_rollout_worker and placement(2).worker_index == 1
 
 
+def handshake(trainer_key: bytes, worker_key: bytes, silent_worker: bool = False) -> tuple:
+    """Both ends of one connection over loopback -> (the trainer's outcome, the rollout process's): "ok" or the error."""
+    from multiprocessing.connection import Connection
+
+    from alignment.rollout_link import _handshake
+
+    server = socket.create_server(("127.0.0.1", 0))
+    outcomes = {}
+
+    def side(name, make, key, trainer):
+        connection = make()
+        try:
+            if not (silent_worker and not trainer):
+                _handshake(connection, key, trainer)
+            outcomes[name] = "ok"
+        except Exception as error:
+            outcomes[name] = type(error).__name__
+        finally:
+            if not (silent_worker and not trainer):
+                connection.close()
+
+    worker = threading.Thread(target=side, args=("worker", lambda: Connection(socket.create_connection(server.getsockname()).detach()), worker_key, False))
+    worker.start()
+    side("trainer", lambda: Connection(server.accept()[0].detach()), trainer_key, True)
+    worker.join(timeout=30)
+    server.close()
+    return outcomes["trainer"], outcomes["worker"]
+
+
+def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(monkeypatch):
+    from alignment import rollout_link
+
+    key = b"k" * 32
+    genuine = rollout_link._authkey(key, "127.0.0.1", 4000)
+    assert handshake(genuine, genuine) == ("ok", "ok")
+    assert handshake(genuine, rollout_link._authkey(b"x" * 32, "127.0.0.1", 4000)) == ("AuthenticationError", "AuthenticationError")
+    # a process relaying between the trainer and a rollout process that connected to the relay's address fails too
+    assert handshake(genuine, rollout_link._authkey(key, "127.0.0.1", 4001)) == ("AuthenticationError", "AuthenticationError")
+    monkeypatch.setattr(rollout_link, "HANDSHAKE_SECONDS", 0.5)
+    started = time.monotonic()
+    assert handshake(genuine, genuine, silent_worker=True)[0] in ("EOFError", "OSError")  # cut off, not waited for
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    "endpoints, key, message",
+    [
+        ("10.0.0.1:6170,10.0.0.2:6170", None, "rollout_workers on several machines: set GRPO_ROLLOUT_LINK_KEY to the same secret"),
+        ("10.0.0.1:6170,10.0.0.2:6170", "short", "GRPO_ROLLOUT_LINK_KEY is 5 characters long: use at least 16"),
+    ],
+)
+def test_a_link_across_machines_needs_a_key_of_the_users(monkeypatch, endpoints, key, message):
+    from alignment.rollout_link import shared_key
+
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", endpoints)
+    if key is None:
+        monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY", raising=False)
+    else:
+        monkeypatch.setenv("GRPO_ROLLOUT_LINK_KEY", key)
+    with pytest.raises(ConfigError, match=message):
+        shared_key()
+    monkeypatch.setenv("GRPO_ROLLOUT_LINK_KEY", "a" * 32)
+    assert shared_key() == b"a" * 32
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:6170,127.0.0.1:6171")  # one machine: the run makes its own
+    monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY")
+    assert shared_key() is None
+
+
+def test_the_link_file_must_be_private_to_its_user(tmp_path):
+    from alignment.rollout_link import RolloutWorkerError, _read_private, _write_private
+
+    path = tmp_path / "link.json"
+    _write_private(path, {"address": ["127.0.0.1", 1], "key": "00"})
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and _read_private(path)["key"] == "00"
+    path.chmod(0o644)
+    with pytest.raises(RolloutWorkerError, match="is not private to this user .*mode 644"):
+        _read_private(path)
+
+
 # --- launched runs ----------------------------------------------------------------------------------------
 
 
@@ -191,7 +273,7 @@ def test_one_step_off_logs_staleness_and_resumes_exactly(tmp_path, eval_file):
     finish(launch(straight, 2, eval_file, *flags), straight)
     expected = records(straight)
     assert [r["rollout/staleness"] for r in expected if "reward_mean" in r] == [0, 1, 1, 1, 1]
-    assert (straight / "checkpoint-4" / "pending_rollout.pkl").is_file()  # step 5's rollout, generated from step 3's weights
+    assert (straight / "checkpoint-4" / "pending_rollout.safetensors").is_file()  # step 5's rollout, generated from step 3's weights
 
     process = launch(killed, 2, eval_file, *flags)
     wait_for_step(killed, process, 3)  # the checkpoint is at step 2 and holds step 3's rollout: step 3 is redone from it
@@ -203,11 +285,53 @@ def test_one_step_off_logs_staleness_and_resumes_exactly(tmp_path, eval_file):
 
     assert records(killed) == expected
     assert (killed / "checkpoint-4" / "model.safetensors").read_bytes() == (straight / "checkpoint-4" / "model.safetensors").read_bytes()
-    (due, [part]), (expected_due, [expected_part]) = (pickle.loads((out / "checkpoint-4" / "pending_rollout.pkl").read_bytes()) for out in (killed, straight))
+    (due, [part]), (expected_due, [expected_part]) = (load_parts(out / "checkpoint-4" / "pending_rollout.safetensors") for out in (killed, straight))
     assert (due, part.weights_step) == (expected_due, expected_part.weights_step) == (5, 3)
     for field in ("completion_ids", "completion_mask", "logprobs"):
         np.testing.assert_array_equal(getattr(part.rollout, field), getattr(expected_part.rollout, field))
     assert (killed / "completions.jsonl").read_text() == (straight / "completions.jsonl").read_text()
+
+
+def wait_until(condition, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def hand_over(path: Path, text: str) -> None:
+    """Written whole before the attacker can see it."""
+    path.with_suffix(".tmp").write_text(text)
+    path.with_suffix(".tmp").replace(path)
+
+
+def test_a_process_that_reads_the_store_can_neither_connect_nor_inject_nor_run_code(tmp_path, eval_file):
+    """tests/link_attacker.py reads the launcher's store and writes its own address and key there over the run's, so
+    that whoever takes the link from the store connects to it and is sent a pickle whose loading would create a file;
+    it also knocks on the trainer's port with a wrong proof and that pickle. The run trains on as if alone."""
+    out, marker, report, address, store = (tmp_path / name for name in ("out", "code-ran", "report.json", "address.json", "store"))
+    command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
+               *RUN, "--eval_datasets", eval_file, "--output_dir", str(out), "--max_steps", "2", *ROLLOUT]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    attacker = subprocess.Popen([sys.executable, "tests/link_attacker.py", str(store), str(address), str(marker), str(report)])
+    # ports are no secret (any local user can list the listening ones): the test hands over the store's and the trainer's
+    environment, link_file = tmp_path / "log" / "envlog.0", out / ".rollout_link.json"
+    wait_until(lambda: environment.is_file() and "PADDLE_MASTER=" in environment.read_text() or run.poll() is not None)
+    hand_over(store, re.search(r"PADDLE_MASTER=(\S+)", environment.read_text())[1])
+    wait_until(lambda: link_file.exists() or run.poll() is not None)
+    hand_over(address, json.dumps(json.loads(link_file.read_text())["address"]))
+    assert oct(link_file.stat().st_mode & 0o777) == "0o600"
+    finish(run, out)
+    attacker.wait(timeout=300)
+    found = json.loads(report.read_text())
+    assert not marker.exists(), found
+    assert found["listener"] == [], found  # no process of the run took the attacker's address from the store
+    assert set(found["store"]) <= {"grpo/link_ready"}, found  # a counter: neither address nor key
+    # the knock met the handshake and failed it, or came after the trainer had stopped listening (its rollout process in)
+    (knocked,) = found["knocked"]
+    turned_away = "rollout link: turned away a connection from 127.0.0.1" in (tmp_path / "log" / "workerlog.0").read_text()
+    assert "challenged; answered wrongly" in knocked and "#FAILURE#" in knocked and turned_away or "Connection" in knocked, knocked
+    assert [r["step"] for r in records(out) if "reward_mean" in r] == [1, 2] and not link_file.exists()
 
 
 def test_a_rollout_process_that_dies_stops_the_run_with_the_last_step_saved(tmp_path, eval_file):

@@ -1,23 +1,51 @@
-"""The sandbox every python and plugin tool call runs in (alignment/tools/sandbox.py): real child processes, each
-limit reached for real."""
+"""The sandbox every python and plugin tool call runs in (alignment/tools/sandbox.py): real child processes isolated
+by bubblewrap, each limit reached for real, and hostile code, run through the tools environment as a run runs it,
+trying the ways out that an audit hook did not stop (the ones found against the last version, and more)."""
 
+import json
 import os
 import socket
+import subprocess
+import threading
+import time
+import uuid
 
 import pytest
 
-from alignment.plugins import plugin_sources
-from alignment.tools.sandbox import SandboxLimits, call_in_sandbox, network_namespace, run_python
+from alignment.config import ConfigError, load_config
+from alignment.plugins import load_plugins, plugin_sources
+from alignment.tools import Episode, ToolSettings, get_environment
+from alignment.tools.sandbox import SandboxLimits, call_in_sandbox, isolation_missing, run_python
 
-LIMITS = SandboxLimits(seconds=2.0, memory_mb=256, output_bytes=4096)
+LIMITS = SandboxLimits(seconds=2.0, memory_mb=256, output_bytes=4096, file_mb=16, disk_mb=24, processes=8)
 PLUGINS = "tests/plugins/tool_plugins.py"
 
 
-def test_the_code_runs_in_a_fresh_folder_that_is_removed_after():
-    result = run_python("import os; open('note.txt', 'w').write('kept'); print(open('note.txt').read(), os.getcwd())", LIMITS)
+@pytest.fixture(scope="module", autouse=True)
+def isolation():
+    if isolation_missing():
+        pytest.skip(f"the sandbox cannot isolate here: {isolation_missing()}")
+
+
+@pytest.fixture(scope="module")
+def environment():
+    """The tools environment with the python tool, as a run with `tools: [python]` builds it."""
+    load_plugins([PLUGINS])
+    settings = ToolSettings(tools=("python", "add"), limits=LIMITS, plugin_sources=tuple(plugin_sources([PLUGINS])), parallel=4)
+    return get_environment("tools").factory(settings)
+
+
+def python_call(environment, code: str) -> str:
+    """The model's turn calling the python tool with `code` -> the answer the model reads."""
+    turn = f'<tool_call>{json.dumps({"name": "python", "arguments": {"code": code}})}</tool_call>'
+    (reply,) = environment.reply([Episode(sample={}, turns=[turn])])
+    return reply[0]["content"]
+
+
+def test_the_code_runs_in_a_private_folder_of_its_own():
+    result = run_python("import os; open('note.txt', 'w').write('kept'); print(open('note.txt').read(), os.getcwd(), os.getuid())", LIMITS)
     assert result.error() is None and result.exit_code == 0
-    text, folder = result.stdout.split()
-    assert text == "kept" and os.path.basename(folder).startswith("grpo-tool-") and not os.path.exists(folder)
+    assert result.stdout.split() == ["kept", "/sandbox", "65534"]  # nobody, in a folder of its own
 
 
 @pytest.mark.parametrize(
@@ -28,6 +56,7 @@ def test_the_code_runs_in_a_fresh_folder_that_is_removed_after():
         ("import os; os.abort()", "was killed by SIGABRT"),
         ("x = bytearray(2 * 1024**3)", "ran out of memory (256 MB limit, tool_memory_mb)"),
         ("open('big', 'wb').write(b'x' * 32 * 2**20)", "exited with code 1: OSError: [Errno 27] File too large"),  # file_mb 16
+        ("for i in range(3): open(f'f{i}', 'wb').write(b'x' * 10 * 2**20)", "exited with code 1: OSError: [Errno 28] No space left on device"),  # disk_mb 24
     ],
 )
 def test_failures_are_one_sentence(code, error):
@@ -48,43 +77,116 @@ def test_a_flood_is_stopped_at_the_output_limit_without_reading_it_all():
     assert result.error().startswith("printed more than 4096 bytes") and not result.timed_out
 
 
-def test_the_environment_is_empty(monkeypatch):
-    monkeypatch.setenv("GRPO_SECRET_TOKEN", "do-not-leak")
-    result = run_python("import os; print(sorted(os.environ))", LIMITS)
-    assert "GRPO_SECRET_TOKEN" not in result.stdout and "PYTHONPATH" not in result.stdout
+# --- hostile code, through the tools environment ---------------------------------------------------------
 
 
-def test_nothing_is_written_outside_the_folder(tmp_path):
-    target = tmp_path / "escaped.txt"
-    for code in [f"open({str(target)!r}, 'w').write('x')", f"import os; os.open({str(target)!r}, os.O_CREAT | os.O_WRONLY)",
-                 f"import shutil; shutil.copyfile('/etc/hostname', {str(target)!r})"]:
-        result = run_python(code, LIMITS)
-        assert "PermissionError: the sandbox does not allow" in result.stderr, code
-    (tmp_path / "kept.txt").write_text("mine")
-    result = run_python(f"import os; os.remove({str(tmp_path / 'kept.txt')!r})", LIMITS)
-    assert "PermissionError" in result.stderr and (tmp_path / "kept.txt").read_text() == "mine"
-    assert not target.exists()
+def test_the_host_is_read_only_and_mostly_absent(environment, tmp_path):
+    target, kept = tmp_path / "escaped.txt", tmp_path / "kept.txt"
+    kept.write_text("mine")
+    code = f"""
+import os, shutil
+tries = {{}}
+for name, attempt in [
+    ("open", lambda: open({str(target)!r}, "w")),
+    ("dir_fd create", lambda: os.open("escaped.txt", os.O_CREAT | os.O_WRONLY, dir_fd=os.open({str(tmp_path)!r}, os.O_RDONLY))),
+    ("dir_fd rename", lambda: os.rename("kept.txt", "moved.txt", src_dir_fd=os.open({str(tmp_path)!r}, os.O_RDONLY))),
+    ("remove", lambda: os.remove({str(kept)!r})),
+    ("write /usr", lambda: open("/usr/grpo-escape", "w")),
+    ("read /etc/shadow", lambda: open("/etc/shadow").read()),
+    ("read /home", lambda: os.listdir("/home")),
+]:
+    try:
+        attempt()
+        tries[name] = "done"
+    except OSError as error:
+        tries[name] = type(error).__name__
+print(sorted(os.listdir("/")), tries)
+"""
+    answer = python_call(environment, code)
+    assert "done" not in answer, answer
+    assert not {"etc", "home", "run", "tmp", "var"} & set(json.loads(answer.split("] ")[0].replace("'", '"') + "]")), answer
+    assert kept.read_text() == "mine" and not target.exists() and not (tmp_path / "moved.txt").exists()
 
 
-def test_no_network_no_subprocesses_no_ctypes():
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
+def test_no_network_no_unix_socket_of_the_host(environment, tmp_path):
+    path, abstract = tmp_path / "host.sock", f"\0grpo-test-{uuid.uuid4().hex}"
+    servers = []
+    for family, address in ((socket.AF_UNIX, str(path)), (socket.AF_UNIX, abstract), (socket.AF_INET, ("127.0.0.1", 0))):
+        server = socket.socket(family)
+        server.bind(address)
         server.listen()
         server.setblocking(False)
-        port = server.getsockname()[1]
-        result = run_python(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1)", LIMITS)
-        assert "PermissionError: the sandbox does not allow socket" in result.stderr
+        servers.append(server)
+    port = servers[2].getsockname()[1]
+    code = f"""
+import socket
+tries = []
+for family, address in [(socket.AF_UNIX, {str(path)!r}), (socket.AF_UNIX, {abstract!r}), (socket.AF_INET, ("127.0.0.1", {port})),
+                        (socket.AF_INET, ("10.255.255.1", 80))]:
+    try:
+        socket.socket(family).connect(address); tries.append("connected")
+    except OSError as error:
+        tries.append(type(error).__name__)
+print(tries, sorted(name for _, name in socket.if_nameindex()))
+"""
+    answer = python_call(environment, code)
+    assert "connected" not in answer and "['lo']" in answer, answer
+    for server in servers:
         with pytest.raises(BlockingIOError):
-            server.accept()  # nothing connected
-    for code, event in [("import subprocess; subprocess.run(['true'])", "subprocess.Popen"), ("import os; os.system('true')", "os.system"),
-                        ("import os; os.fork()", "os.fork"), ("import ctypes; ctypes.CDLL(None)", "ctypes.dlopen")]:
-        assert f"PermissionError: the sandbox does not allow {event}" in run_python(code, LIMITS).stderr
+            server.accept()  # nothing reached the host's sockets
+        server.close()
 
 
-@pytest.mark.skipif(not network_namespace(), reason="unshare -rn is not allowed here: the audit hook alone refuses sockets")
-def test_where_the_kernel_allows_it_the_child_has_no_network_at_all():
-    code = "import socket; print(sorted(name for _, name in socket.if_nameindex()))"  # no socket is created
-    assert run_python(code, LIMITS).stdout.strip() == "['lo']"
+def test_nothing_outside_is_visible_or_killable_and_nothing_outlives_the_call(environment):
+    marker = f"grpo-outlive-{uuid.uuid4().hex}"
+    code = f"""
+import os, signal, subprocess
+seen = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+tries = {{}}
+for name, attempt in [("kill {os.getpid()}", lambda: os.kill({os.getpid()}, signal.SIGKILL)),
+                      ("pidfd parent", lambda: signal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL))]:
+    try:
+        attempt(); tries[name] = "sent"
+    except OSError as error:
+        tries[name] = type(error).__name__
+subprocess.Popen(["/bin/sh", "-c", "sleep 60 # {marker}"], start_new_session=True)  # setsid: its own session
+print(seen, tries)
+"""
+    answer = python_call(environment, code)
+    pids = json.loads(answer.split("] ")[0] + "]")
+    assert max(pids) < 50, answer  # its own PID namespace: a handful of processes, numbered from 1
+    assert "'kill " + str(os.getpid()) + "': 'ProcessLookupError'" in answer, answer
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert left == "", f"a process outlived the call: {left}"
+
+
+def test_the_environment_is_empty_and_no_process_shows_another(environment, monkeypatch):
+    monkeypatch.setenv("GRPO_REWARD_SERVER_API_KEY", "do-not-leak")
+    code = """
+import os
+found = [p for p in os.listdir("/proc") if p.isdigit() and b"do-not-leak" in open(f"/proc/{p}/environ", "rb").read()]
+print(sorted(os.environ), found)
+"""
+    answer = python_call(environment, code)
+    assert answer.strip() == "['HOME', 'LANG', 'PATH', 'PWD', 'PYTHONIOENCODING', 'PYTHONPATH', 'TMPDIR'] []", answer
+
+
+def test_a_fork_bomb_meets_the_process_limit(environment):
+    code = """
+import os, time
+children = 0
+try:
+    for _ in range(1000):
+        if os.fork() == 0:
+            time.sleep(5); os._exit(0)
+        children += 1
+except OSError as error:
+    print(f"stopped after {children}: {type(error).__name__}")
+"""
+    answer = python_call(environment, code)
+    assert answer.startswith("stopped after "), answer
+    assert int(answer.split()[2].rstrip(":")) < LIMITS.processes, answer
 
 
 def test_a_plugin_tool_runs_in_the_sandbox_and_its_prints_are_not_its_answer():
@@ -95,3 +197,35 @@ def test_a_plugin_tool_runs_in_the_sandbox_and_its_prints_are_not_its_answer():
     assert call_in_sandbox(sources, "flood", {"megabytes": 10}, LIMITS).output_truncated
     assert call_in_sandbox(sources, "crash", {"code": 0}, LIMITS).error() == "was killed by SIGABRT"
     assert "TypeError: unsupported operand" in call_in_sandbox(sources, "add", {"a": 2, "b": "x"}, LIMITS).error()
+
+
+# --- where the machine cannot isolate ------------------------------------------------------------------------
+
+
+def test_without_bubblewrap_the_python_tool_refuses_to_start_naming_what_is_missing(monkeypatch):
+    from alignment.tools import sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.isolation_missing.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"tools: python run\(s\) code in a child process that must be isolated from this machine, "
+                                             r"and here bubblewrap \(bwrap\) is not installed: apt-get install bubblewrap .*set tool_isolation none"):
+            load_config(["config/tiny_tools/grpo_argument.json", "--tools", "python", "calculator"])
+        assert load_config(["config/tiny_tools/grpo_argument.json", "--tools", "calculator"]).tools == ["calculator"]  # runs in process
+        unisolated = load_config(["config/tiny_tools/grpo_argument.json", "--tools", "python", "--tool_isolation", "none"])
+        limits = SandboxLimits(seconds=5, isolated=unisolated.tool_isolation == "bwrap")
+        result = run_python("import os; print(os.getuid() == %d)" % os.getuid(), limits)  # the user's own process: the opt-in
+        assert result.stdout.strip() == "True"
+    finally:
+        sandbox.isolation_missing.cache_clear()
+
+
+def test_a_call_runs_alongside_others_without_sharing_their_folder():
+    results = []
+    threads = [threading.Thread(target=lambda i=i: results.append(run_python(f"open('mine', 'w').write('{i}'); import time; time.sleep(0.5); print(open('mine').read())", LIMITS).stdout.strip()))
+               for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == ["0", "1", "2"]

@@ -30,7 +30,8 @@ def test_calculator_computes_arithmetic(expression, answer):
     "expression, error",
     [("1/0", "division by zero"), ("2**100000", "exponent"), ("9**9**9", "exponent"), ("10**64*10**64", "too large"),
      ("1e308*10", "too large"), ("(-8)**0.5", "not a real number"), ("__import__('os').system('true')", "only numbers"),
-     ("x+1", "only numbers"), ("[1]*9", "only numbers"), ("1+", "not an arithmetic expression"), ("1" * 201, "longer than 200")],
+     ("x+1", "only numbers"), ("[1]*9", "only numbers"), ("1+", "not an arithmetic expression"), ("1" * 201, "longer than 200"),
+     ("1e999", "too large"), ("1e999-1e999", "too large"), ("1" + "0" * 100, "too large"), ("9" * 199, "too large")],
 )
 def test_calculator_refuses_what_is_not_bounded_arithmetic(expression, error):
     with pytest.raises(CalculatorError, match=error):
@@ -70,6 +71,10 @@ def test_a_tool_needs_typed_and_documented_arguments():
 
 @pytest.fixture(scope="module")
 def environment():
+    from alignment.tools.sandbox import isolation_missing
+
+    if isolation_missing():  # the python and plugin tools run isolated, or not at all
+        pytest.skip(f"the sandbox cannot isolate here: {isolation_missing()}")
     load_plugins([PLUGINS])
     settings = ToolSettings(
         tools=("calculator", "python", "add", "sleepy", "flood", "crash", "clock"),
@@ -119,6 +124,24 @@ def test_a_failing_call_is_answered_with_its_error_and_counted(environment, turn
     assert reply[0].startswith(error), reply
     assert episode.calls[0].error is not None and len(reply[0]) < 4000
     assert time.monotonic() - started < 60  # a hang costs the time limit (not 300 s), a flood does not wait for 10 MB
+
+
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        ("[" * 1500, "the tool call's JSON is nested too deeply"),
+        ('{"name": "add", "arguments": {"a": ' + "7" * 4301 + ', "b": 1}}', "the tool call's JSON holds a number that cannot be read (Exceeds the limit (4300 digits)"),
+    ],
+)
+def test_a_call_that_breaks_the_json_parser_is_answered_not_raised(environment, body, error):
+    (reply,), (episode,) = answers(environment, f"<tool_call>{body}</tool_call>")
+    assert len(reply) == 1 and reply[0].startswith(f"error: {error}") and episode.calls[0].error is not None
+
+
+def test_a_turn_runs_at_most_max_tool_calls_per_turn_calls(environment):
+    (replies,), (episode,) = answers(environment, "".join(call("add", a=i, b=1) for i in range(12)))
+    assert replies == ["1", "2", "3", "4", "error: this turn made 12 tool calls; only the first 4 ran (max_tool_calls_per_turn)"]
+    assert [c.error is None for c in episode.calls] == [True] * 4 + [False]
 
 
 def test_calls_run_in_parallel(environment):

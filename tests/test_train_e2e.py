@@ -94,7 +94,7 @@ def test_checkpoints_are_complete_and_limited(three_steps):
     state = json.loads((last / "trainer_state.json").read_text())
     assert state["step"] == 3 and state["total_steps"] == 3
     assert json.loads((last / "grpo_config.json").read_text())["max_steps"] == 3
-    assert (last / "optimizer.pdopt").is_file() and (last / "tokenizer.json").is_file()
+    assert (last / "optimizer.safetensors").is_file() and (last / "tokenizer.json").is_file()
 
 
 def test_checkpoint_loads_with_from_pretrained_and_generates(three_steps):

@@ -167,8 +167,17 @@ def with_environment(engine, config, tokenizer, plugin_sources: list):
 
     if config.resolved_environment is None:
         return engine
-    limits = SandboxLimits(seconds=config.tool_timeout, memory_mb=config.tool_memory_mb, output_bytes=config.tool_output_bytes)
-    settings = ToolSettings(tools=tuple(config.tools), limits=limits, plugin_sources=tuple(plugin_sources), parallel=config.tool_workers)
+    limits = SandboxLimits(
+        seconds=config.tool_timeout, memory_mb=config.tool_memory_mb, output_bytes=config.tool_output_bytes, disk_mb=config.tool_disk_mb,
+        processes=config.tool_processes, isolated=config.tool_isolation == "bwrap",
+    )
+    if not limits.isolated and any(get_tool(name).sandboxed for name in config.tools):
+        warnings.warn("tool_isolation none: python and plugin tool calls run without operating-system isolation, with the "
+                      "resource limits only; code they run can read and change what this user can")
+    settings = ToolSettings(
+        tools=tuple(config.tools), limits=limits, plugin_sources=tuple(plugin_sources), parallel=config.tool_workers,
+        calls_per_turn=config.max_tool_calls_per_turn,
+    )
     environment = get_environment(config.resolved_environment).factory(settings)
     turn_limits = TurnLimits(config.max_turns, config.max_turn_tokens or config.max_dec_len, config.max_dec_len)
     return MultiTurnEngine(engine, tokenizer, environment, turn_limits, tool_schemas(config))

@@ -33,7 +33,7 @@ def calculate(expression: str):
 
 def _value(node):
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _bounded(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in UNARY:
         return UNARY[type(node.op)](_value(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
@@ -48,10 +48,16 @@ def _value(node):
             raise CalculatorError("the result is too large") from None
         if isinstance(result, complex):
             raise CalculatorError("the result is not a real number")
-        if isinstance(result, int) and abs(result) >= 10**MAX_DIGITS or isinstance(result, float) and not math.isfinite(result):
-            raise CalculatorError("the result is too large")
-        return result
+        return _bounded(result)
     raise CalculatorError(f"only numbers, + - * / // % ** and parentheses are allowed, not {ast.unparse(node)!r}")
+
+
+def _bounded(value):
+    """A number the calculator may hold: an integer of fewer than MAX_DIGITS digits, a finite float (a literal like
+    1e999 is read as infinity)."""
+    if isinstance(value, int) and abs(value) >= 10**MAX_DIGITS or isinstance(value, float) and not math.isfinite(value):
+        raise CalculatorError("the number is too large")
+    return value
 
 
 def format_number(value) -> str:

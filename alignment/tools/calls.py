@@ -40,6 +40,12 @@ def parse_tool_calls(turn: str) -> list:
         except json.JSONDecodeError as exc:
             calls.append(MalformedCall(body, f"the tool call is not valid JSON ({exc.msg} at column {exc.colno})"))
             continue
+        except RecursionError:  # brackets nested past the parser's recursion limit
+            calls.append(MalformedCall(body, "the tool call's JSON is nested too deeply"))
+            continue
+        except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+            calls.append(MalformedCall(body, f"the tool call's JSON holds a number that cannot be read ({str(exc).split(';')[0]})"))
+            continue
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             calls.append(MalformedCall(body, 'the tool call must be a JSON object with a "name" string and an "arguments" object'))
             continue

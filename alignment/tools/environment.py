@@ -19,6 +19,7 @@ class ToolSettings:
     limits: object  # a SandboxLimits (alignment/tools/sandbox.py, imported only where a tool runs)
     plugin_sources: tuple = ()  # PluginSources of external_plugins: where sandboxed plugin tools come from
     parallel: int = 8  # tool calls running at once
+    calls_per_turn: int = 4  # calls of one turn that run; the ones after are answered with an error
 
 
 @dataclass
@@ -65,13 +66,20 @@ class ToolEnvironment:
         return not parse_tool_calls(episode.turns[-1])
 
     def reply(self, episodes: list) -> list:
-        calls = [(episode, call) for episode in episodes for call in parse_tool_calls(episode.turns[-1])]
+        calls = [(episode, call) for episode in episodes for call in self._turn_calls(episode.turns[-1])]
         results = list(self.pool.map(lambda pair: self.run(pair[1]), calls))
         messages = {id(episode): [] for episode in episodes}
         for (episode, _), result in zip(calls, results):
             episode.calls.append(result)
             messages[id(episode)].append({"role": "tool", "name": result.name, "content": result.answer})
         return [messages[id(episode)] for episode in episodes]
+
+    def _turn_calls(self, turn: str) -> list:
+        """The turn's calls, the first calls_per_turn of them; the rest are not run, and one error says so."""
+        calls, most = parse_tool_calls(turn), self.settings.calls_per_turn
+        if len(calls) <= most:
+            return calls
+        return calls[:most] + [MalformedCall("", f"this turn made {len(calls)} tool calls; only the first {most} ran (max_tool_calls_per_turn)")]
 
     def run(self, call) -> ToolCall:
         started = time.perf_counter()

@@ -28,6 +28,11 @@ class ToolSpec:
     # built-ins only: (arguments, SandboxLimits) -> answer, for a tool that applies the limits itself (python)
     runner: Optional[Callable[[dict, Any], str]] = None
 
+    @property
+    def sandboxed(self) -> bool:
+        """Whether a call runs in a child process under the sandbox (plugin tools; python, through its runner)."""
+        return not self.in_process or self.runner is not None
+
     @functools.cached_property
     def schema(self) -> dict:
         """{"type": "function", "function": {"name", "description", "parameters"}} for apply_chat_template's tools=.

@@ -1,17 +1,25 @@
-"""Where tools run: a child process per call with limits, so a call that hangs, crashes, floods its output or
-exhausts memory costs that call an error, never the run.
+"""Where tools run: every python and plugin tool call in a child process that the operating system isolates
+(bubblewrap, the sandbox Flatpak uses), so that code a model wrote can neither see nor touch the host, and a call
+that hangs, crashes, floods its output or exhausts memory costs that call an error, never the run.
 
-The limits: wall-clock seconds (the child's whole process group is killed), an address-space limit (RLIMIT_AS), a
-file-size limit (RLIMIT_FSIZE), a CPU-time backstop (RLIMIT_CPU) and an output limit (the child is killed once it
-has written more; a 10 MB print is never read whole). The child runs in a fresh temporary folder, removed after the
-call, with an empty environment (no PYTHONPATH, proxies or credentials of the parent's) and no network: a fresh
-network namespace (`unshare -rn`) where the kernel lets unprivileged users make one, and everywhere a Python audit
-hook that refuses sockets, subprocesses, os.system / exec / fork / kill, ctypes, and writing, creating, renaming or
-removing files outside the temporary folder (the code sees PermissionError).
+What the child gets (bwrap --unshare-all --die-with-parent --new-session, run with an empty environment):
+- namespaces of its own: user (it runs as nobody, with no capabilities), PID (it sees only its own processes, so
+  nothing outside is visible or can be signalled, and every process it starts dies when the call ends, setsid() or
+  not), mount, network (a loopback of its own: no network, and no abstract Unix socket of the host), IPC, UTS;
+- a read-only view of what Python needs and nothing else: /usr (with /bin, /lib, /lib64), the Python installation,
+  the environment it runs in (its site-packages) and the project's alignment/ package; no /home, /root, /tmp, /run,
+  /var or /etc of the host, so no file outside those can be read and no Unix socket of a host service reached;
+- one private writable folder, a tmpfs of at most tool_disk_mb, as its working folder, HOME and TMPDIR;
+- an empty environment, and a /proc of its own namespace: no variable of the trainer's (an API key) is readable;
+- limits: wall-clock seconds (the whole sandbox is killed at tool_timeout), address space (RLIMIT_AS), file size
+  (RLIMIT_FSIZE), CPU time (RLIMIT_CPU), processes (tool_processes: RLIMIT_NPROC; as root, where the kernel does not
+  apply that limit, a pids cgroup as well), output (the child is killed once it has written tool_output_bytes).
 
-What it does not do: it is no security boundary against code written to escape it. An extension module loaded
-before the hook, or a way around the audit events, is not stopped; files the user can read can be read. For
-untrusted code at scale, run the whole trainer in a container.
+What it does not stop: an exploit of the kernel itself; reading the files it is shown (the Python installation, its
+site-packages, the alignment/ package); CPU time up to the limits (a call may still use a core for tool_timeout).
+
+Where bubblewrap is missing or cannot make its namespaces (isolation_missing() says why), the python tool and plugin
+tools refuse to start unless tool_isolation is none, which runs them with the resource limits only.
 """
 
 import json
@@ -23,50 +31,29 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[1]  # alignment/: a plugin tool's process imports the registry from it
+WORKDIR = "/sandbox"  # the private folder's path inside the sandbox
+PIDS_CGROUPS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))  # cgroup v1's pids hierarchy, v2's root
 
-# The child's first code: its input arrives as JSON on stdin. Limits are set and the hook installed before the
-# code (or, for a plugin tool, after its plugin file is loaded: importing a project's modules needs more address
-# space than the tool's own work, and the plugin is the user's code, not the model's).
+# The child's first code: its input arrives as JSON on stdin. Limits are set before the model's code runs (for a
+# plugin tool, after its plugin file is loaded: importing a project's modules needs more address space than the
+# tool's own work, and the plugin is the user's code, not the model's).
 BOOTSTRAP = r"""
 import json, os, resource, sys
 job = json.loads(sys.stdin.read())
-folder = os.path.realpath(os.getcwd())
 
 def limit():
     megabyte = 2**20
     resource.setrlimit(resource.RLIMIT_AS, (job["memory_mb"] * megabyte,) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_mb"] * megabyte,) * 2)
     resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_seconds"],) * 2)
-    refused = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-               "os.kill", "os.killpg", "ctypes.", "pty.")
-    changes = {"os.remove": (0,), "os.rename": (0, 1), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,),
-               "os.chown": (0,), "os.symlink": (0, 1), "os.link": (0, 1), "os.truncate": (0,), "os.utime": (0,),
-               "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.move": (0, 1)}
-    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-
-    def outside(path):
-        if isinstance(path, int):
-            return False
-        resolved = os.path.realpath(os.fsdecode(path))
-        return resolved != folder and not resolved.startswith(folder + os.sep)
-
-    def hook(event, args):
-        if event.startswith(refused):
-            raise PermissionError(f"the sandbox does not allow {event}")
-        if event == "open" and args[0] is not None:
-            mode, flags = args[1] or "", args[2] or 0
-            if (any(c in mode for c in "wax+") or flags & writing) and outside(args[0]):
-                raise PermissionError(f"the sandbox does not allow writing outside its folder: {args[0]}")
-        if event in changes and any(outside(args[i]) for i in changes[event] if i < len(args)):
-            raise PermissionError(f"the sandbox does not allow {event} outside its folder")
-
-    sys.addaudithook(hook)
+    resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"],) * 2)
 
 if job["kind"] == "python":
     code = compile(job["code"], "<tool>", "exec")
@@ -74,7 +61,6 @@ if job["kind"] == "python":
     del job
     exec(code, {"__name__": "__main__"})
 else:
-    sys.path.insert(0, job["repo"])
     from alignment.plugins import PluginSource, load_plugin_sources
     from alignment.tools.registry import get_tool
     load_plugin_sources([PluginSource(path, text) for path, text in job["plugins"]])
@@ -94,6 +80,9 @@ class SandboxLimits:
     memory_mb: int = 512  # RLIMIT_AS of the child
     output_bytes: int = 16_384  # stdout + stderr kept; the child is killed once it has written more
     file_mb: int = 16  # RLIMIT_FSIZE
+    disk_mb: int = 64  # the private folder (a tmpfs): all the call may write
+    processes: int = 16  # processes and threads the call may have at once
+    isolated: bool = True  # False: tool_isolation none, the resource limits only
 
 
 @dataclass(frozen=True)
@@ -122,37 +111,96 @@ class SandboxResult:
         return f"exited with code {self.exit_code}" + (f": {last}" if last else "")
 
 
+class IsolationError(RuntimeError):
+    """The machine cannot isolate a tool call as the sandbox promises."""
+
+
 @lru_cache(maxsize=1)
-def network_namespace() -> bool:
-    """Whether `unshare -rn` (a user and a network namespace) works here; containers often forbid it."""
+def isolation_missing() -> Optional[str]:
+    """None where a tool call can be isolated here, else what is missing, in a sentence that says how to mend it."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap (Debian, Ubuntu) or dnf install bubblewrap (Fedora)"
     try:
-        return subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        trial = subprocess.run(_bwrap(64, ["true"]), capture_output=True, text=True, timeout=30, env={})
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"bwrap does not run here ({error})"
+    if trial.returncode != 0:
+        return (f"bwrap cannot make its namespaces here ({trial.stderr.strip().splitlines()[-1] if trial.stderr.strip() else trial.returncode}): "
+                "unprivileged user namespaces may be off (sysctl kernel.unprivileged_userns_clone=1, or a container that forbids them)")
+    if os.geteuid() == 0 and _pids_cgroup_root() is None:
+        return ("as root the kernel does not apply RLIMIT_NPROC inside the sandbox, and no pids cgroup is writable "
+                "(/sys/fs/cgroup/pids, or cgroup v2 with the pids controller) to bound the processes of a call")
+    return None
 
 
 def run_python(code: str, limits: SandboxLimits) -> SandboxResult:
-    """Runs code as a script in a fresh interpreter (isolated mode: no site packages of the user, no PYTHON* variables)."""
-    return _run({"kind": "python", "code": code}, limits, isolated=True)
+    """Runs code as a script in a fresh interpreter, isolated."""
+    return _run({"kind": "python", "code": code}, limits)
 
 
 def call_in_sandbox(plugin_sources: list, tool_name: str, arguments: dict, limits: SandboxLimits) -> SandboxResult:
     """Calls a plugin file's registered tool in a child process; its answer is the result's stdout."""
-    job = {"kind": "tool", "repo": str(REPO), "plugins": [[s.path, s.text] for s in plugin_sources], "tool": tool_name, "arguments": arguments}
-    return _run(job, limits, isolated=False)
+    job = {"kind": "tool", "plugins": [[s.path, s.text] for s in plugin_sources], "tool": tool_name, "arguments": arguments}
+    return _run(job, limits)
 
 
-def _run(job: dict, limits: SandboxLimits, isolated: bool) -> SandboxResult:
-    job = {**job, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb, "cpu_seconds": int(limits.seconds) + 1}
-    command = [sys.executable, *(["-I"] if isolated else []), "-B", "-c", BOOTSTRAP]
-    if network_namespace():
-        command = ["unshare", "-rn", *command]
-    folder = tempfile.mkdtemp(prefix="grpo-tool-")
-    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": folder, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+def _bwrap(disk_mb: int, command: list) -> list:
+    """The bwrap command line that runs `command` isolated (the module docstring says how)."""
+    arguments = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+                 "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64"):  # merged /usr: symlinks into it; else the folders themselves
+        path = Path("/") / top
+        if path.is_symlink():
+            arguments += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            arguments += ["--ro-bind", str(path), str(path)]
+    for path in dict.fromkeys(map(os.path.realpath, (sys.base_prefix, sys.prefix, PACKAGE))):
+        if not path.startswith("/usr/"):
+            arguments += ["--ro-bind", path, path]
+    arguments += ["--size", str(disk_mb * 2**20), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    for name, value in (("HOME", WORKDIR), ("TMPDIR", WORKDIR), ("LANG", "C.UTF-8"), ("PYTHONIOENCODING", "utf-8"),
+                        ("PYTHONPATH", str(PACKAGE.parent)), ("PATH", "/usr/bin:/bin")):
+        arguments += ["--setenv", name, value]
+    return [*arguments, "--", *command]
+
+
+def _pids_cgroup_root() -> Optional[Path]:
+    """A pids cgroup hierarchy this process may make groups in: v1's pids mount, or v2's root with pids enabled."""
+    for root in PIDS_CGROUPS:
+        if not os.access(root, os.W_OK):
+            continue
+        if root.name == "pids" and (root / "cgroup.procs").exists():
+            return root
+        controllers = root / "cgroup.subtree_control"
+        if controllers.exists() and "pids" in controllers.read_text().split():
+            return root
+    return None
+
+
+def _run(job: dict, limits: SandboxLimits) -> SandboxResult:
+    job = {**job, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb, "cpu_seconds": int(limits.seconds) + 1,
+           "processes": limits.processes}
+    # the python tool in isolated mode (-I: no PYTHON* variables, no user site-packages); a plugin tool imports the registry
+    python = [sys.executable, *(["-I"] if job["kind"] == "python" else []), "-B", "-c", BOOTSTRAP]
+    cgroup, folder = None, None
+    if limits.isolated:
+        if isolation_missing():
+            raise IsolationError(f"a tool call cannot be isolated here: {isolation_missing()}")
+        command = _bwrap(limits.disk_mb, python)
+        if os.geteuid() == 0:  # the bwrap process and all it starts in a pids cgroup of this call's own
+            cgroup = _pids_cgroup_root() / f"grpo-tool-{uuid.uuid4().hex}"
+            cgroup.mkdir()
+            (cgroup / "pids.max").write_text(str(limits.processes + 2))  # + bwrap and the namespace's init
+            command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *command]
+        cwd, environment = "/", {}
+    else:  # tool_isolation none: a fresh folder and the resource limits, no more
+        folder = tempfile.mkdtemp(prefix="grpo-tool-")
+        cwd = folder
+        environment = {"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONPATH": str(PACKAGE.parent)}
     started = time.monotonic()
     try:
-        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=folder,
-                                 env=environment, start_new_session=True)
+        child = subprocess.Popen(command if limits.isolated else python, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, cwd=cwd, env=environment, start_new_session=True)
         try:
             child.stdin.write(json.dumps(job).encode())
             child.stdin.close()
@@ -166,8 +214,13 @@ def _run(job: dict, limits: SandboxLimits, isolated: bool) -> SandboxResult:
                 timed_out = True
         _kill(child)
         exit_code = None if timed_out or truncated else exit_code
+        if limits.isolated and exit_code is not None and exit_code > 128:  # bwrap exits 128 + N for a child killed by signal N
+            exit_code = 128 - exit_code
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        if cgroup:
+            _remove_cgroup(cgroup)
     stdout, stderr = (streams[name].decode("utf-8", "replace") for name in ("stdout", "stderr"))
     return SandboxResult(stdout, stderr, exit_code, timed_out, truncated, time.monotonic() - started, limits)
 
@@ -197,7 +250,8 @@ def _read(child: subprocess.Popen, deadline: float, cap: int) -> tuple:
 
 
 def _kill(child: subprocess.Popen) -> None:
-    """The child's whole process group (its own session: the child and anything it started), even after it exited."""
+    """The child's whole process group (its own session: bwrap, and with it the sandbox's PID namespace), even after
+    it exited."""
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -205,3 +259,19 @@ def _kill(child: subprocess.Popen) -> None:
     child.wait()
     child.stdout.close()
     child.stderr.close()
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    """Once its processes are gone (the namespace's end kills them all, asynchronously): a cgroup with processes
+    cannot be removed."""
+    for _ in range(200):
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            cgroup.rmdir()
+            return
+        except OSError:
+            time.sleep(0.01)
