@@ -49,7 +49,7 @@ venv: $(INSTALLED) $(OPS)
 ops: $(OPS)
 
 # -W: the launcher's own process imports paddle, which warns that it finds no ccache (it would only speed up
-# compiling csrc/); run_grpo.py's processes drop that warning themselves (alignment/runtime.py).
+# compiling csrc/); run_grpo.py's processes drop that warning themselves (alignment/run/runtime.py).
 train: $(INSTALLED) $(OPS)
 	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/tiny/grpo_argument.json --output_dir $(OUTPUT) --overwrite_output_dir $(ARGS)

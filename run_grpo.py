@@ -10,22 +10,22 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.runtime import configure_cpu_runtime, import_paddle
+from alignment.run.runtime import configure_cpu_runtime, import_paddle
 
 configure_cpu_runtime()  # thread count, MKL path and paddle flags must be set before paddle loads
 import_paddle()
 
-from alignment.checkpoint import CheckpointError  # noqa: E402
-from alignment.config import ConfigError, GRPOConfig, help_text, load_config, wants_help  # noqa: E402
-from alignment.data import DataError  # noqa: E402
-from alignment.distributed import DistributedError  # noqa: E402
-from alignment.logger import LogWriteError  # noqa: E402
-from alignment.modeling import ModelLoadError  # noqa: E402
-from alignment.optim import NonFiniteError  # noqa: E402
+from alignment.step.checkpoint import CheckpointError  # noqa: E402
+from alignment.run.config import ConfigError, GRPOConfig, help_text, load_config, wants_help  # noqa: E402
+from alignment.run.data import DataError  # noqa: E402
+from alignment.parallel.distributed import DistributedError  # noqa: E402
+from alignment.step.logger import LogWriteError  # noqa: E402
+from alignment.models.modeling import ModelLoadError  # noqa: E402
+from alignment.parallel.optim import NonFiniteError  # noqa: E402
 from alignment.rewards.remote import RewardServerError  # noqa: E402
 from alignment.rollout import WeightSyncError  # noqa: E402
-from alignment.rollout_link import RolloutWorkerError, placement  # noqa: E402
-from alignment.trainer import RewardsFailedError, train  # noqa: E402
+from alignment.rollout.link import RolloutWorkerError, placement  # noqa: E402
+from alignment.step.trainer import RewardsFailedError, train  # noqa: E402
 
 
 def main(argv: list | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: list | None = None) -> int:
         config = load_config(argv)
         place = placement(config.rollout_workers)
         if place.is_rollout_worker:  # generates only, for the training process (rank 0)
-            from alignment.rollout_worker import serve_rollouts
+            from alignment.rollout.worker import serve_rollouts
 
             return serve_rollouts(config, place) or 0
         checkpoint = train(config)

@@ -20,7 +20,7 @@ INSTALL_REQUIRES = [
     "safetensors>=0.4",
     "numpy>=1.26,<2",
     "visualdl==2.5.3",
-    "matplotlib>=3.8",  # alignment/curves.py draws curves.png (visualdl pulls it in too)
+    "matplotlib>=3.8",  # alignment/step/curves.py draws curves.png (visualdl pulls it in too)
     "math-verify==0.9.0",
     "tqdm>=4.66",
     # The reward server and its client (reward_server/, alignment/rewards/remote.py), at the versions tested.

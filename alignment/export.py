@@ -6,17 +6,17 @@
 
 The result loads with transformers' AutoModelForCausalLM / AutoTokenizer.from_pretrained (and with this
 project's loader). Checkpoints already store the model in the layout transformers reads (see
-alignment/modeling.py: Hugging Face tensor names, torch's (out, in) linear weights), so the export copies
+alignment/models/modeling.py: Hugging Face tensor names, torch's (out, in) linear weights), so the export copies
 the model and tokenizer files and leaves the training state (optimizer.safetensors, trainer_state.json,
 grpo_config.json, ...) behind. The files are copied into a hidden folder beside OUTPUT_DIR that is
 renamed into place once complete: an interrupted export leaves no half-written OUTPUT_DIR.
 
---format gguf writes the model, tokenizer and chat template as one .gguf file (alignment/gguf_export.py) in
+--format gguf writes the model, tokenizer and chat template as one .gguf file (alignment/models/gguf_export.py) in
 --outtype f32, f16 or q8_0; a LoRA checkpoint is first merged into its base model (alignment/merge_lora.py, in
 float32, into a hidden folder that is removed afterwards).
 
 A checkpoint whose run had a system_prompt (its grpo_config.json) is exported with that prompt as the chat template's
-default system message (alignment/output_folders.py: with_default_system), so that the exported model is prompted as
+default system message (alignment/run/output_folders.py: with_default_system), so that the exported model is prompted as
 it was in training without being given the prompt again; a conversation with a system message of its own keeps it.
 --no_system_prompt exports the template as it is.
 """
@@ -28,9 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from alignment.gguf_export import OUTTYPES, write_gguf_file
+from alignment.models.gguf_export import OUTTYPES, write_gguf_file
 from alignment.merge_lora import merge_lora
-from alignment.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
+from alignment.run.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
 
 # What transformers reads from a model folder; the rest of a checkpoint (optimizer, trainer state, run config) stays.
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")

@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from alignment.runtime import configure_cpu_runtime
+from alignment.run.runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # before transformers is imported: it quiets transformers' notice that torch is absent
 
@@ -343,8 +343,8 @@ def check_token_ids(source: Path, metadata: dict, config: dict) -> None:
 
 def check_chat_template(source: Path, tokenizer) -> None:
     """The GGUF's chat template (someone else's code, run by jinja's sandbox) renders a short conversation within the
-    limits every rendering has (alignment/template_limits.py), or the import is refused."""
-    from alignment.template_limits import ChatTemplateError, bounded_chat_template
+    limits every rendering has (alignment/models/template_limits.py), or the import is refused."""
+    from alignment.models.template_limits import ChatTemplateError, bounded_chat_template
 
     if tokenizer.chat_template is None:
         return

@@ -20,15 +20,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_settings, run_system_prompt
-from alignment.config import names_gguf
-from alignment.lora import ADAPTER_CONFIG, merge_adapter
-from alignment.modeling import load_causal_lm, save_model
+from alignment.run.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_settings, run_system_prompt
+from alignment.run.config import names_gguf
+from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
+from alignment.models.modeling import load_causal_lm, save_model
 
 
 def base_model_of(checkpoint: Path) -> str:
     if base := run_settings(checkpoint).get("actor_model_name_or_path"):
-        # a .gguf base: the folder the run imported it into, beside its checkpoints (alignment/run_start.py)
+        # a .gguf base: the folder the run imported it into, beside its checkpoints (alignment/run/start.py)
         return str(checkpoint.parent / "imported" / Path(base).stem) if names_gguf(base) else base
     adapter_base = json.loads((checkpoint / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
     if adapter_base:

@@ -30,14 +30,14 @@ def main() -> None:
     args = parser.parse_args()
     sys.path[:0] = [args.repo, str(BENCH)]
 
-    from alignment.runtime import configure_cpu_runtime, import_paddle
+    from alignment.run.runtime import configure_cpu_runtime, import_paddle
 
     configure_cpu_runtime()
     paddle = import_paddle()
     from bench_rollout import build_model
 
-    from alignment.checkpoint import Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
-    from alignment.modeling import load_causal_lm, load_tokenizer
+    from alignment.step.checkpoint import Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
+    from alignment.models.modeling import load_causal_lm, load_tokenizer
 
     model = build_model(args.shape, seed=0)
     model.train()

@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
 
-from alignment.algo import chunked_token_logprobs, token_entropy, token_logprobs  # noqa: E402
+from alignment.algo.core import chunked_token_logprobs, token_entropy, token_logprobs  # noqa: E402
 
 
 def peak_mb() -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
@@ -39,10 +39,10 @@ from bench_memory import peak_mb, scored_batch, timed_update  # noqa: E402
 def measure(mode: str, recompute: bool, shape: str, sequences: int, length: int) -> dict:
     from bench_rollout import build_model
 
-    from alignment.config import GRPOConfig, validate
-    from alignment.lora import apply_lora
-    from alignment.modeling import enable_recompute
-    from alignment.optim import build_optimizer
+    from alignment.run.config import GRPOConfig, validate
+    from alignment.models.lora import apply_lora
+    from alignment.models.modeling import enable_recompute
+    from alignment.parallel.optim import build_optimizer
 
     config = validate(dataclasses.replace(
         GRPOConfig(), per_device_train_batch_size=sequences, mini_batch_size=sequences, learning_rate=1e-6, recompute=recompute,

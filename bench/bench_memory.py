@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
@@ -47,7 +47,7 @@ def scored_batch(vocab: int, sequences: int, length: int):
     """A scored batch of `sequences` rows: a PROMPT-token prompt and length - PROMPT completion tokens of
     random ids, half the rows with advantage +1 and half -1, no padding."""
     from alignment.rollout import Rollout
-    from alignment.trainer import ScoredBatch
+    from alignment.step.trainer import ScoredBatch
 
     completion = length - PROMPT
     rng = np.random.default_rng(0)
@@ -68,8 +68,8 @@ def scored_batch(vocab: int, sequences: int, length: int):
 
 def timed_update(model, reference, optimizer, scored, config) -> tuple:
     """The trainer's update_policy once, in one process -> (peak MB before it, its seconds, its metrics)."""
-    from alignment.distributed import World
-    from alignment.trainer import update_policy
+    from alignment.parallel.distributed import World
+    from alignment.step.trainer import update_policy
 
     loaded = peak_mb()
     started = time.perf_counter()
@@ -81,9 +81,9 @@ def timed_update(model, reference, optimizer, scored, config) -> tuple:
 def measure(shape: str, length: int, recompute: bool, kl: bool) -> dict:
     from bench_rollout import build_model
 
-    from alignment.config import GRPOConfig, validate
-    from alignment.modeling import enable_recompute
-    from alignment.optim import build_optimizer
+    from alignment.run.config import GRPOConfig, validate
+    from alignment.models.modeling import enable_recompute
+    from alignment.parallel.optim import build_optimizer
 
     model = build_model(shape, seed=0)
     if recompute:

@@ -17,17 +17,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
 
-from alignment.config import load_config  # noqa: E402
-from alignment.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
-from alignment.plugins import plugin_sources  # noqa: E402
+from alignment.run.config import load_config  # noqa: E402
+from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
+from alignment.run.plugins import plugin_sources  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
 from alignment.rollout.multi_turn import with_environment  # noqa: E402
-from alignment.trainer import generate, load_prompts  # noqa: E402
+from alignment.step.trainer import generate, load_prompts  # noqa: E402
 
 
 class Reprefill:

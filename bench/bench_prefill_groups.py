@@ -18,12 +18,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 import_paddle()
 
-from alignment.modeling import load_causal_lm, load_tokenizer  # noqa: E402
+from alignment.models.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from alignment.rollout import SamplingParams  # noqa: E402
 from alignment.rollout.fused import FusedEngine  # noqa: E402
 from alignment.rollout.ops import load_ops  # noqa: E402

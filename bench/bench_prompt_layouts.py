@@ -26,17 +26,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 import_paddle()
 
 import numpy as np  # noqa: E402
 
-from alignment.config import load_config  # noqa: E402
-from alignment.modeling import load_tokenizer  # noqa: E402
+from alignment.run.config import load_config  # noqa: E402
+from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.rewards.scoring import score_completions  # noqa: E402
-from alignment.trainer import decode_completions, generate, load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params  # noqa: E402
+from alignment.step.trainer import decode_completions, generate, load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params  # noqa: E402
 
 FORMAT_REWARDS = ("xmlcount", "soft_format", "strict_format")
 EXAMPLES = re.compile(r"\{%- set examples = (\[.*?\]) -%\}", re.DOTALL)  # the template's list of [question, answer]

@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
@@ -84,7 +84,7 @@ def fused_engine(model, eos_token_ids: list, pad_token_id: int, bf16: bool = Fal
     training modules multiply in bf16 too, as cpu_bf16_matmul makes them), or None with the reason on stderr:
     not written yet, operators not built, a model it does not run, or a failed weight check."""
     try:
-        from alignment.fused_train import use_training_ops
+        from alignment.models.fused_train import use_training_ops
         from alignment.rollout import build_engine
         from alignment.rollout.fused import FusedEngine
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def worker(shape: str, length: int, sequences: int, updates: int, sharding: str) -> None:
-    from alignment.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle
+    from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle
 
     configure_cpu_runtime()
     paddle = import_paddle()
@@ -33,11 +33,11 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     from bench_memory import peak_mb, scored_batch
     from bench_rollout import build_model
 
-    from alignment.config import GRPOConfig, validate
-    from alignment.distributed import init_world
-    from alignment.modeling import enable_recompute
-    from alignment.optim import build_optimizer
-    from alignment.trainer import update_policy
+    from alignment.run.config import GRPOConfig, validate
+    from alignment.parallel.distributed import init_world
+    from alignment.models.modeling import enable_recompute
+    from alignment.parallel.optim import build_optimizer
+    from alignment.step.trainer import update_policy
 
     world = init_world(sharding, -1)
     model = build_model(shape, seed=0)

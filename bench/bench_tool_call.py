@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--repo", default=str(BENCH.parent), help="the checkout whose alignment/ runs the calls")
     args = parser.parse_args()
     sys.path.insert(0, args.repo)
-    from alignment.plugins import plugin_sources
+    from alignment.run.plugins import plugin_sources
     from alignment.tools.sandbox import SandboxLimits, call_in_sandbox, run_python
 
     limits, sources = SandboxLimits(), plugin_sources([str(BENCH.parent / "tests" / "plugins" / "tool_plugins.py")])

@@ -26,7 +26,7 @@ CUDA_FLAGS = ["-O3", "-DGRPO_WITH_CUDA", "-DPADDLE_NO_PYTHON", "--expt-relaxed-c
 
 def main() -> None:
     sys.path.insert(0, str(CSRC.parent))
-    from alignment.runtime import configure_cpu_runtime, import_paddle
+    from alignment.run.runtime import configure_cpu_runtime, import_paddle
 
     configure_cpu_runtime()
     paddle = import_paddle()

@@ -2,7 +2,7 @@ import os
 import zlib
 from pathlib import Path
 
-from alignment.runtime import configure_cpu_runtime
+from alignment.run.runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # before anything imports paddle, as run_grpo.py does
 

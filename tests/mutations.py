@@ -46,19 +46,19 @@ MUTATIONS = (
     ),
     Mutation(
         "recompute-ignored",
-        "alignment/trainer.py",
+        "alignment/step/trainer.py",
         (("    if config.recompute:\n        enable_recompute(", "    if False:\n        enable_recompute("),),
         ("tests/test_recompute.py::test_a_run_with_recompute_equals_one_without",),
     ),
     Mutation(
         "reference-model-not-loaded",  # none loads, so the actor (without adapters, as with LoRA) stands in for it
-        "alignment/trainer.py",
+        "alignment/step/trainer.py",
         (("if config.kl_loss_coeff > 0 and not config.lora:", "if False:"),),
         ("tests/test_train_e2e.py::test_kl_penalty_loads_a_reference_model",),
     ),
     Mutation(
         "weights-not-changed",  # the optimizer never steps
-        "alignment/trainer.py",
+        "alignment/step/trainer.py",
         (("                optimizer.step()\n", "                pass\n"),),
         ("tests/test_smollm2_recipes.py::test_recipe_trains_and_saves_a_step_of_the_real_model[arith]",),
     ),
@@ -116,13 +116,13 @@ MUTATIONS = (
     ),
     Mutation(
         "rewards-read-the-tools-words",  # the whole conversation scored, as the last version did
-        "alignment/trainer.py",
+        "alignment/step/trainer.py",
         (('        written = ["\\n".join(episode.turns) for episode in rollout.episodes]\n', ""),),
         ("tests/test_multi_turn.py::test_rewards_score_what_the_model_wrote_not_what_a_tool_printed",),
     ),
     Mutation(
         "pickled-checkpoint-resumed",  # no refusal: the pickle would be loaded
-        "alignment/run_start.py",
+        "alignment/run/start.py",
         (("if resume and (pickled := pickled_files(resume.path)) and not config.trust_pickled_checkpoint:", "if False:"),),
         ("tests/test_checkpoint.py::test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_trusted",),
     ),

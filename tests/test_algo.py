@@ -4,7 +4,7 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.algo import (
+from alignment.algo.core import (
     aggregation_counts,
     clipped_surrogate,
     entropy_bonus,

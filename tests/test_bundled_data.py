@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from alignment.modeling import load_tokenizer
+from alignment.models.modeling import load_tokenizer
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 

@@ -4,7 +4,7 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.checkpoint import (
+from alignment.step.checkpoint import (
     CheckpointError,
     _sha256,
     Lineage,
@@ -16,7 +16,7 @@ from alignment.checkpoint import (
     save_checkpoint,
     settings_changes,
 )
-from alignment.modeling import load_causal_lm, load_tokenizer
+from alignment.models.modeling import load_causal_lm, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_optimizer_state_comes_back(tmp_path, parts):
 
 
 def test_the_optimizer_state_is_safetensors_and_json_and_comes_back_bit_for_bit(tmp_path):
-    from alignment.checkpoint import load_optimizer_state, save_optimizer_state
+    from alignment.step.checkpoint import load_optimizer_state, save_optimizer_state
 
     state = {
         "linear_0.w_0_moment1_0": paddle.to_tensor([[1.0, -2.5e-38], [3.0, 4.0]]), "step_count": paddle.to_tensor([7], "int64"),
@@ -169,9 +169,9 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
     """A checkpoint of an earlier version, or one crafted to look like it: its pickle would run code on resume."""
     import pickle
 
-    from alignment.config import ConfigError, load_config
-    from alignment.distributed import World
-    from alignment.run_start import start_point
+    from alignment.run.config import ConfigError, load_config
+    from alignment.parallel.distributed import World
+    from alignment.run.start import start_point
 
     path, marker = save(tmp_path / "out", 2, parts), tmp_path / "code-ran"
     if name == "optimizer.pdopt":

@@ -1,6 +1,6 @@
-"""chunked_token_logprobs (alignment/algo.py) against float64 and against the unchunked path's autograd, with
+"""chunked_token_logprobs (alignment/algo/core.py) against float64 and against the unchunked path's autograd, with
 paddle's row kernels and with the compiled ones (grpo_logprob_rows and its gradient, csrc/grpo_ops.cc), and
-completion_hidden + output_head (alignment/modeling.py) against completion_logits."""
+completion_hidden + output_head (alignment/models/modeling.py) against completion_logits."""
 
 import contextlib
 
@@ -10,10 +10,10 @@ import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo import HeadKernels, chunked_token_logprobs, paddle_row_grad, paddle_row_stats, token_logprobs
-from alignment.modeling import completion_hidden, completion_logits, make_token_batch, output_head
+from alignment.algo.core import HeadKernels, chunked_token_logprobs, paddle_row_grad, paddle_row_stats, token_logprobs
+from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout.ops import load_ops
-from alignment.runtime import contiguous_kernels
+from alignment.run.runtime import contiguous_kernels
 
 OPS, WHY_NOT = load_ops()
 

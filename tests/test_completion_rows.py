@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from alignment.data import EncodedPrompt, PromptRecord
+from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.rollout import Rollout
-from alignment.trainer import ScoredBatch, completion_rows
+from alignment.step.trainer import ScoredBatch, completion_rows
 
 QUESTIONS, G = ["What is 1 + 1?", "What is 2 + 2?", "What is 3 + 3?"], 4
 

@@ -1,5 +1,5 @@
 """The console of a run shows the run: none of paddle's, paddleformers' or glog's notices that say nothing
-about it (alignment/runtime.py filters them where they start; the Makefile's launcher line takes -W)."""
+about it (alignment/run/runtime.py filters them where they start; the Makefile's launcher line takes -W)."""
 
 import os
 import re
@@ -18,7 +18,7 @@ NOISE = [
     "is not in group",  # fleet.init warning once per size-1 group it makes (sharding)
 ]
 GLOG_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ ", re.MULTILINE)  # I1124 07:54:14.199149  5283 tcp_store.cc:336] ...
-# What alignment/runtime.py exports in this pytest process (tests/conftest.py); a user's shell has none of it.
+# What alignment/run/runtime.py exports in this pytest process (tests/conftest.py); a user's shell has none of it.
 SET_BY_THE_RUNTIME = ("OMP_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "GLOG_minloglevel", "TRANSFORMERS_NO_ADVISORY_WARNINGS")
 USERS_ENVIRONMENT = {key: value for key, value in os.environ.items() if key not in SET_BY_THE_RUNTIME}
 
@@ -54,11 +54,11 @@ def test_two_processes_print_no_distributed_notices_and_keep_flags_a_user_set(tm
     `sharding: stage1`; a flag the user exported is still reported, the one paddle sets itself is not."""
     script = tmp_path / "meet.py"
     script.write_text(
-        "from alignment.runtime import configure_cpu_runtime, import_paddle\n"
+        "from alignment.run.runtime import configure_cpu_runtime, import_paddle\n"
         "configure_cpu_runtime()\n"
         "import_paddle()\n"
         "import numpy as np\n"
-        "from alignment.distributed import init_world\n"
+        "from alignment.parallel.distributed import init_world\n"
         "world = init_world('stage1')\n"
         "print('sum', world.sum(np.ones(1))[0])\n"
     )

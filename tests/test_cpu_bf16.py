@@ -1,4 +1,4 @@
-"""bf16 matmuls on the CPU (csrc/grpo_bf16.cc, alignment/cpu_bf16.py): the operators against float64 references
+"""bf16 matmuls on the CPU (csrc/grpo_bf16.cc, alignment/models/cpu_bf16.py): the operators against float64 references
 with the bound bf16 rounding allows, the actor's loss and gradients with bf16 against float32, the fused engine in
 bf16 against the actor, the weight copies' refresh, and the choice of compute (CPU flags, the fallback that
 GRPO_CPU_BF16=0 forces, errors). oneDNN emulates bf16 on CPUs without it, so all of this runs on any x86 CPU.
@@ -13,13 +13,13 @@ import pytest
 import test_ops
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo import chunked_token_logprobs, token_logprobs
-from alignment.config import ConfigError, GRPOConfig, validate
-from alignment.cpu_bf16 import choose_compute, cpu_bf16_flags
-from alignment.fused_train import head_kernels, use_training_ops, weights_changed
-from alignment.modeling import completion_hidden, completion_logits, make_token_batch, output_head
+from alignment.algo.core import chunked_token_logprobs, token_logprobs
+from alignment.run.config import ConfigError, GRPOConfig, validate
+from alignment.models.cpu_bf16 import choose_compute, cpu_bf16_flags
+from alignment.models.fused_train import head_kernels, use_training_ops, weights_changed
+from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout import SamplingParams, WeightSyncError
-from alignment.runtime import contiguous_kernels
+from alignment.run.runtime import contiguous_kernels
 
 ops = test_ops.ops  # the fixture of the loaded operators (or a skip); rng comes from conftest.py
 BF16_PRODUCT = 1.01 * 2.0**-7
@@ -291,7 +291,7 @@ def test_the_environment_variable_forces_the_fallback(monkeypatch):
     ],
 )
 def test_choose_compute(monkeypatch, setting, on_gpu, blocker, flags, bf16, says):
-    monkeypatch.setattr("alignment.cpu_bf16.cpu_bf16_flags", lambda: flags)
+    monkeypatch.setattr("alignment.models.cpu_bf16.cpu_bf16_flags", lambda: flags)
     choice = choose_compute(setting, on_gpu, blocker)
     assert choice.bf16 is bf16 and says in choice.reason, choice.reason
 
@@ -301,6 +301,6 @@ def test_choose_compute(monkeypatch, setting, on_gpu, blocker, flags, bf16, says
     [("on", False, "use_fused_train_ops is false", "cpu_bf16_matmul is on but the bf16 matmuls cannot run"), ("on", True, None, "set bf16 true there")],
 )
 def test_on_where_it_cannot_run_is_an_error(monkeypatch, setting, on_gpu, blocker, message):
-    monkeypatch.setattr("alignment.cpu_bf16.cpu_bf16_flags", lambda: ["avx512_bf16"])
+    monkeypatch.setattr("alignment.models.cpu_bf16.cpu_bf16_flags", lambda: ["avx512_bf16"])
     with pytest.raises(ValueError, match=message):
         choose_compute(setting, on_gpu, blocker)

@@ -16,7 +16,7 @@ import pytest
 from processes import stop
 from reward_servers import free_port
 
-from alignment.logger import RunLogger
+from alignment.step.logger import RunLogger
 
 pytestmark = pytest.mark.browser
 

@@ -14,7 +14,7 @@ from reward_servers import free_port
 from safetensors.numpy import load_file
 from tiny_models import put_a_nan_in_the_final_norm
 
-from alignment.checkpoint import load_optimizer_state
+from alignment.step.checkpoint import load_optimizer_state
 from alignment.rollout.ops import load_ops
 
 GLOBAL_PROMPTS = 4

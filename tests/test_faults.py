@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from reward_servers import foreign_server, free_port, reward_server
 
-from alignment.checkpoint import resolve_resume
+from alignment.step.checkpoint import resolve_resume
 from alignment.rewards.remote import RewardServerError, score_remote
 
 PLUGINS = "tests/plugins/fault_rewards.py"

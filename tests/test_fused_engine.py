@@ -8,9 +8,9 @@ import pytest
 from paddleformers.transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, qwen2_tied
 
-from alignment.algo import token_logprobs
-from alignment.config import GRPOConfig
-from alignment.modeling import completion_logits, make_token_batch
+from alignment.algo.core import token_logprobs
+from alignment.run.config import GRPOConfig
+from alignment.models.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, SamplingParams, build_engine
 from alignment.rollout.ops import load_ops
 

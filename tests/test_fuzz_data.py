@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from alignment.data import MAX_LINE_BYTES, SKIPPED_SHOWN, DataError, read_prompt_records
+from alignment.run.data import MAX_LINE_BYTES, SKIPPED_SHOWN, DataError, read_prompt_records
 
 FUZZ = settings(derandomize=True, deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 LAYOUTS = {"src": "tgt", "question": "answer", "messages": "solution"}  # prompt column -> reference column

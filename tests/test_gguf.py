@@ -25,8 +25,8 @@ from tiny_models import LLAMA3_ROPE
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
 from alignment.gguf import GGUFImportError, import_gguf
-from alignment.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute
-from alignment.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
+from alignment.models.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute
+from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,7 +198,7 @@ def test_float_types_dequantize_to_their_values():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# GGUF files written here with the product's writer (alignment/gguf_export.py, the GGUF export), from a model folder in
+# GGUF files written here with the product's writer (alignment/models/gguf_export.py, the GGUF export), from a model folder in
 # Hugging Face layout, in any type the gguf package quantizes to.
 
 
@@ -579,7 +579,7 @@ def overriding(**keys):
     ids=["4e9 layers and ffn", "layers past block_count", "ffn width", "kv heads", "eos id", "template loops", "template size"],
 )
 def test_a_hostile_file_is_refused_in_one_line(tmp_path, monkeypatch, keys, refusal):
-    monkeypatch.setattr("alignment.template_limits.TEMPLATE_SECONDS", 1)
+    monkeypatch.setattr("alignment.models.template_limits.TEMPLATE_SECONDS", 1)
     save_model(random_model("qwen2"), str(tmp_path / "model"))
     write_gguf(tmp_path / "model", tmp_path / "hostile.gguf", Q.F32, vocabulary=overriding(**keys))
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""actor_model_name_or_path naming a .gguf (alignment/trainer.py model_folders): the file is imported once into
+"""actor_model_name_or_path naming a .gguf (alignment/step/trainer.py model_folders): the file is imported once into
 <output_dir>/imported/<file stem> by the main process, the import reused while the file is unchanged (its size and
 modification time, else its SHA-256: alignment/gguf.py import_if_changed) and redone when it changed; a missing or
 damaged file is one line and exit 2 before any model loads."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_gguf import TINY, Q, write_gguf
 
-from alignment.config import load_config
+from alignment.run.config import load_config
 from alignment.gguf import import_if_changed
 from run_grpo import main as run_grpo
 

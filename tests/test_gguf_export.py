@@ -1,4 +1,4 @@
-"""GGUF out (alignment/gguf_export.py, python -m alignment.export CHECKPOINT OUT.gguf --format gguf): a checkpoint of
+"""GGUF out (alignment/models/gguf_export.py, python -m alignment.export CHECKPOINT OUT.gguf --format gguf): a checkpoint of
 the bundled tiny model exported in f32, f16 and q8_0 and imported back (alignment/gguf.py) gives the weights, config,
 special tokens, chat template and tokenization back (f32 exactly, f16 / q8_0 as their rounding); a random Llama and
 Qwen3 round-trip through the q/k permutation and the per-head norms; a LoRA checkpoint is merged first. With
@@ -20,15 +20,15 @@ from safetensors.numpy import load_file
 from test_gguf import TINY, random_model, smollm2  # noqa: F401  (smollm2: a fixture)
 from tiny_models import LLAMA3_ROPE
 
-from alignment.checkpoint import save_checkpoint
-from alignment.config import GRPOConfig
-from alignment.data import encode_messages
+from alignment.step.checkpoint import save_checkpoint
+from alignment.run.config import GRPOConfig
+from alignment.run.data import encode_messages
 from alignment.export import ExportError, export_gguf
 from alignment.gguf import import_gguf
-from alignment.gguf_export import PROBES, GGUFExportError
-from alignment.lora import apply_lora, lora_layers
+from alignment.models.gguf_export import PROBES, GGUFExportError
+from alignment.models.lora import apply_lora, lora_layers
 from alignment.merge_lora import merge_lora
-from alignment.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
+from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]

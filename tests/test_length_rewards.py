@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from alignment.config import ConfigError, load_config
+from alignment.run.config import ConfigError, load_config
 from alignment.rewards import RewardSettings, get_reward, score_completions
 from alignment.rewards.length_rewards import ngram_ids
 

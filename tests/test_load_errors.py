@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from alignment.config import ALIASES, KEYS, GRPOConfig, help_text
+from alignment.run.config import ALIASES, KEYS, GRPOConfig, help_text
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "data/tiny-qwen2"
@@ -106,7 +106,7 @@ def test_the_checks_pass_an_intact_folder_and_keep_the_parameter_names(tmp_path)
     from paddle.utils import unique_name
     from paddleformers.transformers import AutoModelForCausalLM
 
-    from alignment.modeling import load_causal_lm
+    from alignment.models.modeling import load_causal_lm
 
     with unique_name.guard():
         loaded = [p.name for p in load_causal_lm(str(TINY_MODEL)).parameters()]
@@ -116,7 +116,7 @@ def test_the_checks_pass_an_intact_folder_and_keep_the_parameter_names(tmp_path)
 
 
 def test_a_sharded_folder_loads_and_a_missing_shard_is_named(tmp_path):
-    from alignment.modeling import ModelLoadError, load_causal_lm
+    from alignment.models.modeling import ModelLoadError, load_causal_lm
 
     folder = tmp_path / "sharded"
     shutil.copytree(TINY_MODEL, folder)

@@ -1,4 +1,4 @@
-"""LoRA (alignment/lora.py): only the adapters train; checkpoints hold only them and resume; the merged model
+"""LoRA (alignment/models/lora.py): only the adapters train; checkpoints hold only them and resume; the merged model
 (alignment/merge_lora.py) equals the adapted one; the fused rollout engine and the training operators see
 the adapters."""
 
@@ -15,13 +15,13 @@ from safetensors import safe_open
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 import alignment.export
-from alignment.checkpoint import load_training_state, save_checkpoint
-from alignment.config import GRPOConfig
-from alignment.lora import adapters_disabled, apply_lora, load_adapter, lora_layers
+from alignment.step.checkpoint import load_training_state, save_checkpoint
+from alignment.run.config import GRPOConfig
+from alignment.models.lora import adapters_disabled, apply_lora, load_adapter, lora_layers
 from alignment.merge_lora import main as merge_main
-from alignment.data import encode_messages
-from alignment.modeling import enable_recompute, load_causal_lm, load_tokenizer, save_model, stop_token_ids
-from alignment.optim import build_optimizer
+from alignment.run.data import encode_messages
+from alignment.models.modeling import enable_recompute, load_causal_lm, load_tokenizer, save_model, stop_token_ids
+from alignment.parallel.optim import build_optimizer
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.ops import load_ops
 
@@ -224,7 +224,7 @@ def test_the_fused_engine_decodes_with_the_merged_adapters(build):
 
 @needs_ops
 def test_the_training_operators_keep_the_adapters():
-    from alignment.fused_train import use_training_ops
+    from alignment.models.fused_train import use_training_ops
 
     plain, swapped = with_lora(qwen2_tied), with_lora(qwen2_tied)
     train_steps(plain, optimizer_for(plain))

@@ -1,4 +1,4 @@
-"""use_prefix_grouper (alignment/prefix_grouper.py): each distinct prompt of a micro-batch runs once and its
+"""use_prefix_grouper (alignment/models/prefix_grouper.py): each distinct prompt of a micro-batch runs once and its
 completions attend to its keys and values. Checked against the other code path, the same model running every
 row whole: the hidden states, the log-probs and every parameter's gradient, on the five tiny model families of
 tests/test_train_ops.py and Qwen3 with LoRA, with left-padded prompts of several lengths, rows sharing prompts
@@ -11,13 +11,13 @@ import test_train_ops
 from test_train_ops import qwen3_with_lora, swapped
 from tiny_models import PAD, qwen2_tied
 
-from alignment.algo import chunked_token_logprobs
-from alignment.config import load_config
-from alignment.fused_train import groups_prompts, head_kernels
-from alignment.modeling import completion_hidden, enable_recompute, make_token_batch, output_head
-from alignment.prefix_grouper import grouped_completion_hidden, prompt_groups
-from alignment.runtime import contiguous_kernels
-from alignment.trainer import policy_logprobs
+from alignment.algo.core import chunked_token_logprobs
+from alignment.run.config import load_config
+from alignment.models.fused_train import groups_prompts, head_kernels
+from alignment.models.modeling import completion_hidden, enable_recompute, make_token_batch, output_head
+from alignment.models.prefix_grouper import grouped_completion_hidden, prompt_groups
+from alignment.run.runtime import contiguous_kernels
+from alignment.step.trainer import policy_logprobs
 
 ops, build = test_train_ops.ops, test_train_ops.build  # its fixtures: the loaded operators, the five tiny model builders
 

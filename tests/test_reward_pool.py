@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from alignment.config import load_config
+from alignment.run.config import load_config
 from alignment.rewards import register_reward
-from alignment.trainer import build_scorer
+from alignment.step.trainer import build_scorer
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"
@@ -80,7 +80,7 @@ POOL_USER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from alignment.plugins import plugin_sources
+    from alignment.run.plugins import plugin_sources
     from alignment.rewards.pool import ScoringPool
 
     pool = ScoringPool(2, 3600.0, plugin_sources([sys.argv[2]]))

@@ -20,7 +20,7 @@ from openapi_spec_validator import validate as validate_openapi
 from schemathesis import GenerationMode
 
 from alignment.rewards import RewardSettings, score_completions
-from alignment.plugins import load_plugins
+from alignment.run.plugins import load_plugins
 from alignment.rewards.remote import RewardServerError, score_remote
 from reward_servers import API_KEY_ENV, REPO, foreign_server, free_port, reward_server, server_command
 

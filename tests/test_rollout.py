@@ -3,8 +3,8 @@ import paddle
 import pytest
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo import token_logprobs
-from alignment.modeling import completion_logits, make_token_batch
+from alignment.algo.core import token_logprobs
+from alignment.models.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.eager import choose_tokens, top_p_filter
 

@@ -1,4 +1,4 @@
-"""A rollout as JSON and raw arrays (alignment/rollout_wire.py): round trips over a real connection and through a
+"""A rollout as JSON and raw arrays (alignment/rollout/wire.py): round trips over a real connection and through a
 checkpoint file, every field checked on the way back in, and a pickle that is refused rather than run."""
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from alignment.rollout.base import Rollout
-from alignment.rollout_wire import (
+from alignment.rollout.wire import (
     RolloutPart, WireError, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message,
 )
 from alignment.tools.environment import Episode, ToolCall

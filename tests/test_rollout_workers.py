@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from alignment.config import ConfigError, load_config
+from alignment.run.config import ConfigError, load_config
 from alignment.rollout.ops import load_ops
-from alignment.rollout_link import placement, rollout_order, worker_share, words_after
-from alignment.rollout_wire import load_parts
+from alignment.rollout.link import placement, rollout_order, worker_share, words_after
+from alignment.rollout.wire import load_parts
 
 # A learning rate large enough to move the weights well past float noise in 3 steps, a KL term, a sampled
 # evaluation on the training process's own engine; fp32 matmuls, importance sampling off and adam_epsilon 1e-6 as
@@ -163,7 +163,7 @@ def handshake(trainer_key: bytes, worker_key: bytes, silent_worker: bool = False
     """Both ends of one connection over loopback -> (the trainer's outcome, the rollout process's): "ok" or the error."""
     from multiprocessing.connection import Connection
 
-    from alignment.rollout_link import _handshake
+    from alignment.rollout.link import _handshake
 
     server = socket.create_server(("127.0.0.1", 0))
     outcomes = {}
@@ -211,7 +211,7 @@ def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(mon
     ],
 )
 def test_a_link_across_machines_needs_a_key_of_the_users(monkeypatch, endpoints, key, message):
-    from alignment.rollout_link import shared_key
+    from alignment.rollout.link import shared_key
 
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", endpoints)
     if key is None:
@@ -228,7 +228,7 @@ def test_a_link_across_machines_needs_a_key_of_the_users(monkeypatch, endpoints,
 
 
 def test_the_link_file_must_be_private_to_its_user(tmp_path):
-    from alignment.rollout_link import RolloutWorkerError, _read_private, _write_private
+    from alignment.rollout.link import RolloutWorkerError, _read_private, _write_private
 
     path = tmp_path / "link.json"
     _write_private(path, {"address": ["127.0.0.1", 1], "key": "00"})

@@ -2,9 +2,9 @@ import numpy as np
 import paddle
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.algo import token_logprobs
-from alignment.modeling import completion_logits, load_causal_lm, make_token_batch, save_model
-from alignment.runtime import contiguous_kernels
+from alignment.algo.core import token_logprobs
+from alignment.models.modeling import completion_logits, load_causal_lm, make_token_batch, save_model
+from alignment.run.runtime import contiguous_kernels
 
 
 def small_model():

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from alignment.config import ConfigError, load_config
-from alignment.plugins import load_plugins, plugin_sources
+from alignment.run.config import ConfigError, load_config
+from alignment.run.plugins import load_plugins, plugin_sources
 from alignment.tools import Episode, ToolSettings, get_environment
 from alignment.tools.sandbox import SandboxLimits, call_in_sandbox, isolation_missing, run_python
 

@@ -11,9 +11,9 @@ import pytest
 from safetensors.numpy import load_file
 from test_gguf import smollm2_file
 
-from alignment.config import load_config
+from alignment.run.config import load_config
 from alignment.gguf import import_gguf
-from alignment.modeling import load_tokenizer
+from alignment.models.modeling import load_tokenizer
 
 GSM8K = Path("../shared/data/gsm8k")
 RECIPES = {

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from alignment.config import ConfigError, load_config
-from alignment.plugins import load_plugins, plugin_sources
+from alignment.run.config import ConfigError, load_config
+from alignment.run.plugins import load_plugins, plugin_sources
 from alignment.tools import Episode, ToolSettings, get_environment, get_tool, register_tool
 from alignment.tools.calculator import CalculatorError, calculate, calculator
 from alignment.tools.calls import MalformedCall, ParsedCall, parse_tool_calls

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from reward_servers import free_port, reward_server
 
-from alignment.cpu_bf16 import cpu_bf16_flags
+from alignment.models.cpu_bf16 import cpu_bf16_flags
 from alignment.rewards import score_completions
 from alignment.rollout.fused import BF16_TOLERANCE
 from alignment.rollout.ops import load_ops

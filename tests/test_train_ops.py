@@ -1,6 +1,6 @@
 """The training operators (csrc/, 8-10, 13 and grpo_silu_mul's backward) against paddle float64 references on
 fresh random inputs, value and gradient with respect to every input, and the actor with its modules swapped
-by alignment/fused_train.py against the same model unswapped. A failure names its seed; replay it with
+by alignment/models/fused_train.py against the same model unswapped. A failure names its seed; replay it with
 GRPO_TEST_SEED=<seed>."""
 
 import numpy as np
@@ -11,14 +11,14 @@ from test_fused_engine import qwen3_tied, qwen3_untied
 from test_ops import close, rope_tables
 from tiny_models import PAD, PROMPTS, llama3_tied, llama_untied, qwen2_tied
 
-from alignment.algo import token_logprobs
-from alignment.fused_train import TrainingAttention, TrainingMLP, TrainingRMSNorm, use_training_ops
-from alignment.lora import apply_lora, lora_layers
-from alignment.modeling import completion_logits, enable_recompute, load_causal_lm, make_token_batch, save_model
+from alignment.algo.core import token_logprobs
+from alignment.models.fused_train import TrainingAttention, TrainingMLP, TrainingRMSNorm, use_training_ops
+from alignment.models.lora import apply_lora, lora_layers
+from alignment.models.modeling import completion_logits, enable_recompute, load_causal_lm, make_token_batch, save_model
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.fused import FusedEngine
 from alignment.rollout.ops import load_ops
-from alignment.runtime import contiguous_kernels
+from alignment.run.runtime import contiguous_kernels
 
 ops = test_ops.ops  # its fixture: the loaded operators (or a skip); rng comes from conftest.py
 MASKED = float(np.finfo(np.float32).min)  # what paddleformers' additive mask holds where a key is hidden

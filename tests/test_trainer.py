@@ -9,14 +9,14 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.config import load_config
-from alignment.data import EncodedPrompt, PromptRecord
-from alignment.distributed import World
-from alignment.modeling import load_tokenizer
+from alignment.run.config import load_config
+from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.parallel.distributed import World
+from alignment.models.modeling import load_tokenizer
 from alignment.rewards import register_reward
 from alignment.rollout import EagerEngine, Rollout, SamplingParams
-from alignment.algo import group_advantages
-from alignment.trainer import build_scorer, score_rollout, step_metrics, update_policy
+from alignment.algo.core import group_advantages
+from alignment.step.trainer import build_scorer, score_rollout, step_metrics, update_policy
 
 
 @register_reward("test_fails_on_odd_length", "test only: raises for completions of odd length in characters")

@@ -12,14 +12,14 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.algo import group_advantages, token_logprobs
-from alignment.config import load_config
-from alignment.data import EncodedPrompt, PromptRecord
-from alignment.distributed import World
-from alignment.modeling import completion_logits, load_tokenizer, make_token_batch
+from alignment.algo.core import group_advantages, token_logprobs
+from alignment.run.config import load_config
+from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.parallel.distributed import World
+from alignment.models.modeling import completion_logits, load_tokenizer, make_token_batch
 from alignment.rewards import register_reward
 from alignment.rollout import EagerEngine, SamplingParams
-from alignment.trainer import build_scorer, keep_groups_with_signal, score_rollout, train, update_policy
+from alignment.step.trainer import build_scorer, keep_groups_with_signal, score_rollout, train, update_policy
 
 QUESTIONS = ("Mia has 3 apples.", "Leo has 4 coins. He finds 3 more.", "Ann has 2 pens.", "Tom has 9 cards.")
 
@@ -225,7 +225,7 @@ def test_a_plugin_reward_sees_every_dataset_column(tmp_path):
 
 
 def test_a_missing_plugin_file_is_a_config_error(tmp_path):
-    from alignment.config import ConfigError
+    from alignment.run.config import ConfigError
 
     with pytest.raises(ConfigError, match="external_plugins: plugin nowhere.py: no such file"):
         load_config(["config/tiny/grpo_argument.json", "--external_plugins", "nowhere.py"])
@@ -244,7 +244,7 @@ def test_reward_model_scores_in_the_run_equal_scoring_it_directly(tmp_path):
     totals = [row["rewards"]["accuracy"] + 0.5 * row["rewards"]["reward_model"] for row in completions]
     np.testing.assert_allclose([row["reward"] for row in completions], totals, rtol=1e-6)
     assert metrics["reward/reward_model"] == pytest.approx(np.mean(logged), rel=1e-5)
-    from alignment.config import ConfigError
+    from alignment.run.config import ConfigError
 
     with pytest.raises(ConfigError, match="reward_functions names reward_model but reward_model_name_or_path is not set"):
         load_config(["config/tiny/grpo_argument.json", "--reward_functions", "reward_model", "--reward_function_weights", "1"])

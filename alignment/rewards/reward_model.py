@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 from paddleformers.transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from alignment.modeling import check_every_weight_stored
+from alignment.models.modeling import check_every_weight_stored
 
 
 class RewardModel:

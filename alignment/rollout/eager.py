@@ -10,9 +10,9 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from alignment.algo import log_softmax
+from alignment.algo.core import log_softmax
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
-from alignment.runtime import contiguous_kernels
+from alignment.run.runtime import contiguous_kernels
 
 
 def left_pad(prompts: list, pad_token_id: int):

@@ -26,7 +26,7 @@ conversion of the actor's weight, bit for bit: a stale copy fails however small 
 just made the copies, checks the probe only).
 Multi-turn rollouts (alignment/rollout/multi_turn.py) call generate_turn: each row's context starts from the keys and
 values its last turn left, copied into the new cache, and only the tokens after them are prefilled.
-A projection with a LoRA adapter (alignment/lora.py) enters as its merged weight W + A @ B * scale, a copy
+A projection with a LoRA adapter (alignment/models/lora.py) enters as its merged weight W + A @ B * scale, a copy
 that `sync()` rebuilds too: decoding then costs what it costs without adapters.
 """
 
@@ -37,11 +37,11 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from alignment.algo import token_logprobs
-from alignment.lora import effective_weight
+from alignment.algo.core import token_logprobs
+from alignment.models.lora import effective_weight
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream, WeightSyncError
 from alignment.rollout.eager import left_pad
-from alignment.runtime import contiguous_kernels
+from alignment.run.runtime import contiguous_kernels
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 PROBE_LENGTHS = (24, 17)  # two probe rows of different lengths, so the check covers left padding
@@ -53,7 +53,7 @@ BF16_TOLERANCE = 0.25
 
 
 def unsupported_reason(model) -> Optional[str]:
-    """Why the fused engine cannot run this model (None: it can); alignment/fused_train.py's modules share the check.
+    """Why the fused engine cannot run this model (None: it can); alignment/models/fused_train.py's modules share the check.
     Both apply Qwen3's per-head q/k RMSNorms."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:

@@ -1,5 +1,5 @@
 """Loader of the compiled operators (csrc/, built by `make ops` = `python csrc/build.py`): the rollout
-engine's and the actor's training ones (alignment/fused_train.py).
+engine's and the actor's training ones (alignment/models/fused_train.py).
 
 load_ops() -> (ops, reason): `ops` has the functions below, or is None with a one-line reason (not
 built, stale, failed to load); the engine then warns once and falls back. Nothing is compiled here.

@@ -61,7 +61,7 @@ if job["kind"] == "python":
     del job
     exec(code, {"__name__": "__main__"})
 else:
-    from alignment.plugins import PluginSource, load_plugin_sources
+    from alignment.run.plugins import PluginSource, load_plugin_sources
     from alignment.tools.registry import get_tool
     load_plugin_sources([PluginSource(path, text) for path, text in job["plugins"]])
     tool = get_tool(job["tool"])

@@ -10,8 +10,8 @@ backward kernels; Qwen3's per-head q/k RMSNorms go through grpo_rms_norm too.
 The swapped modules hold the model's own Parameter objects (and Linear layers) under the same names:
 the state_dict, checkpoints, the optimizer's state and the fused rollout engine's in-place weight
 references stay valid. Only float32 rounding differs from paddleformers' forward. Projections with LoRA
-adapters (alignment/lora.py) keep them: each adds its dropout(x) @ A @ B * scale beside the one matmul.
-With bf16 (cpu_bf16_matmul, alignment/cpu_bf16.py), every projection's matmul runs in bf16 on a copy of its
+adapters (alignment/models/lora.py) keep them: each adds its dropout(x) @ A @ B * scale beside the one matmul.
+With bf16 (cpu_bf16_matmul, alignment/models/cpu_bf16.py), every projection's matmul runs in bf16 on a copy of its
 weights that weights_changed() discards after each optimizer step; the adapters' terms stay fp32.
 """
 
@@ -21,9 +21,9 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from alignment.algo import HeadKernels
-from alignment.cpu_bf16 import Bf16Matmuls
-from alignment.lora import lora_update
+from alignment.algo.core import HeadKernels
+from alignment.models.cpu_bf16 import Bf16Matmuls
+from alignment.models.lora import lora_update
 from alignment.rollout import fused
 from alignment.rollout.ops import load_ops
 
@@ -63,7 +63,7 @@ def bf16_unavailable(model, training_ops_on: bool) -> Optional[str]:
 
 def use_training_ops(model, bf16: bool = False) -> Optional[str]:
     """Swap the training modules into `model` in place; -> None, or why not (nothing is changed then). With bf16,
-    the projections and the log-prob head (head_kernels) multiply in bf16 (alignment/cpu_bf16.py); after every
+    the projections and the log-prob head (head_kernels) multiply in bf16 (alignment/models/cpu_bf16.py); after every
     change of the weights, weights_changed(model) must be called."""
     reason = training_ops_unavailable(model)
     if reason:
@@ -81,7 +81,7 @@ def use_training_ops(model, bf16: bool = False) -> Optional[str]:
 
 
 def groups_prompts(model, recompute: bool) -> bool:
-    """Whether a forward may run each shared prompt once (alignment/prefix_grouper.py): where the training attention
+    """Whether a forward may run each shared prompt once (alignment/models/prefix_grouper.py): where the training attention
     runs, which concatenates the keys and values the grouper's cache gives it, and layers are not recomputed (a
     recomputed layer would keep the prompt's keys and values of its first, gradient-free, pass)."""
     return not recompute and all(isinstance(layer.self_attn, TrainingAttention) for layer in model.model.layers)

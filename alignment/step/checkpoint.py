@@ -15,7 +15,7 @@ when the source model had one; transformers loads it as is, and `python -m align
 without the training state), the tokenizer, grpo_config.json (the resolved config), optimizer.safetensors (AdamW
 moments, and the learning-rate schedule as JSON in its metadata), trainer_state.json (the step, and how far
 metrics.jsonl and completions.jsonl had been written). A LoRA run stores its adapter instead of the model, in Hugging
-Face peft's layout (adapter_config.json, adapter_model.safetensors; alignment/lora.py), with everything
+Face peft's layout (adapter_config.json, adapter_model.safetensors; alignment/models/lora.py), with everything
 else as above; it resumes on the base model (actor_model_name_or_path) with the adapter loaded back, and
 `python -m alignment.merge_lora` turns it into a model folder. No random-number state is saved: every
 phase of every step reseeds from (seed, step, phase) (and the rank, for paddle's generator), so a resumed
@@ -55,8 +55,8 @@ import paddle
 from safetensors import SafetensorError, safe_open
 from safetensors.paddle import load_file, save_file
 
-from alignment.lora import has_lora, save_adapter
-from alignment.modeling import save_model
+from alignment.models.lora import has_lora, save_adapter
+from alignment.models.modeling import save_model
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 LEFTOVER_RE = re.compile(r"^\.checkpoint-\d+\.(tmp|old)$")  # staging and set-aside folders of a save cut short

@@ -2,7 +2,7 @@
 
 paddle.distributed.launch starts one process per device and sets PADDLE_TRAINER_ID and
 PADDLE_TRAINERS_NUM; a plain `python run_grpo.py` is a world of one. With sharding, fleet.init makes
-all processes one sharding group (alignment/sharding.py).
+all processes one sharding group (alignment/parallel/sharding.py).
 """
 
 import os
@@ -14,7 +14,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from alignment.config import ConfigError
+from alignment.run.config import ConfigError
 
 
 class DistributedError(RuntimeError):
@@ -94,7 +94,7 @@ class World:
 
 
 def init_world(sharding: str = "", sharding_parallel_degree: int = -1, rollout_workers: int = 0) -> World:
-    """rollout_workers > 0: this is the one training process beside them (alignment/rollout_link.py); the launch's
+    """rollout_workers > 0: this is the one training process beside them (alignment/rollout/link.py); the launch's
     collective carries the weights to them, and the training world is this process alone."""
     if rollout_workers:
         dist.init_parallel_env()

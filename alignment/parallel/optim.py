@@ -4,8 +4,8 @@ import math
 
 import paddle
 
-from alignment.algo import learning_rate_factor
-from alignment.distributed import World
+from alignment.algo.core import learning_rate_factor
+from alignment.parallel.distributed import World
 
 
 class NonFiniteError(RuntimeError):
@@ -37,7 +37,7 @@ def build_optimizer(model, config, total_steps: int, world: World = World(0, 1))
         multi_precision=config.bf16 or config.fp16,  # fp32 master weights and moments for half-precision weights
     )
     if world.sharding_degree > 1:
-        from alignment.sharding import ShardedOptimizer
+        from alignment.parallel.sharding import ShardedOptimizer
 
         return ShardedOptimizer(optimizer, parameters, world, config.max_grad_norm), scheduler
     return optimizer, scheduler

@@ -5,7 +5,7 @@ Under `paddle.distributed.launch --nproc_per_node 1+N`, rank 0 trains and ranks 
 its own copy of the weights in its rollout engine. Two channels:
 
 - a connection from each rollout process to the trainer (multiprocessing.connection over TCP) carries the small
-  things: the run's plan, every rollout (JSON and raw arrays, alignment/rollout_wire.py: nothing on it is ever
+  things: the run's plan, every rollout (JSON and raw arrays, alignment/rollout/wire.py: nothing on it is ever
   unpickled), the trainer's word after a step (go or stop), a failure's message. A process that waits, waits on
   its connection, never inside a collective (gloo ends one that waits more than 30 s, and a real model's step
   takes longer), and learns at once when the other side dies: the kernel closes a dead process's sockets;
@@ -44,8 +44,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from alignment.config import ConfigError
-from alignment.rollout_wire import RolloutPart, WireError, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
+from alignment.run.config import ConfigError
+from alignment.rollout.wire import RolloutPart, WireError, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
 
 PENDING_FILE = "pending_rollout.safetensors"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory

@@ -9,7 +9,7 @@ number of rows that share it.
     completions (B, T)      -> decoder whose layers attend to [k of the row's prompt | k] (B, KVH, W + T, D) -> hidden (B, T, H)
 
 The decoder layers see the two objects below as paddleformers' cache (get_seq_length, update), which its models
-pass to each attention layer; the training attention (alignment/fused_train.py) concatenates what update returns.
+pass to each attention layer; the training attention (alignment/models/fused_train.py) concatenates what update returns.
 """
 
 import numpy as np

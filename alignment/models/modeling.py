@@ -12,8 +12,8 @@ from paddleformers.transformers import AutoConfig, AutoModelForCausalLM, AutoTok
 from paddleformers.utils.log import logger as paddleformers_logger
 from safetensors import SafetensorError, safe_open
 
-from alignment.prefix_grouper import grouped_completion_hidden
-from alignment.template_limits import bounded_chat_template
+from alignment.models.prefix_grouper import grouped_completion_hidden
+from alignment.models.template_limits import bounded_chat_template
 
 paddleformers_logger.set_level("WARNING")
 
@@ -257,7 +257,7 @@ def completion_logits(model, batch: TokenBatch) -> paddle.Tensor:
 def completion_hidden(model, batch: TokenBatch, group_prompts: bool = False) -> paddle.Tensor:
     """-> (B, T, H) final hidden states (after the last norm) that predicted each completion token: the
     input of lm_head, for chunked_token_logprobs, which never holds the (B, T, V) logits. group_prompts: rows that
-    share a prompt run it once (alignment/prefix_grouper.py; the model must take its cache: fused_train.groups_prompts)."""
+    share a prompt run it once (alignment/models/prefix_grouper.py; the model must take its cache: fused_train.groups_prompts)."""
     if group_prompts:
         hidden = grouped_completion_hidden(model.model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_width)
         if hidden is not None:

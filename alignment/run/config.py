@@ -537,9 +537,9 @@ def _check_tools(c: GRPOConfig) -> None:
 
 def validate(c: GRPOConfig) -> GRPOConfig:
     """Checks values against each other and fills the derived ones; raises ConfigError naming the keys."""
-    from alignment.checkpoint import is_complete_checkpoint
+    from alignment.step.checkpoint import is_complete_checkpoint
     from alignment.rewards import REWARD_MODEL, get_reward
-    from alignment.plugins import load_plugins
+    from alignment.run.plugins import load_plugins
 
     for f in dataclasses.fields(c):  # from the file or the command line: no key gives inf or NaN a meaning
         value = getattr(c, f.name)
@@ -771,7 +771,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check(not c.lora or len(c.target_modules) > 0, "lora is true but target_modules is empty")
     _check(not (c.bf16 and c.fp16), "bf16 and fp16 are both true; choose one")
     if c.cpu_bf16_matmul == "on":
-        from alignment.cpu_bf16 import cpu_bf16_flags
+        from alignment.models.cpu_bf16 import cpu_bf16_flags
 
         _check(c.use_fused_train_ops, "cpu_bf16_matmul is on but use_fused_train_ops is false: the bf16 matmuls run in the training operators")
         _check(not c.bf16, "cpu_bf16_matmul is on and bf16 is true: bf16 is the GPU's AMP, cpu_bf16_matmul the CPU's bf16 matmuls; set one")
@@ -870,7 +870,7 @@ def names_gguf(path: Optional[str]) -> bool:
 def _model_max_positions(path: str):
     """max_position_embeddings of the model folder's config.json, or of the config a .gguf's header gives (ConfigError
     naming the file where it is not JSON, or not a GGUF the importer reads: a damaged file is refused here)."""
-    from alignment.modeling import ModelLoadError, read_json_object
+    from alignment.models.modeling import ModelLoadError, read_json_object
 
     if names_gguf(path):
         from alignment.gguf import GGUFImportError, read_config  # transformers and tokenizers: only where needed

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alignment.checkpoint import (
+from alignment.step.checkpoint import (
     CheckpointError,
     Lineage,
     pickled_files,
@@ -20,8 +20,8 @@ from alignment.checkpoint import (
     resolve_resume,
     settings_changes,
 )
-from alignment.config import ConfigError, GRPOConfig, names_gguf
-from alignment.distributed import World
+from alignment.run.config import ConfigError, GRPOConfig, names_gguf
+from alignment.parallel.distributed import World
 from alignment.gguf import GGUFImportError, import_if_changed
 
 

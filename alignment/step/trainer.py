@@ -2,7 +2,7 @@
 
     prompts -> rollout (G completions each) -> rewards -> group advantages -> clipped policy update
 
-as ../shared/DESIGN.md lists it. The math lives in alignment/algo.py; this file moves data between the
+as ../shared/DESIGN.md lists it. The math lives in alignment/algo/core.py; this file moves data between the
 phases and times them.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from alignment.algo import (
+from alignment.algo.core import (
     LossSettings,
     aggregation_counts,
     baseline_subtracted,
@@ -41,16 +41,16 @@ from alignment.algo import (
     whiten,
     whitening_sums,
 )
-from alignment.checkpoint import checkpoint_path, load_training_state, save_checkpoint
-from alignment.config import GRPOConfig
-from alignment.cpu_bf16 import choose_compute
-from alignment.curves import plot_curves
-from alignment.data import PromptSchedule, encode_prompts, read_prompt_records
-from alignment.distributed import World, init_world
-from alignment.fused_train import bf16_unavailable, groups_prompts, head_kernels, use_training_ops, weights_changed
-from alignment.logger import RunLogger
-from alignment.lora import adapters_disabled, apply_lora, load_adapter
-from alignment.modeling import (
+from alignment.step.checkpoint import checkpoint_path, load_training_state, save_checkpoint
+from alignment.run.config import GRPOConfig
+from alignment.models.cpu_bf16 import choose_compute
+from alignment.step.curves import plot_curves
+from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records
+from alignment.parallel.distributed import World, init_world
+from alignment.models.fused_train import bf16_unavailable, groups_prompts, head_kernels, use_training_ops, weights_changed
+from alignment.step.logger import RunLogger
+from alignment.models.lora import adapters_disabled, apply_lora, load_adapter
+from alignment.models.modeling import (
     completion_hidden,
     enable_recompute,
     load_causal_lm,
@@ -59,17 +59,17 @@ from alignment.modeling import (
     output_head,
     stop_token_ids,
 )
-from alignment.optim import NonFiniteError, build_optimizer, sum_gradients
+from alignment.parallel.optim import NonFiniteError, build_optimizer, sum_gradients
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
-from alignment.plugins import plugin_sources
+from alignment.run.plugins import plugin_sources
 from alignment.rewards.pool import ScoringPool
 from alignment.rewards.registry import reference_readers
 from alignment.rewards.remote import RewardServerError, score_remote
 from alignment.rollout import Rollout, SamplingParams, build_engine, concat_rollouts
 from alignment.rollout.multi_turn import MultiTurnEngine, check_template, episode_sums, tool_schemas, tool_use, with_environment
-from alignment.rollout_link import PENDING_FILE, RolloutWorkerError, RunPlan, TrainerLink, placement, trained_parameters
-from alignment.run_start import model_folders, nothing_to_train, start_point
-from alignment.runtime import contiguous_kernels
+from alignment.rollout.link import PENDING_FILE, RolloutWorkerError, RunPlan, TrainerLink, placement, trained_parameters
+from alignment.run.start import model_folders, nothing_to_train, start_point
+from alignment.run.runtime import contiguous_kernels
 
 
 @dataclass
@@ -407,7 +407,7 @@ def load_actor(config: GRPOConfig, weights_folder: str, adapter_folder):
 
 
 def matmul_compute(config: GRPOConfig, model):
-    """cpu_bf16_matmul's choice for this model on this machine (alignment/cpu_bf16.py)."""
+    """cpu_bf16_matmul's choice for this model on this machine (alignment/models/cpu_bf16.py)."""
     on_gpu = not model.lm_head.weight.place.is_cpu_place()
     return choose_compute(config.cpu_bf16_matmul, on_gpu, bf16_unavailable(model, config.use_fused_train_ops))
 

@@ -15,12 +15,12 @@ import time
 
 import paddle.distributed as dist
 
-from alignment.config import GRPOConfig
-from alignment.data import PromptSchedule
-from alignment.modeling import load_tokenizer
-from alignment.rollout_link import Placement, TrainerGone, WorkerLink, rollout_order, trained_parameters, worker_share
-from alignment.rollout_wire import RolloutPart
-from alignment.trainer import generate, load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params, seed_phase
+from alignment.run.config import GRPOConfig
+from alignment.run.data import PromptSchedule
+from alignment.models.modeling import load_tokenizer
+from alignment.rollout.link import Placement, TrainerGone, WorkerLink, rollout_order, trained_parameters, worker_share
+from alignment.rollout.wire import RolloutPart
+from alignment.step.trainer import generate, load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params, seed_phase
 
 
 def serve_rollouts(config: GRPOConfig, place: Placement) -> None:

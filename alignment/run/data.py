@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from alignment.template_limits import ChatTemplateError
+from alignment.models.template_limits import ChatTemplateError
 
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
 RESPONSE_KEYS = ("tgt", "answer", "solution", "response")
@@ -247,7 +247,7 @@ def encode_messages(messages: tuple, tokenizer, system_prompt: Optional[str] = N
     try:
         ids = tokenizer.apply_chat_template(with_system_prompt(messages, system_prompt), tools=tools or None, add_generation_prompt=True, tokenize=True)
     except ChatTemplateError as error:
-        raise DataError(f"the chat template {error} (alignment/template_limits.py)") from None
+        raise DataError(f"the chat template {error} (alignment/models/template_limits.py)") from None
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
