@@ -36,8 +36,8 @@ def main() -> None:
     paddle = import_paddle()
     from bench_rollout import build_model
 
-    from alignment.step.checkpoint import Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
     from alignment.models.modeling import load_causal_lm, load_tokenizer
+    from alignment.step.checkpoint import Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
 
     model = build_model(args.shape, seed=0)
     model.train()

@@ -32,17 +32,16 @@ configure_cpu_runtime()
 paddle = import_paddle()
 
 import numpy as np  # noqa: E402
-
 from bench_memory import peak_mb, scored_batch, timed_update  # noqa: E402
 
 
 def measure(mode: str, recompute: bool, shape: str, sequences: int, length: int) -> dict:
     from bench_rollout import build_model
 
-    from alignment.run.config import GRPOConfig, validate
     from alignment.models.lora import apply_lora
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.optim import build_optimizer
+    from alignment.run.config import GRPOConfig, validate
 
     config = validate(dataclasses.replace(
         GRPOConfig(), per_device_train_batch_size=sequences, mini_batch_size=sequences, learning_rate=1e-6, recompute=recompute,

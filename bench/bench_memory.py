@@ -47,7 +47,7 @@ def scored_batch(vocab: int, sequences: int, length: int):
     """A scored batch of `sequences` rows: a PROMPT-token prompt and length - PROMPT completion tokens of
     random ids, half the rows with advantage +1 and half -1, no padding."""
     from alignment.rollout import Rollout
-    from alignment.step.trainer import ScoredBatch
+    from alignment.step.records import ScoredBatch
 
     completion = length - PROMPT
     rng = np.random.default_rng(0)
@@ -69,7 +69,7 @@ def scored_batch(vocab: int, sequences: int, length: int):
 def timed_update(model, reference, optimizer, scored, config) -> tuple:
     """The trainer's update_policy once, in one process -> (peak MB before it, its seconds, its metrics)."""
     from alignment.parallel.distributed import World
-    from alignment.step.trainer import update_policy
+    from alignment.step.update import update_policy
 
     loaded = peak_mb()
     started = time.perf_counter()
@@ -81,9 +81,9 @@ def timed_update(model, reference, optimizer, scored, config) -> tuple:
 def measure(shape: str, length: int, recompute: bool, kl: bool) -> dict:
     from bench_rollout import build_model
 
-    from alignment.run.config import GRPOConfig, validate
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.optim import build_optimizer
+    from alignment.run.config import GRPOConfig, validate
 
     model = build_model(shape, seed=0)
     if recompute:

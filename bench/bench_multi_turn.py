@@ -22,12 +22,16 @@ from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: 
 configure_cpu_runtime()
 paddle = import_paddle()
 
-from alignment.run.config import load_config  # noqa: E402
 from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
-from alignment.run.plugins import plugin_sources  # noqa: E402
-from alignment.rollout import SamplingParams, build_engine  # noqa: E402
+from alignment.rollout import (  # noqa: E402
+    SamplingParams,
+    build_engine,
+    generate,  # noqa: E402
+)
 from alignment.rollout.multi_turn import with_environment  # noqa: E402
-from alignment.step.trainer import generate, load_prompts  # noqa: E402
+from alignment.run.build import load_prompts  # noqa: E402
+from alignment.run.config import load_config  # noqa: E402
+from alignment.run.plugins import plugin_sources  # noqa: E402
 
 
 class Reprefill:

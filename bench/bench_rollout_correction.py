@@ -24,12 +24,17 @@ configure_cpu_runtime()
 paddle = import_paddle()
 
 from alignment.algo.core import rollout_correction  # noqa: E402
-from alignment.run.config import load_config  # noqa: E402
 from alignment.models.cpu_bf16 import cpu_bf16_flags  # noqa: E402
 from alignment.models.fused_train import use_training_ops  # noqa: E402
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids  # noqa: E402
-from alignment.rollout import SamplingParams, build_engine  # noqa: E402
-from alignment.step.trainer import generate, load_prompts, policy_logprobs  # noqa: E402
+from alignment.rollout import (  # noqa: E402
+    SamplingParams,
+    build_engine,
+    generate,  # noqa: E402
+)
+from alignment.run.build import load_prompts  # noqa: E402
+from alignment.run.config import load_config  # noqa: E402
+from alignment.step.update import policy_logprobs  # noqa: E402
 
 MODES = [("token_truncate", 2.0), ("token_mask", 2.0), ("sequence_truncate", 3.0), ("sequence_mask", 3.0)]
 

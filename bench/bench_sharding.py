@@ -33,11 +33,11 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     from bench_memory import peak_mb, scored_batch
     from bench_rollout import build_model
 
-    from alignment.run.config import GRPOConfig, validate
-    from alignment.parallel.distributed import init_world
     from alignment.models.modeling import enable_recompute
+    from alignment.parallel.distributed import init_world
     from alignment.parallel.optim import build_optimizer
-    from alignment.step.trainer import update_policy
+    from alignment.run.config import GRPOConfig, validate
+    from alignment.step.update import update_policy
 
     world = init_world(sharding, -1)
     model = build_model(shape, seed=0)

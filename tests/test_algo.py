@@ -5,6 +5,7 @@ import paddle
 import pytest
 
 from alignment.algo.core import (
+    LossSettings,
     aggregation_counts,
     clipped_surrogate,
     entropy_bonus,
@@ -14,7 +15,6 @@ from alignment.algo.core import (
     learning_rate_factor,
     loss_token_weights,
     mean_and_pass_at_k,
-    LossSettings,
     policy_loss,
     rollout_correction,
     token_entropy,

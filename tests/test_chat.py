@@ -13,10 +13,10 @@ import pytest
 from processes import stop
 
 from alignment.chat import Printer, chat_config, parse_args
-from alignment.run.config import GRPOConfig, load_config
-from alignment.run.data import encode_messages
 from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
+from alignment.run.config import GRPOConfig, load_config
+from alignment.run.data import encode_messages
 from alignment.tools.calculator import calculator
 from alignment.tools.calls import ParsedCall, parse_tool_calls
 

@@ -4,10 +4,11 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
+from alignment.models.modeling import load_causal_lm, load_tokenizer
 from alignment.step.checkpoint import (
     CheckpointError,
-    _sha256,
     Lineage,
+    _sha256,
     complete_checkpoints,
     load_training_state,
     previous_run_files,
@@ -16,7 +17,6 @@ from alignment.step.checkpoint import (
     save_checkpoint,
     settings_changes,
 )
-from alignment.models.modeling import load_causal_lm, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +169,8 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
     """A checkpoint of an earlier version, or one crafted to look like it: its pickle would run code on resume."""
     import pickle
 
-    from alignment.run.config import ConfigError, load_config
     from alignment.parallel.distributed import World
+    from alignment.run.config import ConfigError, load_config
     from alignment.run.start import start_point
 
     path, marker = save(tmp_path / "out", 2, parts), tmp_path / "code-ran"

@@ -2,9 +2,10 @@
 
 import numpy as np
 
-from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.rollout import Rollout
-from alignment.step.trainer import ScoredBatch, completion_rows
+from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.step.metrics import completion_rows
+from alignment.step.records import ScoredBatch
 
 QUESTIONS, G = ["What is 1 + 1?", "What is 2 + 2?", "What is 3 + 3?"], 4
 

@@ -14,11 +14,11 @@ import test_ops
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 from alignment.algo.core import chunked_token_logprobs, token_logprobs
-from alignment.run.config import ConfigError, GRPOConfig, validate
 from alignment.models.cpu_bf16 import choose_compute, cpu_bf16_flags
 from alignment.models.fused_train import head_kernels, use_training_ops, weights_changed
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout import SamplingParams, WeightSyncError
+from alignment.run.config import ConfigError, GRPOConfig, validate
 from alignment.run.runtime import contiguous_kernels
 
 ops = test_ops.ops  # the fixture of the loaded operators (or a skip); rng comes from conftest.py

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from alignment.run.data import DataError, PromptSchedule, encode_prompts, read_prompt_records
 from alignment.models.modeling import load_tokenizer
+from alignment.run.data import DataError, PromptSchedule, encode_prompts, read_prompt_records
 
 
 def jsonl(tmp_path, rows, name="data.jsonl"):

@@ -16,13 +16,13 @@ from test_gguf import TINY, smollm2_file
 from transformers import AutoTokenizer
 
 import alignment.export
-from alignment.step.checkpoint import save_checkpoint
+from alignment.gguf import import_gguf
+from alignment.merge_lora import main as merge_main
+from alignment.models.lora import apply_lora, lora_layers
+from alignment.models.modeling import load_causal_lm, load_tokenizer
 from alignment.run.config import GRPOConfig
 from alignment.run.data import encode_messages
-from alignment.gguf import import_gguf
-from alignment.models.lora import apply_lora, lora_layers
-from alignment.merge_lora import main as merge_main
-from alignment.models.modeling import load_causal_lm, load_tokenizer
+from alignment.step.checkpoint import save_checkpoint
 
 # What a JSON or Jinja string literal must carry through: both quotes, backslashes (one before an escape letter,
 # one before a non-ASCII letter), a newline and a tab, Jinja's three openers and two closers, a raw block, JSON,

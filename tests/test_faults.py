@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from reward_servers import foreign_server, free_port, reward_server
 
-from alignment.step.checkpoint import resolve_resume
 from alignment.rewards.remote import RewardServerError, score_remote
+from alignment.step.checkpoint import resolve_resume
 
 PLUGINS = "tests/plugins/fault_rewards.py"
 RUN = [

@@ -9,10 +9,10 @@ from paddleformers.transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config,
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, qwen2_tied
 
 from alignment.algo.core import token_logprobs
-from alignment.run.config import GRPOConfig
 from alignment.models.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, SamplingParams, build_engine
 from alignment.rollout.ops import load_ops
+from alignment.run.config import GRPOConfig
 
 OPS, WHY_NOT = load_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")

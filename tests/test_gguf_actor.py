@@ -12,8 +12,8 @@ from pathlib import Path
 
 from test_gguf import TINY, Q, write_gguf
 
-from alignment.run.config import load_config
 from alignment.gguf import import_if_changed
+from alignment.run.config import load_config
 from run_grpo import main as run_grpo
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,16 +20,16 @@ from safetensors.numpy import load_file
 from test_gguf import TINY, random_model, smollm2  # noqa: F401  (smollm2: a fixture)
 from tiny_models import LLAMA3_ROPE
 
-from alignment.step.checkpoint import save_checkpoint
-from alignment.run.config import GRPOConfig
-from alignment.run.data import encode_messages
 from alignment.export import ExportError, export_gguf
 from alignment.gguf import import_gguf
+from alignment.merge_lora import merge_lora
 from alignment.models.gguf_export import PROBES, GGUFExportError
 from alignment.models.lora import apply_lora, lora_layers
-from alignment.merge_lora import merge_lora
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
+from alignment.run.config import GRPOConfig
+from alignment.run.data import encode_messages
+from alignment.step.checkpoint import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -22,9 +22,9 @@ from safetensors.numpy import load_file, save_file
 from tiny_models import qwen2_tied
 
 import alignment.export
-from alignment.step.checkpoint import save_checkpoint
 from alignment.gguf import import_gguf
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, save_model
+from alignment.step.checkpoint import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "tiny-qwen2"  # a real BPE tokenizer with a ChatML template; 451 tokens

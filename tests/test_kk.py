@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from reward_servers import reward_server
 
-from alignment.run.config import ConfigError, load_config
-from alignment.run.data import encode_prompts, read_prompt_records
 from alignment.models.modeling import load_tokenizer
 from alignment.rewards import get_reward, score_completions
 from alignment.rewards.remote import score_remote
-from alignment.step.trainer import load_prompts
-from reward_servers import reward_server
+from alignment.run.build import load_prompts
+from alignment.run.config import ConfigError, load_config
+from alignment.run.data import encode_prompts, read_prompt_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "kk"))
 import make_kk  # noqa: E402

@@ -15,15 +15,15 @@ from safetensors import safe_open
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 import alignment.export
-from alignment.step.checkpoint import load_training_state, save_checkpoint
-from alignment.run.config import GRPOConfig
-from alignment.models.lora import adapters_disabled, apply_lora, load_adapter, lora_layers
 from alignment.merge_lora import main as merge_main
-from alignment.run.data import encode_messages
+from alignment.models.lora import adapters_disabled, apply_lora, load_adapter, lora_layers
 from alignment.models.modeling import enable_recompute, load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.parallel.optim import build_optimizer
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.ops import load_ops
+from alignment.run.config import GRPOConfig
+from alignment.run.data import encode_messages
+from alignment.step.checkpoint import load_training_state, save_checkpoint
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 IDS = paddle.to_tensor([[5, 17, 33, 8, 9, 41, 2, 60], [12, 3, 61, 62, 63, 64, 70, 71]])  # (2, 8)

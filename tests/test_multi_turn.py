@@ -10,15 +10,15 @@ import paddle
 import pytest
 
 from alignment.algo.core import LossSettings, policy_loss
-from alignment.run.config import ConfigError, GRPOConfig
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids
-from alignment.run.plugins import load_plugins
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits, check_template, episode_sums
 from alignment.rollout.ops import load_ops
+from alignment.run.config import ConfigError, GRPOConfig
+from alignment.run.plugins import load_plugins
+from alignment.step.update import policy_logprobs
 from alignment.tools import ToolSettings, get_environment, get_tool
 from alignment.tools.sandbox import SandboxLimits
-from alignment.step.trainer import policy_logprobs
 
 OPS, WHY_NOT = load_ops()
 PLUGINS = "tests/plugins/tool_plugins.py"
@@ -173,13 +173,13 @@ def test_a_chat_template_that_cannot_show_tools_is_caught_before_any_model_loads
 
 
 class PrefillAgain:
-    """The fused engine seen through generate() only, as the eager engine is: every turn prefills the whole context."""
+    """The fused engine keeping nothing between turns, as the eager engine does: every turn prefills the whole context."""
 
     def __init__(self, engine):
         self.engine, self.pad_token_id = engine, engine.pad_token_id
 
-    def generate(self, contexts, group_size, params):
-        return self.engine.generate(contexts, group_size, params)
+    def generate_turn(self, contexts, known, params):
+        return self.engine.generate(contexts, 1, params), [None] * len(contexts)
 
 
 @pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
@@ -223,11 +223,11 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
     ids=["a tool prints the answer", "the model writes it"],
 )
 def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns, tool_answer, reward):
+    from alignment.rollout import Rollout
     from alignment.run.config import load_config
     from alignment.run.data import EncodedPrompt, PromptRecord
-    from alignment.rollout import Rollout
+    from alignment.step.scoring import build_scorer, score_rollout
     from alignment.tools import Episode, ToolCall
-    from alignment.step.trainer import build_scorer, score_rollout
 
     _, tokenizer = tiny
     pieces = [(turns[0], 0.0), (f"\n<tool_response>\n{tool_answer}\n</tool_response>\n", 1.0), (turns[1], 0.0)]

@@ -11,13 +11,14 @@ import shutil
 import numpy as np
 import paddle
 import pytest
-
-from alignment.run.config import load_config
-from alignment.parallel.distributed import World
-from alignment.parallel.optim import NonFiniteError
-from alignment.step.trainer import train, update_policy
 from test_variants import _config, _scored, setup  # noqa: F401  (the module fixture)
 from tiny_models import put_a_nan_in_the_final_norm
+
+from alignment.parallel.distributed import World
+from alignment.parallel.optim import NonFiniteError
+from alignment.run.config import load_config
+from alignment.step.trainer import train
+from alignment.step.update import update_policy
 
 
 def _update(model, scored, config):

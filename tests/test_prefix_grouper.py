@@ -12,12 +12,12 @@ from test_train_ops import qwen3_with_lora, swapped
 from tiny_models import PAD, qwen2_tied
 
 from alignment.algo.core import chunked_token_logprobs
-from alignment.run.config import load_config
 from alignment.models.fused_train import groups_prompts, head_kernels
 from alignment.models.modeling import completion_hidden, enable_recompute, make_token_batch, output_head
 from alignment.models.prefix_grouper import grouped_completion_hidden, prompt_groups
+from alignment.run.config import load_config
 from alignment.run.runtime import contiguous_kernels
-from alignment.step.trainer import policy_logprobs
+from alignment.step.update import policy_logprobs
 
 ops, build = test_train_ops.ops, test_train_ops.build  # its fixtures: the loaded operators, the five tiny model builders
 

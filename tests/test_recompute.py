@@ -13,8 +13,8 @@ import pytest
 from tiny_models import PAD, PROMPTS, llama_untied, qwen2_tied
 
 from alignment.algo.core import token_logprobs
-from alignment.run.config import ConfigError, load_config
 from alignment.models.modeling import completion_logits, enable_recompute, make_token_batch
+from alignment.run.config import ConfigError, load_config
 
 
 def gradients(model) -> dict:

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from alignment.run.config import load_config
-from alignment.run.data import DataError
 from alignment.models.modeling import load_tokenizer
 from alignment.rewards import available_rewards
-from alignment.step.trainer import load_prompts
+from alignment.run.build import load_prompts
+from alignment.run.config import load_config
+from alignment.run.data import DataError
 
 ANY_COLUMN = r"any column \(tgt, answer, solution, response; response_key names another\) or a final assistant turn"
 QUESTION = "Mia has 12 apples. She buys 7 more. How many apples does Mia have now?"

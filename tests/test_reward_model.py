@@ -9,9 +9,9 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForSequenceClassification
 from safetensors.numpy import load_file, save_file
+from tiny_models import SHAPE
 
 from alignment.rewards.reward_model import RewardModel
-from tiny_models import SHAPE
 
 TOKENIZER = "data/tiny-qwen2"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

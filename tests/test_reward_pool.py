@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from alignment.run.config import load_config
 from alignment.rewards import register_reward
-from alignment.step.trainer import build_scorer
+from alignment.run.config import load_config
+from alignment.step.scoring import build_scorer
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"

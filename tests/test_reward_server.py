@@ -17,12 +17,12 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openapi_spec_validator import validate as validate_openapi
+from reward_servers import API_KEY_ENV, REPO, foreign_server, free_port, reward_server, server_command
 from schemathesis import GenerationMode
 
 from alignment.rewards import RewardSettings, score_completions
-from alignment.run.plugins import load_plugins
 from alignment.rewards.remote import RewardServerError, score_remote
-from reward_servers import API_KEY_ENV, REPO, foreign_server, free_port, reward_server, server_command
+from alignment.run.plugins import load_plugins
 
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"
 KEY = "s3cret-key-for-tests"

@@ -10,7 +10,14 @@ import pytest
 
 from alignment.rollout.base import Rollout
 from alignment.rollout.wire import (
-    RolloutPart, WireError, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message,
+    RolloutPart,
+    WireError,
+    load_parts,
+    parts_from_record,
+    parts_record,
+    pending_bytes,
+    receive_message,
+    send_message,
 )
 from alignment.tools.environment import Episode, ToolCall
 

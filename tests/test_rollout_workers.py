@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from alignment.run.config import ConfigError, load_config
+from alignment.rollout.link import placement, rollout_order, words_after, worker_share
 from alignment.rollout.ops import load_ops
-from alignment.rollout.link import placement, rollout_order, worker_share, words_after
 from alignment.rollout.wire import load_parts
+from alignment.run.config import ConfigError, load_config
 
 # A learning rate large enough to move the weights well past float noise in 3 steps, a KL term, a sampled
 # evaluation on the training process's own engine; fp32 matmuls, importance sampling off and adam_epsilon 1e-6 as

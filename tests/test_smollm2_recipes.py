@@ -11,9 +11,9 @@ import pytest
 from safetensors.numpy import load_file
 from test_gguf import smollm2_file
 
-from alignment.run.config import load_config
 from alignment.gguf import import_gguf
 from alignment.models.modeling import load_tokenizer
+from alignment.run.config import load_config
 
 GSM8K = Path("../shared/data/gsm8k")
 RECIPES = {

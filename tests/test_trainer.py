@@ -9,14 +9,16 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.run.config import load_config
-from alignment.run.data import EncodedPrompt, PromptRecord
-from alignment.parallel.distributed import World
+from alignment.algo.core import group_advantages
 from alignment.models.modeling import load_tokenizer
+from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
 from alignment.rollout import EagerEngine, Rollout, SamplingParams
-from alignment.algo.core import group_advantages
-from alignment.step.trainer import build_scorer, score_rollout, step_metrics, update_policy
+from alignment.run.config import load_config
+from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.step.metrics import step_metrics
+from alignment.step.scoring import build_scorer, score_rollout
+from alignment.step.update import update_policy
 
 
 @register_reward("test_fails_on_odd_length", "test only: raises for completions of odd length in characters")

@@ -13,13 +13,16 @@ import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
 from alignment.algo.core import group_advantages, token_logprobs
-from alignment.run.config import load_config
-from alignment.run.data import EncodedPrompt, PromptRecord
-from alignment.parallel.distributed import World
 from alignment.models.modeling import completion_logits, load_tokenizer, make_token_batch
+from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
 from alignment.rollout import EagerEngine, SamplingParams
-from alignment.step.trainer import build_scorer, keep_groups_with_signal, score_rollout, train, update_policy
+from alignment.run.config import load_config
+from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.step.rollout import keep_groups_with_signal
+from alignment.step.scoring import build_scorer, score_rollout
+from alignment.step.trainer import train
+from alignment.step.update import update_policy
 
 QUESTIONS = ("Mia has 3 apples.", "Leo has 4 coins. He finds 3 more.", "Ann has 2 pens.", "Tom has 9 cards.")
 

@@ -23,4 +23,10 @@ def build_engine(config, model, eos_token_ids: list, pad_token_id: int, bf16: bo
     return EagerEngine(model, eos_token_ids, pad_token_id)
 
 
-__all__ = ["EagerEngine", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine", "concat_rollouts"]
+def generate(engine: RolloutEngine, prompts: list, group_size: int, params: SamplingParams) -> Rollout:
+    """group_size completions of each EncodedPrompt (alignment/run/data.py); a multi-turn engine's environment also
+    sees each prompt's sample."""
+    return engine.generate([p.ids for p in prompts], group_size, params, samples=[p.record.reward_sample() for p in prompts])
+
+
+__all__ = ["EagerEngine", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine", "concat_rollouts", "generate"]

@@ -95,7 +95,15 @@ TokenStream = Optional[Callable[[np.ndarray], None]]
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout: ...
+    def generate(
+        self, prompts: list, group_size: int, params: SamplingParams, samples: Optional[list] = None, on_tokens: TokenStream = None
+    ) -> Rollout:
+        """group_size completions of each prompt (token ids). samples: each prompt's reward sample, which a multi-turn
+        engine's environment sees (the others ignore it); on_tokens: a token stream (single-turn engines)."""
+
+    def generate_turn(self, contexts: list, known: list, params: SamplingParams) -> tuple:
+        """One turn of a multi-turn rollout: one completion of each context. known[r]: what the engine kept of
+        contexts[r]'s start at its last turn (None: nothing). -> (Rollout of group size 1, what it keeps of each row)."""
 
     def sync(self) -> Optional[float]:
         """Called after every optimizer step: from then on, generate with the actor's new weights. -> the engine's

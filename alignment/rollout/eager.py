@@ -6,6 +6,8 @@ log-prob) and, with left padding, its padded rows' greedy tokens diverge from th
 alone (tests/test_rollout.py holds the engine to that equality).
 """
 
+from typing import Optional
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -80,7 +82,12 @@ class EagerEngine:
 
     @paddle.no_grad()
     @contiguous_kernels()
-    def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout:
+    def generate_turn(self, contexts: list, known: list, params: SamplingParams) -> tuple:
+        return self.generate(contexts, 1, params), [None] * len(contexts)  # each turn prefills its whole context
+
+    def generate(
+        self, prompts: list, group_size: int, params: SamplingParams, samples: Optional[list] = None, on_tokens: TokenStream = None
+    ) -> Rollout:
         rows = [list(p) for p in prompts for _ in range(group_size)]
         input_ids, attention_mask, position_ids = left_pad(rows, self.pad_token_id)
         batch, vocab = len(rows), self.model.config.vocab_size

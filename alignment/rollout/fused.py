@@ -289,7 +289,9 @@ class FusedEngine:
 
     # --- generation ----------------------------------------------------------------------------------
 
-    def generate(self, prompts: list, group_size: int, params: SamplingParams, on_tokens: TokenStream = None) -> Rollout:
+    def generate(
+        self, prompts: list, group_size: int, params: SamplingParams, samples: Optional[list] = None, on_tokens: TokenStream = None
+    ) -> Rollout:
         rows = [list(p) for p in prompts for _ in range(group_size)]
         return self._generate(rows, group_size, params, on_tokens)[0]
 

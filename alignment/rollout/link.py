@@ -44,8 +44,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from alignment.run.config import ConfigError
 from alignment.rollout.wire import RolloutPart, WireError, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
+from alignment.run.config import ConfigError
 
 PENDING_FILE = "pending_rollout.safetensors"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory

@@ -25,8 +25,8 @@ from typing import Optional
 
 import numpy as np
 
+from alignment.rollout.base import Rollout, SamplingParams, TokenStream
 from alignment.run.config import ConfigError
-from alignment.rollout.base import Rollout, SamplingParams
 from alignment.tools import ToolSettings, get_environment, get_tool
 from alignment.tools.environment import Episode
 
@@ -68,8 +68,12 @@ class MultiTurnEngine:
     def sync(self) -> Optional[float]:
         return self.engine.sync()
 
-    def generate(self, prompts: list, group_size: int, params: SamplingParams, samples: Optional[list] = None) -> Rollout:
-        """As RolloutEngine.generate (no token stream); samples: each prompt's reward sample, which the environment sees."""
+    def generate(
+        self, prompts: list, group_size: int, params: SamplingParams, samples: Optional[list] = None, on_tokens: TokenStream = None
+    ) -> Rollout:
+        """As RolloutEngine.generate; samples: each prompt's reward sample, which the environment sees."""
+        if on_tokens is not None:
+            raise ValueError("a multi-turn rollout does not stream its tokens")
         rows = [list(p) for p in prompts for _ in range(group_size)]
         episodes = [Episode(sample=samples[row // group_size] if samples else {}) for row in range(len(rows))]
         trajectories = [Trajectory() for _ in rows]
@@ -80,12 +84,9 @@ class MultiTurnEngine:
             budgets = [min(self.limits.max_turn_tokens, self.limits.max_total_tokens - len(trajectories[r].ids)) for r in active]
             contexts = [rows[r] + trajectories[r].ids for r in active]
             turn_params = self._turn_params(params, turn, active, max(budgets))
-            if hasattr(self.engine, "generate_turn"):
-                out, kept = self.engine.generate_turn(contexts, [known[r] for r in active], turn_params)
-                for row, kv in zip(active, kept):
-                    known[row] = kv
-            else:
-                out = self.engine.generate(contexts, 1, turn_params)
+            out, kept = self.engine.generate_turn(contexts, [known[r] for r in active], turn_params)
+            for row, kv in zip(active, kept):
+                known[row] = kv
             for index, (row, budget) in enumerate(zip(active, budgets)):
                 length = min(int(out.lengths[index]), budget)
                 ids = out.completion_ids[index, :length].tolist()

@@ -15,12 +15,14 @@ import time
 
 import paddle.distributed as dist
 
-from alignment.run.config import GRPOConfig
-from alignment.run.data import PromptSchedule
 from alignment.models.modeling import load_tokenizer
+from alignment.rollout import generate
 from alignment.rollout.link import Placement, TrainerGone, WorkerLink, rollout_order, trained_parameters, worker_share
 from alignment.rollout.wire import RolloutPart
-from alignment.step.trainer import generate, load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params, seed_phase
+from alignment.run.build import load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params
+from alignment.run.config import GRPOConfig
+from alignment.run.data import PromptSchedule
+from alignment.run.seeding import seed_phase
 
 
 def serve_rollouts(config: GRPOConfig, place: Placement) -> None:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from alignment.gguf import GGUFImportError, import_if_changed
+from alignment.parallel.distributed import World
+from alignment.run.config import ConfigError, GRPOConfig, names_gguf
 from alignment.step.checkpoint import (
     CheckpointError,
     Lineage,
@@ -20,9 +23,6 @@ from alignment.step.checkpoint import (
     resolve_resume,
     settings_changes,
 )
-from alignment.run.config import ConfigError, GRPOConfig, names_gguf
-from alignment.parallel.distributed import World
-from alignment.gguf import GGUFImportError, import_if_changed
 
 
 def start_point(config: GRPOConfig, world: World) -> tuple:
