@@ -32,8 +32,8 @@ from alignment.run.data import DataError, encode_messages, read_prompt_records  
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
 from alignment.merge_lora import base_model_of  # noqa: E402
 from alignment.models.modeling import ModelLoadError, load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
-from alignment.run.plugins import plugin_sources  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
+from alignment.run.build import engine_settings, turn_settings  # noqa: E402
 from alignment.rollout.multi_turn import tool_schemas, with_environment  # noqa: E402
 from alignment.tools.calls import parse_tool_calls  # noqa: E402
 from alignment.tools.environment import Episode  # noqa: E402
@@ -137,8 +137,8 @@ def main(argv: list | None = None) -> int:
     if lora:
         merge_adapter(model, folder)
     model.eval()
-    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
-    multi_turn = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))  # engine itself without tools
+    engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
+    multi_turn = with_environment(engine, tokenizer, turn_settings(config))  # the engine itself without tools
     sampling = SamplingParams(
         max_new_tokens=config.max_dec_len, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
         min_p=config.min_p, repetition_penalty=config.repetition_penalty, greedy=args.greedy,
@@ -151,7 +151,7 @@ def main(argv: list | None = None) -> int:
         for turns, reference in read_prompts(args.prompts, interactive):
             if not interactive:  # a prompt from a file or a pipe: shown above its answer
                 print(f"> {turns[-1]['content']}")
-            ids = encode_messages(turns, tokenizer, config.system_prompt, tool_schemas(config))
+            ids = encode_messages(turns, tokenizer, config.system_prompt, tool_schemas(config.tools))
             if multi_turn is engine:
                 engine.generate([ids], 1, sampling, on_tokens=Printer(tokenizer, tokenizer.pad_token_id))
                 print()

@@ -37,7 +37,7 @@ def main() -> None:
     from bench_rollout import build_model
 
     from alignment.models.modeling import load_causal_lm, load_tokenizer
-    from alignment.step.checkpoint import Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
+    from alignment.step.checkpoint import CheckpointContents, Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
 
     model = build_model(args.shape, seed=0)
     model.train()
@@ -49,7 +49,7 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    path = save_checkpoint(str(out), 1, model, load_tokenizer(str(BENCH.parent / "data" / "tiny-qwen2")), optimizer.state_dict(), "{}", {}, None, Lineage.new())
+    path = save_checkpoint(str(out), 1, CheckpointContents(model, load_tokenizer(str(BENCH.parent / "data" / "tiny-qwen2")), optimizer.state_dict(), "{}", {}), None, Lineage.new())
     save_seconds = time.perf_counter() - started
     files = [p for p in path.rglob("*") if p.is_file() and p.name != "trainer_state.json"]
     (optimizer_file,) = [p for p in files if p.name.startswith("optimizer.")]

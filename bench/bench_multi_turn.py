@@ -29,9 +29,8 @@ from alignment.rollout import (  # noqa: E402
     generate,  # noqa: E402
 )
 from alignment.rollout.multi_turn import with_environment  # noqa: E402
-from alignment.run.build import load_prompts  # noqa: E402
+from alignment.run.build import engine_settings, load_prompts, turn_settings  # noqa: E402
 from alignment.run.config import load_config  # noqa: E402
-from alignment.run.plugins import plugin_sources  # noqa: E402
 
 
 class Reprefill:
@@ -40,12 +39,12 @@ class Reprefill:
     def __init__(self, engine):
         self.engine, self.pad_token_id = engine, engine.pad_token_id
 
-    def generate(self, contexts, group_size, params):
-        return self.engine.generate(contexts, group_size, params)
+    def generate_turn(self, contexts, known, params):
+        return self.engine.generate(contexts, 1, params), [None] * len(contexts)
 
 
 def timed_rollout(engine, config, tokenizer, prompts) -> dict:
-    multi_turn = with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))
+    multi_turn = with_environment(engine, tokenizer, turn_settings(config))
     sampling = SamplingParams(max_new_tokens=config.max_dec_len, temperature=config.temperature, seed=0)
     for _ in range(2):  # the first warms the allocator and the rotary tables
         started = time.perf_counter()
@@ -66,8 +65,8 @@ def main() -> None:
     tokenizer = load_tokenizer(config.tokenizer_name_or_path or config.actor_model_name_or_path, config.chat_template)
     model = load_causal_lm(config.actor_model_name_or_path)
     model.eval()
-    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
-    if not hasattr(engine, "generate_turn"):
+    engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
+    if type(engine).__name__ != "FusedEngine":
         sys.exit(f"bench_multi_turn: the fused engine cannot run here ({type(engine).__name__} was built)")
     prompts = load_prompts(config.train_datasets, tokenizer, config)[0][: config.per_device_prompt_batch_size]
     kept = timed_rollout(engine, config, tokenizer, prompts)

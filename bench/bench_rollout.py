@@ -30,7 +30,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,6 +40,7 @@ paddle = import_paddle()
 
 import numpy as np  # noqa: E402
 
+from alignment.rollout import EngineSettings  # noqa: E402
 from alignment.rollout.base import SamplingParams  # noqa: E402
 from alignment.rollout.eager import EagerEngine  # noqa: E402
 
@@ -93,7 +93,7 @@ def fused_engine(model, eos_token_ids: list, pad_token_id: int, bf16: bool = Fal
             why_not = use_training_ops(model, bf16=True) if bf16 else None
             if why_not:
                 raise RuntimeError(f"no bf16 training modules: {why_not}")
-            engine = build_engine(SimpleNamespace(use_fusemt=True, weight_sync_tolerance=None), model, eos_token_ids, pad_token_id, bf16)
+            engine = build_engine(EngineSettings(fused=True), model, eos_token_ids, pad_token_id, bf16)
     except Exception as error:  # ImportError while it is being written, WeightSyncError, ...
         print(f"bench_rollout: the fused engine is not available ({type(error).__name__}: {error}); skipping it", file=sys.stderr)
         return None

@@ -32,7 +32,7 @@ from alignment.rollout import (  # noqa: E402
     build_engine,
     generate,  # noqa: E402
 )
-from alignment.run.build import load_prompts  # noqa: E402
+from alignment.run.build import engine_settings, load_prompts  # noqa: E402
 from alignment.run.config import load_config  # noqa: E402
 from alignment.step.update import policy_logprobs  # noqa: E402
 
@@ -43,7 +43,7 @@ def measure(config, tokenizer, prompts, bf16: bool) -> dict:
     model = load_causal_lm(config.actor_model_name_or_path)
     use_training_ops(model, bf16)
     model.eval()
-    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
+    engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
     sampling = SamplingParams(max_new_tokens=config.max_dec_len, temperature=config.temperature, top_p=config.top_p, seed=0)
     rollout = generate(engine, prompts, config.rollout_n, sampling)
     mask = rollout.loss_mask.astype(np.float32)  # (B, T)

@@ -6,6 +6,7 @@ from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
 from alignment.models.modeling import load_causal_lm, load_tokenizer
 from alignment.step.checkpoint import (
+    CheckpointContents,
     CheckpointError,
     Lineage,
     _sha256,
@@ -29,7 +30,7 @@ def parts():
 
 def save(out, step, parts, keep=None, tokenizer=None, lineage=Lineage("")):
     model, real_tokenizer, optimizer = parts
-    return save_checkpoint(str(out), step, model, tokenizer or real_tokenizer, optimizer.state_dict(), '{"max_steps": 9}', {"total_steps": 9}, keep, lineage)
+    return save_checkpoint(str(out), step, CheckpointContents(model, tokenizer or real_tokenizer, optimizer.state_dict(), '{"max_steps": 9}', {"total_steps": 9}), keep, lineage)
 
 
 def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
@@ -122,7 +123,7 @@ def test_optimizer_state_comes_back(tmp_path, parts):
         optimizer.step()
         optimizer.clear_grad()
         scheduler.step()
-    path = save_checkpoint(str(tmp_path), 3, model, tokenizer, optimizer.state_dict(), "{}", {"total_steps": 9}, None)
+    path = save_checkpoint(str(tmp_path), 3, CheckpointContents(model, tokenizer, optimizer.state_dict(), "{}", {"total_steps": 9}), None)
 
     fresh_scheduler = paddle.optimizer.lr.LambdaDecay(0.1, schedule)
     fresh = paddle.optimizer.AdamW(fresh_scheduler, parameters=model.parameters())

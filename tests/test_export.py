@@ -22,7 +22,7 @@ from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer
 from alignment.run.config import GRPOConfig
 from alignment.run.data import encode_messages
-from alignment.step.checkpoint import save_checkpoint
+from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 
 # What a JSON or Jinja string literal must carry through: both quotes, backslashes (one before an escape letter,
 # one before a non-ASCII letter), a newline and a tab, Jinja's three openers and two closers, a raw block, JSON,
@@ -51,7 +51,7 @@ def save_run(root: Path, model, template: str, system_prompt: str | None) -> Pat
     run_config = GRPOConfig(actor_model_name_or_path=str(TINY), system_prompt=system_prompt).to_json()
     tokenizer = load_tokenizer(str(TINY))
     tokenizer.chat_template = template
-    return save_checkpoint(str(root), 1, model, tokenizer, {}, run_config, {}, None)
+    return save_checkpoint(str(root), 1, CheckpointContents(model, tokenizer, {}, run_config, {}), None)
 
 
 @pytest.fixture(scope="module", params=list(TEMPLATES))

@@ -10,9 +10,8 @@ from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, q
 
 from alignment.algo.core import token_logprobs
 from alignment.models.modeling import completion_logits, make_token_batch
-from alignment.rollout import EagerEngine, SamplingParams, build_engine
+from alignment.rollout import EagerEngine, EngineSettings, SamplingParams, build_engine
 from alignment.rollout.ops import load_ops
-from alignment.run.config import GRPOConfig
 
 OPS, WHY_NOT = load_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
@@ -138,15 +137,15 @@ def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it(make_m
 def test_build_engine_warns_and_falls_back_for_a_model_it_does_not_run():
     paddle.seed(1)
     phi3 = Phi3ForCausalLM(Phi3Config(**SHAPE))  # a fused q|k|v projection: not a layout the fused engine runs
-    config = GRPOConfig(use_fusemt=True)
+    settings = EngineSettings(fused=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        engine = build_engine(config, phi3, [VOCAB - 1], PAD)
+        engine = build_engine(settings, phi3, [VOCAB - 1], PAD)
     assert isinstance(engine, EagerEngine)
     assert any("model_type 'phi3'" in str(w.message) and "eager engine" in str(w.message) for w in caught)
-    assert isinstance(build_engine(config, qwen2_tied(), [VOCAB - 1], PAD), FusedEngine)
-    assert isinstance(build_engine(config, qwen3_tied(), [VOCAB - 1], PAD), FusedEngine)
+    assert isinstance(build_engine(settings, qwen2_tied(), [VOCAB - 1], PAD), FusedEngine)
+    assert isinstance(build_engine(settings, qwen3_tied(), [VOCAB - 1], PAD), FusedEngine)
     paddle.seed(2)
     with_o_bias = Qwen3ForCausalLM(Qwen3Config(attention_bias=True, head_dim=16, **SHAPE))
     with pytest.warns(UserWarning, match="a bias on o_proj .* generating with the eager engine"):
-        assert isinstance(build_engine(config, with_o_bias, [VOCAB - 1], PAD), EagerEngine)
+        assert isinstance(build_engine(settings, with_o_bias, [VOCAB - 1], PAD), EagerEngine)

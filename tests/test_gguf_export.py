@@ -29,7 +29,7 @@ from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.run.config import GRPOConfig
 from alignment.run.data import encode_messages
-from alignment.step.checkpoint import save_checkpoint
+from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -41,7 +41,7 @@ def checkpoint(tmp_path_factory) -> Path:
     """A full checkpoint of the bundled tiny model (qwen2, tied, q/k/v biases), as the trainer saves one."""
     root = tmp_path_factory.mktemp("run")
     run_config = GRPOConfig(actor_model_name_or_path=str(TINY)).to_json()
-    return save_checkpoint(str(root), 1, load_causal_lm(str(TINY)), load_tokenizer(str(TINY)), {}, run_config, {}, None)
+    return save_checkpoint(str(root), 1, CheckpointContents(load_causal_lm(str(TINY)), load_tokenizer(str(TINY)), {}, run_config, {}), None)
 
 
 def prompts(tokenizer, count: int = 8) -> list:
@@ -119,7 +119,7 @@ def test_lora_checkpoint_is_merged_first(tmp_path):
     for layer in lora_layers(model).values():
         layer.lora_B.set_value(paddle.randn(layer.lora_B.shape) * 0.5)
     run_config = GRPOConfig(actor_model_name_or_path=str(TINY)).to_json()
-    path = save_checkpoint(str(tmp_path / "run"), 1, model, load_tokenizer(str(TINY)), {}, run_config, {}, None)
+    path = save_checkpoint(str(tmp_path / "run"), 1, CheckpointContents(model, load_tokenizer(str(TINY)), {}, run_config, {}), None)
     export_gguf(path, tmp_path / "out" / "merged.gguf")
     merge_lora(path, tmp_path / "merged", dtype="float32")
     imported = load_file(str(import_gguf(tmp_path / "out" / "merged.gguf", tmp_path / "back") / "model.safetensors"))

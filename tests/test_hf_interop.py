@@ -24,7 +24,7 @@ from tiny_models import qwen2_tied
 import alignment.export
 from alignment.gguf import import_gguf
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, save_model
-from alignment.step.checkpoint import save_checkpoint
+from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "tiny-qwen2"  # a real BPE tokenizer with a ChatML template; 451 tokens
@@ -117,7 +117,7 @@ def test_an_exported_checkpoint_loads_in_transformers_with_our_logits(transforme
     optimizer.step()  # every weight moves: the export must carry trained weights, not the starting ones
     trained = paddle_logits(model, batch)
     assert np.abs(trained - before).max() > 1e-2
-    checkpoint = save_checkpoint(str(tmp_path / "run"), 1, model, tokenizer, optimizer.state_dict(), "{}", {}, keep=None)
+    checkpoint = save_checkpoint(str(tmp_path / "run"), 1, CheckpointContents(model, tokenizer, optimizer.state_dict(), "{}", {}), keep=None)
 
     done = export_command(checkpoint, tmp_path / "exported")
     assert done.returncode == 0, done.stderr

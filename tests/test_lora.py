@@ -23,7 +23,7 @@ from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.ops import load_ops
 from alignment.run.config import GRPOConfig
 from alignment.run.data import encode_messages
-from alignment.step.checkpoint import load_training_state, save_checkpoint
+from alignment.step.checkpoint import CheckpointContents, load_training_state, save_checkpoint
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 IDS = paddle.to_tensor([[5, 17, 33, 8, 9, 41, 2, 60], [12, 3, 61, 62, 63, 64, 70, 71]])  # (2, 8)
@@ -99,7 +99,7 @@ def test_checkpoint_holds_only_the_adapter_resumes_and_merges_to_the_same_logits
     train_steps(model, optimizer)
     run_config = json.dumps({"actor_model_name_or_path": str(tmp_path / "base")})
     tokenizer = load_tokenizer("data/tiny-qwen2")
-    path = save_checkpoint(str(tmp_path / "run"), 2, model, tokenizer, optimizer.state_dict(), run_config, {"total_steps": 10}, None)
+    path = save_checkpoint(str(tmp_path / "run"), 2, CheckpointContents(model, tokenizer, optimizer.state_dict(), run_config, {"total_steps": 10}), None)
 
     files = {p.name for p in path.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"} <= files
@@ -134,7 +134,7 @@ def test_checkpoint_holds_only_the_adapter_resumes_and_merges_to_the_same_logits
 
 def test_a_resume_with_other_lora_settings_names_the_difference(tmp_path):
     model = with_lora(qwen2_tied)
-    save_checkpoint(str(tmp_path), 1, model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}, None)
+    save_checkpoint(str(tmp_path), 1, CheckpointContents(model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}), None)
     other_rank = apply_lora(qwen2_tied(), 8, 8.0, 0.0, TARGETS)
     with pytest.raises(ValueError, match="r 4, lora_alpha 8.0; the model's adapters have lora_rank 8"):
         load_adapter(other_rank, tmp_path / "checkpoint-1")
@@ -146,7 +146,7 @@ def test_a_resume_with_other_lora_settings_names_the_difference(tmp_path):
 
 def test_export_and_merge_point_at_each_other(tmp_path, capsys):
     model = with_lora(qwen2_tied)
-    path = save_checkpoint(str(tmp_path), 1, model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}, None)
+    path = save_checkpoint(str(tmp_path), 1, CheckpointContents(model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}), None)
     assert alignment.export.main([str(path), str(tmp_path / "out")]) == 2
     advice = f"a LoRA checkpoint, which holds the adapter and not the model; merge it into its base model with: python -m alignment.merge_lora {path}"
     assert advice in capsys.readouterr().err
@@ -252,7 +252,7 @@ def test_chat_answers_from_a_lora_checkpoint_with_the_adapter(tmp_path):
     for layer in lora_layers(model).values():
         layer.lora_B.set_value(paddle.randn(layer.lora_B.shape) * 0.5)
     run_config = GRPOConfig(system_prompt="", max_dec_len=16).to_json()
-    path = save_checkpoint(str(tmp_path), 1, model, tokenizer, optimizer_for(model).state_dict(), run_config, {}, None)
+    path = save_checkpoint(str(tmp_path), 1, CheckpointContents(model, tokenizer, optimizer_for(model).state_dict(), run_config, {}), None)
     question = "What is 6 times 7?"
     prompt = encode_messages(({"role": "user", "content": question},), tokenizer, "")
     answers = []

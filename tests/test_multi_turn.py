@@ -223,10 +223,11 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
     ids=["a tool prints the answer", "the model writes it"],
 )
 def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns, tool_answer, reward):
+    from alignment.rewards.scorer import build_scorer
     from alignment.rollout import Rollout
     from alignment.run.config import load_config
     from alignment.run.data import EncodedPrompt, PromptRecord
-    from alignment.step.scoring import build_scorer, score_rollout
+    from alignment.step.scoring import score_rollout
     from alignment.tools import Episode, ToolCall
 
     _, tokenizer = tiny

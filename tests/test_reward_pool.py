@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from alignment.rewards import register_reward
+from alignment.rewards.scorer import build_scorer
 from alignment.run.config import load_config
-from alignment.step.scoring import build_scorer
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"

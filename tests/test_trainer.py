@@ -13,11 +13,12 @@ from alignment.algo.core import group_advantages
 from alignment.models.modeling import load_tokenizer
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
+from alignment.rewards.scorer import build_scorer
 from alignment.rollout import EagerEngine, Rollout, SamplingParams
 from alignment.run.config import load_config
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.metrics import step_metrics
-from alignment.step.scoring import build_scorer, score_rollout
+from alignment.step.scoring import score_rollout
 from alignment.step.update import update_policy
 
 

@@ -16,11 +16,12 @@ from alignment.algo.core import group_advantages, token_logprobs
 from alignment.models.modeling import completion_logits, load_tokenizer, make_token_batch
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
+from alignment.rewards.scorer import build_scorer
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.run.config import load_config
 from alignment.run.data import EncodedPrompt, PromptRecord
-from alignment.step.rollout import keep_groups_with_signal
-from alignment.step.scoring import build_scorer, score_rollout
+from alignment.step.rollout import Sampler, keep_groups_with_signal
+from alignment.step.scoring import score_rollout
 from alignment.step.trainer import train
 from alignment.step.update import update_policy
 
@@ -139,7 +140,7 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
 
     def refill():
         timings = {"rollout": 0.0, "reward": 0.0}
-        return keep_groups_with_signal(first, engine, build_scorer(config), prompts, tokenizer, config, World(0, 1), sampling, 3, timings)
+        return keep_groups_with_signal(Sampler(engine, build_scorer(config), tokenizer, config, World(0, 1), sampling), first, prompts, 3, timings)
 
     kept, counts = refill()
     assert counts["dropped_groups"] >= 1 and counts["unfilled_groups"] == 0
@@ -152,7 +153,7 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
 
     no_rounds = dataclasses.replace(config, max_resample_times=0)
     timings = {"rollout": 0.0, "reward": 0.0}
-    filled, counts = keep_groups_with_signal(first, engine, build_scorer(no_rounds), prompts, tokenizer, no_rounds, World(0, 1), sampling, 3, timings)
+    filled, counts = keep_groups_with_signal(Sampler(engine, build_scorer(no_rounds), tokenizer, no_rounds, World(0, 1), sampling), first, prompts, 3, timings)
     assert counts == {"dropped_groups": 1, "unfilled_groups": 1, "rounds": 0}
     assert filled.completions[:4] == first.completions[4:] and filled.completions[4:] == first.completions[:4]  # kept first, then the filler
 

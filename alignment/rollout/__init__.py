@@ -2,23 +2,31 @@
 and return a Rollout with token ids, the sampling log-probs, and finish reasons."""
 
 import warnings
+from dataclasses import dataclass
+from typing import Optional
 
 from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, WeightSyncError, concat_rollouts
 from alignment.rollout.eager import EagerEngine
 
 
-def build_engine(config, model, eos_token_ids: list, pad_token_id: int, bf16: bool = False) -> RolloutEngine:
+@dataclass(frozen=True)
+class EngineSettings:
+    fused: bool  # use_fusemt
+    weight_sync_tolerance: Optional[float] = None  # the fused engine's check against the actor after each sync (None: its default)
+
+
+def build_engine(settings: EngineSettings, model, eos_token_ids: list, pad_token_id: int, bf16: bool = False) -> RolloutEngine:
     """use_fusemt picks the fused engine; where its operators are not built or the model is not one it
     runs, a warning says why and the eager engine runs instead. bf16: the fused engine multiplies in bf16
     (cpu_bf16_matmul; the eager engine runs the actor's own modules, bf16 where use_training_ops made them so)."""
-    if config.use_fusemt:
+    if settings.fused:
         from alignment.rollout.fused import FusedEngine, unsupported_reason
         from alignment.rollout.ops import load_ops
 
         ops, why_not = load_ops()
         why_not = why_not or unsupported_reason(model)
         if why_not is None:
-            return FusedEngine(model, eos_token_ids, pad_token_id, ops, config.weight_sync_tolerance, bf16)
+            return FusedEngine(model, eos_token_ids, pad_token_id, ops, settings.weight_sync_tolerance, bf16)
         warnings.warn(f"use_fusemt: the fused engine cannot run here ({why_not}); generating with the eager engine")
     return EagerEngine(model, eos_token_ids, pad_token_id)
 
@@ -29,4 +37,4 @@ def generate(engine: RolloutEngine, prompts: list, group_size: int, params: Samp
     return engine.generate([p.ids for p in prompts], group_size, params, samples=[p.record.reward_sample() for p in prompts])
 
 
-__all__ = ["EagerEngine", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine", "concat_rollouts", "generate"]
+__all__ = ["EagerEngine", "EngineSettings", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine", "concat_rollouts", "generate"]

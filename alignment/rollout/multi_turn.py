@@ -156,32 +156,30 @@ class Trajectory:
         self.generated += [generated] * len(ids)
 
 
-def tool_schemas(config) -> list:
-    """The configured tools' JSON schemas, for the chat template's tools= (empty: no tools)."""
-    return [get_tool(name).schema for name in config.tools]
+def tool_schemas(tools: list) -> list:
+    """The named tools' JSON schemas, for the chat template's tools= (empty: no tools)."""
+    return [get_tool(name).schema for name in tools]
 
 
-def with_environment(engine, config, tokenizer, plugin_sources: list):
-    """The engine itself for single-turn rollouts; wrapped in a MultiTurnEngine when config names an environment
-    (or tools)."""
-    from alignment.tools.sandbox import SandboxLimits
+@dataclass(frozen=True)
+class TurnSettings:
+    """The multi-turn section of a run's settings (alignment/run/build.py makes it from the config)."""
 
-    if config.resolved_environment is None:
+    environment: Optional[str]  # a registered environment's name; None: single-turn rollouts
+    tools: ToolSettings
+    limits: TurnLimits
+
+
+def with_environment(engine, tokenizer, settings: TurnSettings):
+    """The engine itself for single-turn rollouts; wrapped in a MultiTurnEngine when settings name an environment."""
+    if settings.environment is None:
         return engine
-    limits = SandboxLimits(
-        seconds=config.tool_timeout, memory_mb=config.tool_memory_mb, output_bytes=config.tool_output_bytes, disk_mb=config.tool_disk_mb,
-        processes=config.tool_processes, isolated=config.tool_isolation == "bwrap",
-    )
-    if not limits.isolated and any(get_tool(name).sandboxed for name in config.tools):
+    tools = settings.tools
+    if not tools.limits.isolated and any(get_tool(name).sandboxed for name in tools.tools):
         warnings.warn("tool_isolation none: python and plugin tool calls run without operating-system isolation, with the "
                       "resource limits only; code they run can read and change what this user can")
-    settings = ToolSettings(
-        tools=tuple(config.tools), limits=limits, plugin_sources=tuple(plugin_sources), parallel=config.tool_workers,
-        calls_per_turn=config.max_tool_calls_per_turn,
-    )
-    environment = get_environment(config.resolved_environment).factory(settings)
-    turn_limits = TurnLimits(config.max_turns, config.max_turn_tokens or config.max_dec_len, config.max_dec_len)
-    return MultiTurnEngine(engine, tokenizer, environment, turn_limits, tool_schemas(config))
+    environment = get_environment(settings.environment).factory(tools)
+    return MultiTurnEngine(engine, tokenizer, environment, settings.limits, tool_schemas(tools.tools))
 
 
 def check_template(tokenizer, schemas: list) -> None:

@@ -1,20 +1,27 @@
-"""Building a run's parts: the actor, its rollout engine, the prompts."""
+"""One place builds a run's parts, once: the tokenizer and prompts (RunData), then the models, the engine, the scorer
+and the optimizer (RunParts). The training process builds all of them; a rollout process builds the tokenizer,
+the prompts, the actor and its engine from the same functions."""
 
-
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from alignment.models.cpu_bf16 import choose_compute
-from alignment.models.fused_train import bf16_unavailable
+from alignment.models.fused_train import bf16_unavailable, use_training_ops
 from alignment.models.lora import apply_lora, load_adapter
-from alignment.models.modeling import (
-    load_causal_lm,
-    stop_token_ids,
-)
+from alignment.models.modeling import enable_recompute, load_causal_lm, load_tokenizer, stop_token_ids
+from alignment.parallel.distributed import World
+from alignment.parallel.optim import build_optimizer
 from alignment.rewards.registry import reference_readers
-from alignment.rollout import SamplingParams, build_engine
-from alignment.rollout.multi_turn import tool_schemas, with_environment
+from alignment.rewards.scorer import build_scorer
+from alignment.rollout import EngineSettings, SamplingParams, build_engine
+from alignment.rollout.multi_turn import TurnLimits, TurnSettings, check_template, tool_schemas, with_environment
+from alignment.tools import ToolSettings
 from alignment.run.config import GRPOConfig
-from alignment.run.data import encode_prompts, read_prompt_records
+from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.run.plugins import plugin_sources
+from alignment.run.start import model_folders
 
 
 def actor_sources(config: GRPOConfig, resume, actor_folder: str) -> tuple:
@@ -43,8 +50,28 @@ def matmul_compute(config: GRPOConfig, model):
 
 def rollout_engine(config: GRPOConfig, model, tokenizer, bf16: bool):
     """The engine that generates (use_fusemt picks the fused one), with the environment of a multi-turn run."""
-    engine = build_engine(config, model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
-    return with_environment(engine, config, tokenizer, plugin_sources(config.external_plugins))
+    engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
+    return with_environment(engine, tokenizer, turn_settings(config))
+
+
+def engine_settings(config: GRPOConfig) -> EngineSettings:
+    return EngineSettings(fused=config.use_fusemt, weight_sync_tolerance=config.weight_sync_tolerance)
+
+
+def turn_settings(config: GRPOConfig) -> TurnSettings:
+    """The multi-turn keys as the environment and its tools read them."""
+    from alignment.tools.sandbox import SandboxLimits  # only where a tool may run
+
+    limits = SandboxLimits(
+        seconds=config.tool_timeout, memory_mb=config.tool_memory_mb, output_bytes=config.tool_output_bytes, disk_mb=config.tool_disk_mb,
+        processes=config.tool_processes, isolated=config.tool_isolation == "bwrap",
+    )
+    tools = ToolSettings(
+        tools=tuple(config.tools), limits=limits, plugin_sources=tuple(plugin_sources(config.external_plugins)),
+        parallel=config.tool_workers, calls_per_turn=config.max_tool_calls_per_turn,
+    )
+    turn_limits = TurnLimits(config.max_turns, config.max_turn_tokens or config.max_dec_len, config.max_dec_len)
+    return TurnSettings(config.resolved_environment, tools, turn_limits)
 
 
 def model_dtype(config: GRPOConfig) -> str:
@@ -59,7 +86,7 @@ def load_prompts(paths: str, tokenizer, config: GRPOConfig):
     if needed_by is None and reference_readers([config.accuracy_function]):
         needed_by = f"accuracy_function {config.accuracy_function}; name one there that reads none"
     records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by)
-    return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt, tool_schemas(config))
+    return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt, tool_schemas(config.tools))
 
 
 def sampling_params(config: GRPOConfig) -> SamplingParams:
@@ -72,3 +99,67 @@ def sampling_params(config: GRPOConfig) -> SamplingParams:
         repetition_penalty=config.repetition_penalty,
         min_p=config.min_p,
     )
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What a run reads before any model loads."""
+
+    actor_folder: str  # where the actor (and the reference model) load from: a .gguf's imported folder
+    tokenizer_folder: str
+    tokenizer: Any
+    train_prompts: list  # EncodedPrompts
+    eval_prompts: list
+    schedule: PromptSchedule
+    total_steps: int
+    truncated: int  # training prompts cut to max_prompt_len
+    dropped: int  # training prompts dropped over it
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """The training process's parts, built once by build_parts."""
+
+    model: Any  # the actor, with LoRA adapters and the training operators where they apply
+    ref_model: Optional[Any]  # None at kl_loss_coeff 0, and with LoRA (the actor without adapters is the reference)
+    compute: Any  # cpu_bf16's choice (alignment/models/cpu_bf16.py)
+    engine: Optional[Any]  # None in a training process beside rollout processes with nothing to evaluate
+    scorer: Any
+    optimizer: Any
+    scheduler: Any
+    sampling: SamplingParams
+
+
+def read_run_data(config: GRPOConfig, world: World) -> RunData:
+    """The tokenizer, the prompts and their schedule; refuses prompts the rewards cannot score."""
+    actor_folder, tokenizer_folder = model_folders(config, world)  # a .gguf is imported once, into <output_dir>/imported
+    tokenizer = load_tokenizer(tokenizer_folder, config.chat_template)
+    if config.resolved_environment:
+        check_template(tokenizer, tool_schemas(config.tools))
+    train_prompts, truncated, dropped = load_prompts(config.train_datasets, tokenizer, config)
+    eval_prompts = load_prompts(config.eval_datasets, tokenizer, config)[0] if config.eval_datasets else []
+    schedule = PromptSchedule(len(train_prompts), config.per_device_prompt_batch_size, world.size, config.seed)
+    total_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * schedule.steps_per_epoch)
+    return RunData(actor_folder, tokenizer_folder, tokenizer, train_prompts, eval_prompts, schedule, total_steps, truncated, dropped)
+
+
+def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple, generates: bool) -> RunParts:
+    """sources: actor_sources(); generates: whether this process needs a rollout engine."""
+    model = load_actor(config, *sources)  # adapters before the training operators, the engine and the optimizer
+    if config.recompute:
+        enable_recompute(model, config.recompute_granularity)
+    compute = matmul_compute(config, model)
+    if config.use_fused_train_ops:
+        why_not = use_training_ops(model, compute.bf16)
+        if why_not:
+            warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
+    ref_model = None
+    if config.kl_loss_coeff > 0 and not config.lora:  # no reference model at kl_loss_coeff 0; with LoRA it is the actor without adapters
+        ref_model = load_causal_lm(data.actor_folder, model_dtype(config))
+        ref_model.eval()
+        for parameter in ref_model.parameters():
+            parameter.stop_gradient = True
+    engine = rollout_engine(config, model, data.tokenizer, compute.bf16) if generates else None
+    scorer = build_scorer(config)
+    optimizer, scheduler = build_optimizer(model, config, data.total_steps, world)
+    return RunParts(model, ref_model, compute, engine, scorer, optimizer, scheduler, sampling_params(config))

@@ -50,6 +50,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import paddle
 from safetensors import SafetensorError, safe_open
@@ -299,11 +300,20 @@ def checkpoint_path(output_dir: str, step: int) -> Path:
     return Path(output_dir) / f"checkpoint-{step}"
 
 
-def save_checkpoint(
-    output_dir: str, step: int, model, tokenizer, optimizer_state: dict, config_json: str, state: dict, keep: int | None,
-    lineage: Lineage = Lineage(""), extra_files: dict | None = None,
-) -> Path:
-    """extra_files: name -> bytes written beside the rest (a one-step-off run's rollout in flight), checksummed alike."""
+@dataclass(frozen=True)
+class CheckpointContents:
+    model: Any  # the actor: its weights, or a LoRA run's adapters alone
+    tokenizer: Any
+    optimizer_state: dict
+    config_json: str  # the run's grpo_config.json
+    state: dict  # trainer_state.json's fields beside the step, the lineage and the files
+    extra_files: Optional[dict] = None  # name -> bytes written beside the rest (a one-step-off run's rollout in flight)
+
+
+def save_checkpoint(output_dir: str, step: int, contents: CheckpointContents, keep: int | None, lineage: Lineage = Lineage("")) -> Path:
+    """Written into a hidden folder, synced, checksummed, then renamed into place: a checkpoint that looks complete is."""
+    model, tokenizer, config_json = contents.model, contents.tokenizer, contents.config_json
+    optimizer_state, state, extra_files = contents.optimizer_state, contents.state, contents.extra_files
     root = Path(output_dir)
     final = checkpoint_path(output_dir, step)
     staging = root / f".checkpoint-{step}.tmp"

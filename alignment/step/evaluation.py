@@ -7,22 +7,22 @@ import numpy as np
 from alignment.algo.core import (
     mean_and_pass_at_k,
 )
-from alignment.parallel.distributed import World
 from alignment.rewards.remote import RewardServerError
 from alignment.rollout import SamplingParams, generate
 from alignment.rollout.multi_turn import tool_use
-from alignment.run.config import GRPOConfig
 from alignment.run.seeding import seed_phase
+from alignment.step.rollout import Sampler
 from alignment.step.scoring import reported_reward_functions, score_rollout
 
 
-def evaluate(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int) -> tuple:
+def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
     """Greedy decoding of the evaluation prompts (a contiguous slice per rank, at most max_evaluate_steps
     batches each), scored like training. With eval_rollout_n = k, also k samples per prompt at the training
     sampling settings: mean@k is the samples' mean accuracy, pass@k the fraction of prompts with at least
     one correct sample. -> (metrics, None), or (None, the error) when scoring failed in any process: the
     failure travels in the one all-reduce, so no process is left waiting."""
-    sampling = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, "eval"))
+    engine, scorer, tokenizer, config, world = sampler.engine, sampler.scorer, sampler.tokenizer, sampler.config, sampler.world
+    sampling = dataclasses.replace(sampler.sampling, seed=seed_phase(config, step, world.rank, "eval"))
     share = -(-len(prompts) // world.size)
     first, end = world.rank * share, min((world.rank + 1) * share, len(prompts))  # this rank's prompts
     size, k = config.per_device_eval_batch_size, config.eval_rollout_n

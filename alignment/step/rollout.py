@@ -2,6 +2,8 @@
 
 import dataclasses
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -9,7 +11,7 @@ from alignment.algo.core import (
     groups_with_signal,
 )
 from alignment.parallel.distributed import World
-from alignment.rollout import SamplingParams, concat_rollouts, generate
+from alignment.rollout import RolloutEngine, SamplingParams, concat_rollouts, generate
 from alignment.rollout.link import TrainerLink
 from alignment.run.config import GRPOConfig
 from alignment.run.seeding import seed_phase
@@ -17,14 +19,27 @@ from alignment.step.records import ScoredBatch, concat_scored
 from alignment.step.scoring import score_rollout
 
 
-def sample_and_score(engine, scorer, prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int, phase: str, attempt: int = 0) -> tuple:
+@dataclass(frozen=True)
+class Sampler:
+    """What sampling and scoring completions needs: training's rollout, dynamic sampling's refills, evaluation."""
+
+    engine: RolloutEngine
+    scorer: Callable  # (completions, samples) -> ScoreTable
+    tokenizer: Any
+    config: GRPOConfig
+    world: World
+    sampling: SamplingParams  # training's sampling settings
+
+
+def sample_and_score(sampler: Sampler, prompts: list, step: int, phase: str, attempt: int = 0) -> tuple:
     """rollout_n completions of each prompt, scored -> (ScoredBatch without advantages, {"rollout": s, "reward": s})."""
+    config, world = sampler.config, sampler.world
     started = time.perf_counter()
     first_row = world.rank * len(prompts) * config.rollout_n  # this rank's rows in the global batch
-    params = dataclasses.replace(sampling, seed=seed_phase(config, step, world.rank, phase, attempt), first_row=first_row)
-    rollout = generate(engine, prompts, config.rollout_n, params)
+    params = dataclasses.replace(sampler.sampling, seed=seed_phase(config, step, world.rank, phase, attempt), first_row=first_row)
+    rollout = generate(sampler.engine, prompts, config.rollout_n, params)
     rolled_out = time.perf_counter()
-    scored = score_rollout(prompts, rollout, scorer, tokenizer, config)
+    scored = score_rollout(prompts, rollout, sampler.scorer, sampler.tokenizer, config)
     return scored, {"rollout": rolled_out - started, "reward": time.perf_counter() - rolled_out}
 
 
@@ -45,13 +60,14 @@ def received_batch(link: TrainerLink, prompts: list, scorer, tokenizer, config: 
     }
 
 
-def keep_groups_with_signal(scored: ScoredBatch, engine, scorer, train_prompts: list, tokenizer, config: GRPOConfig, world: World, sampling: SamplingParams, step: int, timings: dict) -> tuple:
+def keep_groups_with_signal(sampler: Sampler, scored: ScoredBatch, train_prompts: list, step: int, timings: dict) -> tuple:
     """DAPO's dynamic sampling: groups whose rewards (nearly) agree are dropped and replaced by groups of
     other prompts, sampled and scored in up to max_resample_times further rounds; if the rounds run out,
     dropped groups fill the gap (they add no policy gradient) and are counted. Refill prompts are a seeded
     draw from the whole training set per (step, round, process), so resuming draws them again exactly and
     the epoch's data order is left alone. No collective runs here, so a process whose scoring fails cannot
     leave the others waiting. -> (the batch to train on, this process's counts)."""
+    config, world = sampler.config, sampler.world
     wanted = len(scored.prompts)
     kept, dropped = [], []  # (batch, group) pairs
     batches = [scored]
@@ -65,14 +81,14 @@ def keep_groups_with_signal(scored: ScoredBatch, engine, scorer, train_prompts: 
         rounds += 1
         rng = np.random.default_rng(seed_phase(config, step, world.rank, "resample", rounds))
         picks = rng.choice(len(train_prompts), wanted, replace=wanted > len(train_prompts))
-        refill, spent = sample_and_score(engine, scorer, [train_prompts[i] for i in picks], tokenizer, config, world, sampling, step, "resample", rounds)
+        refill, spent = sample_and_score(sampler, [train_prompts[i] for i in picks], step, "resample", rounds)
         batches.append(refill)
         for phase, seconds in spent.items():
             timings[phase] += seconds
     chosen = (kept + dropped)[:wanted]
     parts = [batch.groups([g for b, g in chosen if b is batch]) for batch in batches]
     counts = {"dropped_groups": len(dropped), "unfilled_groups": max(0, wanted - len(kept)), "rounds": rounds}
-    return concat_scored([part for part in parts if part.prompts], tokenizer.pad_token_id), counts
+    return concat_scored([part for part in parts if part.prompts], sampler.tokenizer.pad_token_id), counts
 
 
 def dynamic_sampling_metrics(counts: dict, world: World) -> dict:
