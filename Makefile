@@ -20,7 +20,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
+.PHONY: lint venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -72,8 +72,13 @@ train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
 	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/smollm2/grpo_$(RECIPE).json --output_dir $(OUTPUT) --overwrite_output_dir $(SMOLLM2_DATA_$(RECIPE)) $(ARGS)
 
+# make lint: ruff (ruff.toml: pyflakes, pycodestyle, lines of at most 140 characters); make test and make test-all run it
+# first. The layering (which folder may import which) is a test: tests/test_layout.py.
+lint: $(INSTALLED)
+	$(PY) -m ruff check --quiet
+
 # make test leaves out the end-to-end runs marked slow (each 20 s or more); make test-slow runs only those. CI runs both.
-test: $(INSTALLED) $(OPS) bubblewrap
+test: $(INSTALLED) $(OPS) bubblewrap lint
 	$(PY) -m pytest -m "not slow"
 
 test-slow: $(INSTALLED) $(OPS) bubblewrap
@@ -150,6 +155,6 @@ test-mutations: $(INSTALLED) $(OPS)
 # make test-all: every environment set up, then the whole suite in one run in which a skip is a failure (GRPO_REQUIRE_ALL;
 # only a skip for an instruction set the CPU lacks is allowed, and listed at the end). GRPO_TEST_SEED pins the seed of
 # the tests' random draws where it is set (.ci/run sets it); otherwise each run draws a fresh one and prints it.
-test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium bubblewrap
+test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium bubblewrap lint
 	GRPO_REQUIRE_ALL=1 GRPO_TOOLS_RECIPE=1 GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python \
 		GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest

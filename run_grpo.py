@@ -15,17 +15,10 @@ from alignment.run.runtime import configure_cpu_runtime, import_paddle
 configure_cpu_runtime()  # thread count, MKL path and paddle flags must be set before paddle loads
 import_paddle()
 
-from alignment.step.checkpoint import CheckpointError  # noqa: E402
-from alignment.run.config import ConfigError, GRPOConfig, help_text, load_config, wants_help  # noqa: E402
-from alignment.run.data import DataError  # noqa: E402
-from alignment.parallel.distributed import DistributedError  # noqa: E402
-from alignment.step.logger import LogWriteError  # noqa: E402
-from alignment.models.modeling import ModelLoadError  # noqa: E402
-from alignment.parallel.optim import NonFiniteError  # noqa: E402
-from alignment.rewards.remote import RewardServerError  # noqa: E402
-from alignment.rollout import WeightSyncError  # noqa: E402
-from alignment.rollout.link import RolloutWorkerError, placement  # noqa: E402
-from alignment.step.trainer import RewardsFailedError, train  # noqa: E402
+from alignment.errors import RUN_ERRORS  # noqa: E402
+from alignment.rollout.link import placement  # noqa: E402
+from alignment.run.config import GRPOConfig, help_text, load_config, wants_help  # noqa: E402
+from alignment.step.trainer import train  # noqa: E402
 
 
 def main(argv: list | None = None) -> int:
@@ -41,10 +34,7 @@ def main(argv: list | None = None) -> int:
 
             return serve_rollouts(config, place) or 0
         checkpoint = train(config)
-    except (
-        ConfigError, ModelLoadError, DataError, RewardServerError, RewardsFailedError, WeightSyncError, NonFiniteError, DistributedError,
-        CheckpointError, LogWriteError, RolloutWorkerError,
-    ) as e:
+    except RUN_ERRORS as e:
         print(f"run_grpo: error: {e}", file=sys.stderr)
         return 2
     if checkpoint is not None and os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # the main process says it once

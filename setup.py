@@ -20,7 +20,7 @@ INSTALL_REQUIRES = [
     "safetensors>=0.4",
     "numpy>=1.26,<2",
     "visualdl==2.5.3",
-    "matplotlib>=3.8",  # alignment/step/curves.py draws curves.png (visualdl pulls it in too)
+    "matplotlib>=3.8",  # alignment/curves.py draws curves.png (visualdl pulls it in too)
     "math-verify==0.9.0",
     "tqdm>=4.66",
     # The reward server and its client (reward_server/, alignment/rewards/remote.py), at the versions tested.
@@ -46,6 +46,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "ruff==0.17.6",  # make lint (the first step of make test): one version, so a new rule cannot fail CI unannounced
             # fuzzing the reward server from its OpenAPI schema, and checking that schema
             "schemathesis==4.32.5",
             "hypothesis==6.170.15",

@@ -27,14 +27,15 @@ import_paddle()
 
 import paddle  # noqa: E402
 
-from alignment.run.config import KEYS, GRPOConfig  # noqa: E402
-from alignment.run.data import DataError, encode_messages, read_prompt_records  # noqa: E402
-from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
+from alignment.errors import DataError, ModelLoadError  # noqa: E402
 from alignment.merge_lora import base_model_of  # noqa: E402
-from alignment.models.modeling import ModelLoadError, load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
+from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
+from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
-from alignment.run.build import engine_settings, turn_settings  # noqa: E402
 from alignment.rollout.multi_turn import tool_schemas, with_environment  # noqa: E402
+from alignment.run.build import engine_settings, turn_settings  # noqa: E402
+from alignment.run.config import KEYS, GRPOConfig  # noqa: E402
+from alignment.run.data import encode_messages, read_prompt_records  # noqa: E402
 from alignment.tools.calls import parse_tool_calls  # noqa: E402
 from alignment.tools.environment import Episode  # noqa: E402
 

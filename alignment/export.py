@@ -28,11 +28,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from alignment.models.gguf_export import OUTTYPES, write_gguf_file
-from alignment.merge_lora import merge_lora
-from alignment.run.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
-
 # What transformers reads from a model folder; the rest of a checkpoint (optimizer, trainer state, run config) stays.
+from alignment.errors import ExportError
+from alignment.merge_lora import merge_lora
+from alignment.models.gguf_export import OUTTYPES, write_gguf_file
+from alignment.run.output_folders import TOKENIZER_FILES, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
+
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
 
 def export(source: Path, output: Path, overwrite: bool = False, system_prompt: str | None = None) -> list:
@@ -92,12 +93,27 @@ def files_to_export(source: Path) -> list:
 
 def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m alignment.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint folder (output_dir/checkpoint-N) or any Hugging Face-layout model folder")
-    parser.add_argument("output", type=Path, help="the folder to write (must not exist or be empty, unless --overwrite); with --format gguf, the .gguf file")
+    parser.add_argument(
+        "checkpoint", type=Path, help="a checkpoint folder (output_dir/checkpoint-N) or any Hugging Face-layout model folder"
+    )
+    parser.add_argument(
+        "output", type=Path, help="the folder to write (must not exist or be empty, unless --overwrite); with --format gguf, the .gguf file"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists and is not empty")
-    parser.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a Hugging Face model folder (default); gguf: one file for llama.cpp / Ollama")
-    parser.add_argument("--outtype", choices=tuple(OUTTYPES), default="f32", help="--format gguf: the type of the linear weights (default f32)")
-    parser.add_argument("--no_system_prompt", action="store_true", help="leave the chat template as it is instead of making the run's system_prompt its default system message")
+    parser.add_argument(
+        "--format",
+        choices=("hf", "gguf"),
+        default="hf",
+        help="hf: a Hugging Face model folder (default); gguf: one file for llama.cpp / Ollama",
+    )
+    parser.add_argument(
+        "--outtype", choices=tuple(OUTTYPES), default="f32", help="--format gguf: the type of the linear weights (default f32)"
+    )
+    parser.add_argument(
+        "--no_system_prompt",
+        action="store_true",
+        help="leave the chat template as it is instead of making the run's system_prompt its default system message",
+    )
     args = parser.parse_args(argv)
     try:
         system_prompt = None if args.no_system_prompt else run_system_prompt(args.checkpoint)

@@ -42,10 +42,7 @@ from safetensors.numpy import save_file  # noqa: E402
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-
-class GGUFImportError(ValueError):
-    """A GGUF this importer cannot turn into a model folder; the message names the file and the key or tensor."""
-
+from alignment.errors import GGUFImportError  # noqa: E402
 
 # general.architecture -> (Hugging Face class, model_type, q/k rows permuted by llama.cpp's converter)
 ARCHITECTURES = {
@@ -131,7 +128,11 @@ def read_config(source: str | Path) -> dict:
     import's first step (a GGUF, an architecture and rotary scheme the importer reads) before any weight is."""
     source = Path(source)
     reader = _open(source)
-    metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.") or name.endswith("_token_id")}
+    metadata = {
+        name: field.contents()
+        for name, field in reader.fields.items()
+        if not name.startswith("tokenizer.ggml.") or name.endswith("_token_id")
+    }
     config = model_config(source, metadata, _architecture(source, metadata), reader)
     check_tensors(source, reader, config)
     check_token_ids(source, metadata, config)
@@ -295,7 +296,11 @@ def expected_shape(name: str, config: dict) -> tuple | None:
     """The shape (torch's layout) that config.json gives tensor `name` (a GGUF name), or None for a name with no place."""
     hidden, inner, head = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * head, config["num_key_value_heads"] * head
-    top = {"token_embd.weight": (config["vocab_size"], hidden), "output.weight": (config["vocab_size"], hidden), "output_norm.weight": (hidden,)}
+    top = {
+        "token_embd.weight": (config["vocab_size"], hidden),
+        "output.weight": (config["vocab_size"], hidden),
+        "output_norm.weight": (hidden,),
+    }
     if name in top:
         return top[name]
     layer = {"attn_norm.weight": (hidden,), "ffn_norm.weight": (hidden,), "attn_q.weight": (q, hidden), "attn_q.bias": (q,),
@@ -314,7 +319,9 @@ def check_tensors(source: Path, reader, config: dict) -> None:
     arch = config["model_type"]
     if len(layers) != config["num_hidden_layers"] or layers != list(range(len(layers))):
         held = f"layers {layers[0]}-{layers[-1]}" if layers else "no layer"
-        raise GGUFImportError(f"{source}: {arch}.block_count is {config['num_hidden_layers']}, but the file holds {held} ({len(layers)} layers)")
+        raise GGUFImportError(
+            f"{source}: {arch}.block_count is {config['num_hidden_layers']}, but the file holds {held} ({len(layers)} layers)"
+        )
     for layer in layers:
         lacking = [f"blk.{layer}.{name}" for name in LAYER_TENSORS if f"blk.{layer}.{name}" not in tensors]
         if lacking:
@@ -328,7 +335,9 @@ def check_tensors(source: Path, reader, config: dict) -> None:
     spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name) for t in reader.tensors)
     for (start, end, name), (next_start, _, following) in zip(spans, spans[1:]):
         if next_start < end:
-            raise GGUFImportError(f"{source}: tensor {name}'s bytes {start}-{end} overlap tensor {following}'s: each tensor needs bytes of its own")
+            raise GGUFImportError(
+                f"{source}: tensor {name}'s bytes {start}-{end} overlap tensor {following}'s: each tensor needs bytes of its own"
+            )
     if spans and spans[-1][1] > source.stat().st_size:
         raise GGUFImportError(f"{source}: tensor {spans[-1][2]}'s bytes reach past the end of the file (cut short?)")
 
@@ -344,7 +353,8 @@ def check_token_ids(source: Path, metadata: dict, config: dict) -> None:
 def check_chat_template(source: Path, tokenizer) -> None:
     """The GGUF's chat template (someone else's code, run by jinja's sandbox) renders a short conversation within the
     limits every rendering has (alignment/models/template_limits.py), or the import is refused."""
-    from alignment.models.template_limits import ChatTemplateError, bounded_chat_template
+    from alignment.errors import ChatTemplateError
+    from alignment.models.template_limits import bounded_chat_template
 
     if tokenizer.chat_template is None:
         return
@@ -369,7 +379,9 @@ def hf_weights(source: Path, reader, config: dict) -> dict:
         try:
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         except NotImplementedError:
-            raise GGUFImportError(f"{source}: tensor {tensor.name} is {tensor.tensor_type.name}, which the gguf package cannot dequantize") from None
+            raise GGUFImportError(
+                f"{source}: tensor {tensor.name} is {tensor.tensor_type.name}, which the gguf package cannot dequantize"
+            ) from None
         array = array.reshape([int(n) for n in reversed(tensor.shape)])  # ggml lists dimensions innermost first
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             array = unpermute_rows(array, config["num_attention_heads"])
@@ -399,7 +411,9 @@ def unpermute_rows(array: np.ndarray, n_head: int) -> np.ndarray:
 
 def generation_config(metadata: dict) -> dict:
     """bos / eos / pad as generate() reads them; eos lists the end-of-turn token too where the GGUF names one."""
-    eos = list(dict.fromkeys(metadata[key] for key in (f"tokenizer.ggml.{name}_token_id" for name in ("eos", "eot", "eom")) if key in metadata))
+    eos = list(
+        dict.fromkeys(metadata[key] for key in (f"tokenizer.ggml.{name}_token_id" for name in ("eos", "eot", "eom")) if key in metadata)
+    )
     config = {
         "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": eos[0] if len(eos) == 1 else eos or None,
@@ -509,7 +523,9 @@ def _sha256(source: Path) -> str:
 
 
 def main(argv: list | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alignment.gguf", description="GGUF (llama.cpp, Ollama) -> a Hugging Face-layout model folder")
+    parser = argparse.ArgumentParser(
+        prog="python -m alignment.gguf", description="GGUF (llama.cpp, Ollama) -> a Hugging Face-layout model folder"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     read = commands.add_parser("import", help="write MODEL.gguf as a model folder the trainer loads")
     read.add_argument("gguf", help="the .gguf file (llama, qwen2 or qwen3 architecture)")

@@ -20,10 +20,19 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.run.output_folders import TOKENIZER_FILES, ExportError, bake_system_prompt, baked_notice, check_output, replace_folder, run_settings, run_system_prompt
-from alignment.run.config import names_gguf
+from alignment.errors import ExportError
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.models.modeling import load_causal_lm, save_model
+from alignment.run.checks import names_gguf
+from alignment.run.output_folders import (
+    TOKENIZER_FILES,
+    bake_system_prompt,
+    baked_notice,
+    check_output,
+    replace_folder,
+    run_settings,
+    run_system_prompt,
+)
 
 
 def base_model_of(checkpoint: Path) -> str:
@@ -74,7 +83,11 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--base", help="the base model folder (default: actor_model_name_or_path of the checkpoint's grpo_config.json)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="dtype of the merged weights (default: the run's)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists and is not empty")
-    parser.add_argument("--no_system_prompt", action="store_true", help="leave the chat template as it is instead of making the run's system_prompt its default system message")
+    parser.add_argument(
+        "--no_system_prompt",
+        action="store_true",
+        help="leave the chat template as it is instead of making the run's system_prompt its default system message",
+    )
     args = parser.parse_args(argv)
     try:
         system_prompt = None if args.no_system_prompt else run_system_prompt(args.checkpoint)

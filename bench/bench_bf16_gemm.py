@@ -51,9 +51,17 @@ def shapes(config: dict, tokens: int, chunk: int) -> list:
     attention = config["num_attention_heads"] * head_dim
     out = []
     for name, k, n in (("qkv", hidden, qkv), ("o_proj", attention, hidden), ("gate_up", hidden, 2 * inter), ("down_proj", inter, hidden)):
-        out += [(f"{name} X W", tokens, k, n, False, False, "x"), (f"{name} dY W^T", tokens, n, k, False, True, "x"), (f"{name} X^T dY", k, tokens, n, True, False, "")]
+        out += [
+            (f"{name} X W", tokens, k, n, False, False, "x"),
+            (f"{name} dY W^T", tokens, n, k, False, True, "x"),
+            (f"{name} X^T dY", k, tokens, n, True, False, ""),
+        ]
     vocab = config["vocab_size"]
-    out += [("head h W^T", chunk, hidden, vocab, False, True, "x"), ("head G W", chunk, vocab, hidden, False, False, "x"), ("head G^T h", vocab, chunk, hidden, True, False, "xy")]
+    out += [
+        ("head h W^T", chunk, hidden, vocab, False, True, "x"),
+        ("head G W", chunk, vocab, hidden, False, False, "x"),
+        ("head G^T h", vocab, chunk, hidden, True, False, "xy"),
+    ]
     return out
 
 
@@ -85,7 +93,9 @@ def main() -> None:
         flops_total += flops
         for key, value in seconds.items():
             totals[key] += value
-        print(json.dumps({"product": name, "m": m, "k": k, "n": n, **{f"{key}_gflops": round(flops / s / 1e9, 1) for key, s in seconds.items()}}))
+        print(json.dumps({
+            "product": name, "m": m, "k": k, "n": n, **{f"{key}_gflops": round(flops / s / 1e9, 1) for key, s in seconds.items()}
+        }))
     print(json.dumps({
         "total_gflop": round(flops_total / 1e9, 2),
         **{f"{key}_gflops": round(flops_total / s / 1e9, 1) for key, s in totals.items()},

@@ -37,7 +37,9 @@ def main() -> None:
     from bench_rollout import build_model
 
     from alignment.models.modeling import load_causal_lm, load_tokenizer
-    from alignment.step.checkpoint import CheckpointContents, Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint
+    from alignment.step.checkpoint import (
+        CheckpointContents, Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint,
+    )
 
     model = build_model(args.shape, seed=0)
     model.train()
@@ -49,11 +51,20 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    path = save_checkpoint(str(out), 1, CheckpointContents(model, load_tokenizer(str(BENCH.parent / "data" / "tiny-qwen2")), optimizer.state_dict(), "{}", {}), None, Lineage.new())
+    path = save_checkpoint(
+        str(out),
+        1,
+        CheckpointContents(model, load_tokenizer(str(BENCH.parent / "data" / "tiny-qwen2")), optimizer.state_dict(), "{}", {}),
+        None,
+        Lineage.new(),
+    )
     save_seconds = time.perf_counter() - started
     files = [p for p in path.rglob("*") if p.is_file() and p.name != "trainer_state.json"]
     (optimizer_file,) = [p for p in files if p.name.startswith("optimizer.")]
-    sizes = {"bytes": sum(p.stat().st_size for p in files), "optimizer_file": optimizer_file.name, "optimizer_bytes": optimizer_file.stat().st_size}
+    sizes = {
+        "bytes": sum(p.stat().st_size for p in files), "optimizer_file": optimizer_file.name,
+        "optimizer_bytes": optimizer_file.stat().st_size,
+    }
 
     started = time.perf_counter()
     for file in files:
@@ -72,7 +83,8 @@ def main() -> None:
     load_optimizer_seconds = time.perf_counter() - started
     shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({
-        "shape": args.shape, "repo": args.repo, **sizes, "save_seconds": round(save_seconds, 2), "checksum_seconds": round(checksum_seconds, 2),
+        "shape": args.shape, "repo": args.repo, **sizes, "save_seconds": round(save_seconds, 2),
+        "checksum_seconds": round(checksum_seconds, 2),
         "verify_seconds": round(verify_seconds, 2), "load_model_seconds": round(load_model_seconds, 2),
         "load_optimizer_seconds": round(load_optimizer_seconds, 2),
     }))

@@ -22,7 +22,7 @@ paddle = import_paddle()
 
 import contextlib  # noqa: E402
 
-from alignment.algo.core import token_logprobs  # noqa: E402
+from alignment.algo.logprobs import token_logprobs  # noqa: E402
 from alignment.models.modeling import completion_logits, load_causal_lm, make_token_batch  # noqa: E402
 
 
@@ -69,7 +69,9 @@ def main() -> None:
     for (phase, kernels), values in results.items():
         print(json.dumps({"phase": phase, "kernels": kernels, "batch": args.batch, "seconds_median": round(statistics.median(values), 4)}))
     ratios = {
-        f"{phase}_stride_over_contiguous": round(statistics.median(results[(phase, "stride")]) / statistics.median(results[(phase, "contiguous")]), 2)
+        f"{phase}_stride_over_contiguous": round(
+            statistics.median(results[(phase, "stride")]) / statistics.median(results[(phase, "contiguous")]), 2
+        )
         for phase in ("decode_step", "train_step")
     }
     print(json.dumps(ratios))

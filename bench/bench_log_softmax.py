@@ -1,9 +1,9 @@
-"""paddle's CPU log_softmax against x - logsumexp(x) (alignment.algo.core.log_softmax) at growing vocabulary sizes.
+"""paddle's CPU log_softmax against x - logsumexp(x) (alignment.algo.logprobs.log_softmax) at growing vocabulary sizes.
 
     .venv/bin/python bench/bench_log_softmax.py [--rows 46] [--vocabs 4096,20000,151936]
 
 paddle 3.3.1's CPU log_softmax kernel slows down far faster than the size of its input; every
-log-prob in the trainer and both engines goes through alignment.algo.core instead. Prints one JSON object
+log-prob in the trainer and both engines goes through alignment.algo.logprobs instead. Prints one JSON object
 per vocabulary size with both timings (one call each, after a warm-up call of the fast one).
 """
 
@@ -20,7 +20,7 @@ from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: 
 configure_cpu_runtime()
 paddle = import_paddle()
 
-from alignment.algo.core import log_softmax  # noqa: E402
+from alignment.algo.logprobs import log_softmax  # noqa: E402
 
 
 def seconds(function) -> float:

@@ -25,7 +25,7 @@ from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, imp
 configure_cpu_runtime()
 paddle = import_paddle()
 
-from alignment.algo.core import chunked_token_logprobs, token_entropy, token_logprobs  # noqa: E402
+from alignment.algo.logprobs import chunked_token_logprobs, token_entropy, token_logprobs  # noqa: E402
 
 
 def peak_mb() -> float:
@@ -87,7 +87,9 @@ def main() -> None:
     if args.variant:
         print(json.dumps(measure(args)), flush=True)
         return
-    shared = ["--tokens", str(args.tokens), "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--temperature", str(args.temperature)]
+    shared = [
+        "--tokens", str(args.tokens), "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--temperature", str(args.temperature)
+    ]
     for variant in ["full", *args.chunks.split(",")]:
         subprocess.run([sys.executable, __file__, *shared, "--variant", variant], check=True)
 

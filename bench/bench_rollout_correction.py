@@ -23,7 +23,7 @@ from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: 
 configure_cpu_runtime()
 paddle = import_paddle()
 
-from alignment.algo.core import rollout_correction  # noqa: E402
+from alignment.algo.corrections import rollout_correction  # noqa: E402
 from alignment.models.cpu_bf16 import cpu_bf16_flags  # noqa: E402
 from alignment.models.fused_train import use_training_ops  # noqa: E402
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids  # noqa: E402
@@ -51,7 +51,10 @@ def measure(config, tokenizer, prompts, bf16: bool) -> dict:
     with paddle.no_grad():
         for start in range(0, len(mask), config.per_device_train_batch_size):
             rows = range(start, min(start + config.per_device_train_batch_size, len(mask)))
-            batch = make_token_batch([rollout.prompt_ids[r] for r in rows], rollout.completion_ids[list(rows)], rollout.completion_mask[list(rows)], tokenizer.pad_token_id)
+            batch = make_token_batch(
+                [rollout.prompt_ids[r] for r in rows], rollout.completion_ids[list(rows)], rollout.completion_mask[list(rows)],
+                tokenizer.pad_token_id,
+            )
             old.append(policy_logprobs(model, batch, config)[0].numpy())
     old = np.concatenate(old)
     gap = (old - rollout.logprobs) * mask  # log pi_old - log pi_rollout on the loss tokens

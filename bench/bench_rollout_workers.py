@@ -7,7 +7,8 @@ generated while this one trains). Seconds per step and held-out accuracy, at sev
 
 Each (mode, seed) is one bench/bench_tiny_run.py run into output/bench-rollout-MODE-SEED. Under the launcher every
 process gets cores / processes threads (alignment/run/runtime.py): colocated, the one process has them all; with a
-rollout process, each of the two has half (async-all-threads gives each all of them, GRPO_CPU_THREADS). Prints one JSON object per run as it ends, then one per mode.
+rollout process, each of the two has half (async-all-threads gives each all of them, GRPO_CPU_THREADS). \
+Prints one JSON object per run as it ends, then one per mode.
 """
 
 import argparse
@@ -44,7 +45,9 @@ def main() -> None:
                 sys.executable, "bench/bench_tiny_run.py", "--output_dir", f"output/bench-rollout-{mode}-{seed}", "--config", args.config,
                 "--processes", str(processes), "--", "--seed", str(seed), *keys, *overrides,
             ]
-            result = json.loads(subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+            result = json.loads(
+                subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            )
             runs.setdefault(mode, []).append(result)
             print(json.dumps({"mode": mode, "seed": seed, **result}), flush=True)
     colocated = statistics.median(r["median_seconds"]["step"] for r in runs["colocated"]) if "colocated" in runs else None

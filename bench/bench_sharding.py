@@ -37,7 +37,7 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     from alignment.parallel.distributed import init_world
     from alignment.parallel.optim import build_optimizer
     from alignment.run.config import GRPOConfig, validate
-    from alignment.step.update import update_policy
+    from alignment.step.update import Learner, update_policy
 
     world = init_world(sharding, -1)
     model = build_model(shape, seed=0)
@@ -51,7 +51,7 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     for _ in range(updates):
         started = time.perf_counter()
         with contiguous_kernels():
-            update = update_policy(model, None, optimizer, scored, config, world, pad_token_id=0, step=1)
+            update = update_policy(Learner(model, None, optimizer), scored, config, world, pad_token_id=0, step=1).metrics
         seconds = time.perf_counter() - started
     after_updates = peak_mb()
     local = optimizer.sharded.state_dict() if sharding else optimizer.state_dict()

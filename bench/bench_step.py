@@ -120,7 +120,8 @@ def run_trl(python: str, precision: str, args, max_steps: int):
     """-> bench/trl_step.py's JSON object for one precision, or None (reason on stderr)."""
     base = json.loads(BASE_CONFIG.read_text())  # the same prompts and system prompt as the paddle runs
     command = [
-        python, str(REPO / "bench/trl_step.py"), "--max_steps", str(max_steps), "--output_dir", str(REPO / f"output/bench-step-trl-{precision}"),
+        python, str(REPO / "bench/trl_step.py"), "--max_steps", str(max_steps),
+        "--output_dir", str(REPO / f"output/bench-step-trl-{precision}"),
         "--model", str(args.model), "--prompts", str(args.prompts), "--rollout_n", str(args.rollout_n), "--dec_len", str(args.dec_len),
         "--precision", precision, "--system_prompt", str(REPO / base["system_prompt"]), "--train_file", str(REPO / base["train_datasets"]),
     ]
@@ -160,7 +161,9 @@ def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--max_steps", type=positive_int, default=6)
     parser.add_argument("--engines", default="eager,fused")
-    parser.add_argument("--model", default=str(REPO / "data/tiny-qwen2"), help="a Hugging Face layout model folder; the tokenizer comes with it")
+    parser.add_argument(
+        "--model", default=str(REPO / "data/tiny-qwen2"), help="a Hugging Face layout model folder; the tokenizer comes with it"
+    )
     parser.add_argument("--prompts", type=positive_int, default=4, help="prompts per step")
     parser.add_argument("--rollout_n", type=positive_int, default=8, help="completions per prompt")
     parser.add_argument("--dec_len", type=positive_int, default=64, help="tokens in every completion (max_dec_len = min_dec_len)")

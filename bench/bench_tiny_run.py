@@ -42,9 +42,18 @@ def main() -> None:
         "steps": len(steps),
         "wall_seconds": round(wall, 1),
         "eval_accuracy": {str(e["step"]): e["eval_accuracy"] for e in evals},
-        **{key: {str(e["step"]): e[key] for e in evals} for key in (evals[0] if evals else {}) if key.startswith(("eval_mean@", "eval_pass@"))},
-        "median_seconds": {phase: median(f"time/{phase}") for phase in ("step", "rollout", "reward", "train", "sync", "weights") if f"time/{phase}" in steps[0]},
-        **({"median_generate_seconds": median("rollout/generate_seconds"), "staleness": [s["rollout/staleness"] for s in steps]} if "rollout/staleness" in steps[0] else {}),
+        **{
+            key: {str(e["step"]): e[key] for e in evals}
+            for key in (evals[0] if evals else {}) if key.startswith(("eval_mean@", "eval_pass@"))
+        },
+        "median_seconds": {
+            phase: median(f"time/{phase}")
+            for phase in ("step", "rollout", "reward", "train", "sync", "weights") if f"time/{phase}" in steps[0]
+        },
+        **(
+            {"median_generate_seconds": median("rollout/generate_seconds"), "staleness": [s["rollout/staleness"] for s in steps]}
+            if "rollout/staleness" in steps[0] else {}
+        ),
         "median_tokens_per_second": median("tokens_per_second"),
         "train_reward_first_5": round(statistics.mean(s["reward_mean"] for s in steps[:5]), 3),
         "train_reward_last_5": round(statistics.mean(s["reward_mean"] for s in steps[-5:]), 3),

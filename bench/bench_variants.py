@@ -36,8 +36,13 @@ def main() -> None:
     runs = {}
     for variant in args.variants:
         for seed in args.seeds:
-            command = [sys.executable, "bench/bench_tiny_run.py", "--output_dir", f"output/bench-variant-{variant}-{seed}", "--", "--seed", str(seed), *VARIANTS[variant]]
-            result = json.loads(subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+            command = [
+                sys.executable, "bench/bench_tiny_run.py", "--output_dir", f"output/bench-variant-{variant}-{seed}",
+                "--", "--seed", str(seed), *VARIANTS[variant],
+            ]
+            result = json.loads(
+                subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            )
             runs.setdefault(variant, []).append(result)
             print(json.dumps({"variant": variant, "seed": seed, **result}), flush=True)
     for variant, results in runs.items():

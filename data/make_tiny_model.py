@@ -23,18 +23,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from alignment.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
 
+import arith_task  # noqa: E402
 import numpy as np  # noqa: E402
+from alignment.models.modeling import completion_logits, load_tokenizer, make_token_batch, save_model  # noqa: E402
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-import arith_task  # noqa: E402
-from alignment.algo import token_logprobs  # noqa: E402
-from alignment.modeling import completion_logits, load_tokenizer, make_token_batch, save_model  # noqa: E402
+from alignment.algo.logprobs import token_logprobs  # noqa: E402
 from alignment.rollout.base import SamplingParams  # noqa: E402
 from alignment.rollout.eager import EagerEngine  # noqa: E402
 

@@ -27,23 +27,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from alignment.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
 
-import numpy as np  # noqa: E402
-
 import arith_task  # noqa: E402
-from alignment.data import encode_messages  # noqa: E402
-from alignment.modeling import load_causal_lm, load_tokenizer, save_model  # noqa: E402
+import numpy as np  # noqa: E402
+from alignment.run.data import encode_messages  # noqa: E402
+from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model  # noqa: E402
+from make_tiny_model import fine_tune  # noqa: E402
+
 from alignment.rewards.math_rewards import accuracy  # noqa: E402
 from alignment.rollout.base import SamplingParams  # noqa: E402
 from alignment.rollout.eager import EagerEngine  # noqa: E402
 from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits  # noqa: E402
 from alignment.tools import ToolSettings, get_environment, get_tool  # noqa: E402
 from alignment.tools.sandbox import SandboxLimits  # noqa: E402
-from make_tiny_model import fine_tune  # noqa: E402
 
 BASE = HERE / "tiny-qwen2"
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]

@@ -7,7 +7,8 @@ async_generate) killed after step 3 and resumed from its step-2 checkpoint.
 
 `record` runs them from the current directory (the checkout under test) and writes, per run, every
 metrics.jsonl row without its timings, and the sha256 of each file of the last checkpoint (weights, adapters,
-optimizer state, pending rollout) and of completions.jsonl. `compare` prints what differs and exits 1 if
+optimizer state, pending rollout; not trainer_state.json, which holds the time and a random run id; grpo_config.json
+without the folders) and of completions.jsonl. `compare` prints what differs and exits 1 if
 anything does. About 12 minutes on 2 cores. Not part of the suite: it compares two checkouts.
 """
 import argparse
@@ -56,11 +57,19 @@ def kill_after_step(process: subprocess.Popen, out: Path, step: int) -> None:
     process.wait()
 
 
+def comparable(path: Path) -> bytes:
+    """A file's bytes; the run's config without the folders it was written to, which differ between the two runs."""
+    if path.name != "grpo_config.json":
+        return path.read_bytes()
+    config = json.loads(path.read_text())
+    return json.dumps({k: v for k, v in config.items() if k not in ("output_dir", "logging_dir")}, sort_keys=True).encode()
+
+
 def summary(out: Path) -> dict:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [{k: v for k, v in row.items() if not (k.startswith(TIMINGS) or "seconds" in k)} for row in rows]
     last = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    files = {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+    files = {p.relative_to(out).as_posix(): hashlib.sha256(comparable(p)).hexdigest()
              for p in sorted(last.rglob("*")) if p.is_file() and p.name != "trainer_state.json"}
     files["completions.jsonl"] = hashlib.sha256((out / "completions.jsonl").read_bytes()).hexdigest()
     return {"metrics": rows, "files": files}

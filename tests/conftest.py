@@ -47,7 +47,9 @@ def pytest_terminal_summary(terminalreporter):
         skipped = terminalreporter.stats.get("skipped", [])
         terminalreporter.write_line(f"skipped for this CPU's instruction set: {len(skipped)}")
         for report in skipped:
-            terminalreporter.write_line(f"  {report.nodeid}: {report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr}")
+            terminalreporter.write_line(
+                f"  {report.nodeid}: {report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr}"
+            )
 
 
 class SeededRng(np.random.Generator):

@@ -65,13 +65,15 @@ MUTATIONS = (
     Mutation(
         "weight-sync-check-skipped",  # the fused engine refreshes its weights but checks nothing
         "alignment/rollout/fused.py",
-        (("bf16=self.bf16)  # (V, Hd) weight\n        return self._check_probe()", "bf16=self.bf16)  # (V, Hd) weight\n        return 0.0"),),
+        (("bf16=self.bf16)  # (V, Hd) weight\n        return self._check_probe()",
+          "bf16=self.bf16)  # (V, Hd) weight\n        return 0.0"),),
         ("tests/test_train_e2e.py::test_fused_and_eager_runs_evaluate_alike",),
     ),
     Mutation(
         "kk-wrong-answer-scored-as-unparsed",  # PaddleNLP's server gives a wrong answer -1.5
         "alignment/rewards/logic_rewards.py",
-        (("ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSED = 2.0, -1.5, -2.0", "ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSED = 2.0, -2.0, -2.0"),),
+        (("ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSED = 2.0, -1.5, -2.0",
+          "ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSED = 2.0, -2.0, -2.0"),),
         ("tests/test_kk.py::test_with_config_kk_the_reward_scores_as_paddlenlps_reward_server_does",),
     ),
     Mutation(
@@ -103,8 +105,10 @@ MUTATIONS = (
     Mutation(
         "flood-read-to-its-end",  # the output is cut at the limit, but only after the child wrote all of it
         "alignment/tools/sandbox.py",
-        (("    streams = {\"stdout\": bytearray(), \"stderr\": bytearray()}", "    streams, over = {\"stdout\": bytearray(), \"stderr\": bytearray()}, False"),
-         ("                        del streams[name][cap:]\n                    return streams, False, True", "                        del streams[name][cap:]\n                    over = True"),
+        (("    streams = {\"stdout\": bytearray(), \"stderr\": bytearray()}",
+          "    streams, over = {\"stdout\": bytearray(), \"stderr\": bytearray()}, False"),
+         ("                        del streams[name][cap:]\n                    return streams, False, True",
+          "                        del streams[name][cap:]\n                    over = True"),
          ("    return streams, False, False", "    return streams, False, over")),
         ("tests/test_sandbox.py::test_a_flood_is_stopped_at_the_output_limit_without_reading_it_all",),
     ),

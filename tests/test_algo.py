@@ -4,22 +4,15 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.algo.core import (
-    LossSettings,
-    aggregation_counts,
-    clipped_surrogate,
-    entropy_bonus,
-    group_advantages,
-    groups_with_signal,
-    kl_estimate,
-    learning_rate_factor,
-    loss_token_weights,
-    mean_and_pass_at_k,
-    policy_loss,
-    rollout_correction,
-    token_entropy,
-    token_logprobs,
-)
+from alignment.algo.advantages import group_advantages
+from alignment.algo.aggregation import aggregation_counts, loss_token_weights
+from alignment.algo.corrections import rollout_correction
+from alignment.algo.kl import kl_estimate
+from alignment.algo.logprobs import token_entropy, token_logprobs
+from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, policy_loss
+from alignment.algo.objectives import clipped_surrogate
+from alignment.algo.schedule import learning_rate_factor
+from alignment.algo.stats import groups_with_signal, mean_and_pass_at_k
 
 
 def test_group_advantages_hand_computed():
@@ -181,11 +174,11 @@ def test_policy_loss_aggregation_hand_computed(loss_type, expected):
     mask = np.array([[1.0, 1.0], [1.0, 0.0]], dtype=np.float32)
     weights = paddle.to_tensor(loss_token_weights(mask, loss_type, 5, aggregation_counts(mask)))
     # ratio 1: each token's loss is -A
-    loss, sums = policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), LossSettings())
+    loss, sums = policy_loss(logp, LossInputs(logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask)), LossSettings())
     assert float(loss) == pytest.approx(expected)
     assert sums == {"clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0}
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(logp, logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask), LossSettings(kl_coeff=0.1))
+        policy_loss(logp, LossInputs(logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask)), LossSettings(kl_coeff=0.1))
 
 
 def test_importance_weights_scale_the_policy_term_only():
@@ -193,8 +186,8 @@ def test_importance_weights_scale_the_policy_term_only():
     mask = paddle.to_tensor([[1.0, 1.0]])
     weights = paddle.to_tensor([[0.5, 0.5]])
     ref = paddle.to_tensor([[-2.0, -1.0]])  # k3: e^-1 - (-1) - 1 = e^-1, and 0
-    loss, sums = policy_loss(logp, logp, paddle.to_tensor([1.0]), weights, mask, LossSettings(kl_coeff=0.1),
-                             importance_weights=paddle.to_tensor([[2.0, 0.5]]), ref_logprobs=ref)
+    inputs = LossInputs(logp, paddle.to_tensor([1.0]), weights, mask, importance_weights=paddle.to_tensor([[2.0, 0.5]]), ref_logprobs=ref)
+    loss, sums = policy_loss(logp, inputs, LossSettings(kl_coeff=0.1))
     assert float(loss) == pytest.approx(0.5 * (-2.0 - 0.5) + 0.5 * 0.1 * math.exp(-1), rel=1e-6)
     assert sums["kl"] == pytest.approx(math.exp(-1), rel=1e-6)
 
@@ -244,10 +237,11 @@ def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff, loss
         logp = token_logprobs(logits, tokens[rows], temperature=0.7)
         old = logp.detach() - 0.1
         importance, _ = rollout_correction(old, old - rollout_gap[rows], mask[rows], mode, 2.0, 0.5)
-        loss, _ = policy_loss(
-            logp, old, advantages[rows], paddle.to_tensor(weights[rows]), mask[rows], settings, importance, ref_logp[rows],
+        inputs = LossInputs(
+            old, advantages[rows], paddle.to_tensor(weights[rows]), mask[rows], importance, ref_logp[rows],
             None if selected is None else selected[rows],
         )
+        loss, _ = policy_loss(logp, inputs, settings)
         if bonus:
             loss = loss + entropy_bonus(token_entropy(logits, temperature=0.7), effective[rows], effective.sum(), bonus)
         loss.backward()

@@ -9,22 +9,11 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.algo.core import (
-    LossSettings,
-    baseline_subtracted,
-    cispo_surrogate,
-    clipped_surrogate,
-    entropy_bonus,
-    entropy_threshold,
-    group_advantages,
-    importance_ratio,
-    normalized_per_function,
-    policy_loss,
-    rloo_advantages,
-    rollout_correction,
-    whiten,
-    whitening_sums,
-)
+from alignment.algo.advantages import baseline_subtracted, group_advantages, normalized_per_function, rloo_advantages, whiten
+from alignment.algo.corrections import rollout_correction
+from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.objectives import cispo_surrogate, clipped_surrogate, importance_ratio
+from alignment.algo.stats import whitening_sums
 
 
 def test_gspo_ratio_is_the_geometric_mean_of_the_loss_tokens_ratios():
@@ -63,7 +52,8 @@ def test_at_one_update_per_batch_gspo_gives_the_token_level_gradient(loss_type_w
     values, grads = rng.normal(-2, 1, size=(3, 4)).astype(np.float32), []
     for level in ("token", "sequence"):
         logp = paddle.to_tensor(values, stop_gradient=False)
-        loss, _ = policy_loss(logp, logp.detach(), advantages, paddle.to_tensor(weights), paddle.to_tensor(mask_np), LossSettings(level=level))
+        inputs = LossInputs(logp.detach(), advantages, paddle.to_tensor(weights), paddle.to_tensor(mask_np))
+        loss, _ = policy_loss(logp, inputs, LossSettings(level=level))
         loss.backward()
         grads.append(logp.grad.numpy())
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6, atol=1e-8)
@@ -139,7 +129,7 @@ def test_entropy_selection_touches_the_policy_term_not_the_kl():
     ref = paddle.to_tensor([[-2.0, -2.0]])  # k3 = e^-1 on both tokens
     settings = LossSettings(kl_coeff=0.1)
     selected = paddle.to_tensor([[0.0, 1.0]])  # the second token only; A = 1, ratio 1: policy term -1 per token
-    loss, sums = policy_loss(logp, logp, paddle.to_tensor([1.0]), weights, mask, settings, ref_logprobs=ref, selected=selected)
+    loss, sums = policy_loss(logp, LossInputs(logp, paddle.to_tensor([1.0]), weights, mask, ref_logprobs=ref, selected=selected), settings)
     assert float(loss) == pytest.approx(0.5 * (0.1 * math.exp(-1)) + 0.5 * (-1 + 0.1 * math.exp(-1)), rel=1e-6)
     assert sums["selected"] == 1.0
 
@@ -158,7 +148,8 @@ def test_bias_corrected_kl_is_the_kl_times_the_ratio():
     old, ref = paddle.to_tensor([[-1.5]]), paddle.to_tensor([[-2.0]])  # ratio e^0.5, k3 = e^-1
     for correction, factor in ((False, 1.0), (True, math.exp(0.5))):
         settings = LossSettings(kl_coeff=0.1, kl_bias_correction=correction)
-        loss, sums = policy_loss(logp, old, paddle.to_tensor([0.0]), paddle.ones([1, 1]), paddle.ones([1, 1]), settings, ref_logprobs=ref)
+        inputs = LossInputs(old, paddle.to_tensor([0.0]), paddle.ones([1, 1]), paddle.ones([1, 1]), ref_logprobs=ref)
+        loss, sums = policy_loss(logp, inputs, settings)
         assert float(loss) == pytest.approx(0.1 * math.exp(-1) * factor, rel=1e-6)
         assert sums["kl"] == pytest.approx(math.exp(-1), rel=1e-6)  # the logged KL is the estimate itself
 

@@ -91,7 +91,9 @@ def test_typed_prompts_are_told_how_to_quit_and_ctrl_d_quits(checkpoint):
 def test_settings_come_from_the_training_run_and_flags_override_them(checkpoint):
     config = chat_config(checkpoint, parse_args([str(checkpoint)]))
     assert (config.system_prompt, config.max_dec_len, config.temperature, config.top_k, config.use_fusemt) == (SYSTEM, 24, 0.7, 5, True)
-    config = chat_config(checkpoint, parse_args([str(checkpoint), "--temperature", "0.2", "--use_fusemt", "false", "--system_prompt", "Hi."]))
+    config = chat_config(
+        checkpoint, parse_args([str(checkpoint), "--temperature", "0.2", "--use_fusemt", "false", "--system_prompt", "Hi."])
+    )
     assert (config.temperature, config.use_fusemt, config.system_prompt, config.top_k) == (0.2, False, "Hi.", 5)
     plain = chat_config(Path("data/tiny-qwen2"), parse_args(["data/tiny-qwen2"]))
     assert plain == GRPOConfig()  # a model folder without a training run: the trainer's defaults
@@ -118,7 +120,9 @@ def test_a_damaged_model_folder_is_one_line(tmp_path):
     shutil.copytree("data/tiny-qwen2", folder)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:5000])
-    done = subprocess.run([sys.executable, "-m", "alignment.chat", str(folder), "--greedy"], input="hi\n", capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "alignment.chat", str(folder), "--greedy"], input="hi\n", capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 2
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("chat: error: ")]
     assert "model.safetensors" in line and "truncated" in line and "Traceback" not in done.stderr

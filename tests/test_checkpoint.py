@@ -23,21 +23,34 @@ from alignment.step.checkpoint import (
 @pytest.fixture(scope="module")
 def parts():
     paddle.seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=451, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(vocab_size=451, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    )
     optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
     return model, load_tokenizer("data/tiny-qwen2"), optimizer
 
 
 def save(out, step, parts, keep=None, tokenizer=None, lineage=Lineage("")):
     model, real_tokenizer, optimizer = parts
-    return save_checkpoint(str(out), step, CheckpointContents(model, tokenizer or real_tokenizer, optimizer.state_dict(), '{"max_steps": 9}', {"total_steps": 9}), keep, lineage)
+    return save_checkpoint(
+        str(out),
+        step,
+        CheckpointContents(model, tokenizer or real_tokenizer, optimizer.state_dict(), '{"max_steps": 9}', {"total_steps": 9}),
+        keep,
+        lineage,
+    )
 
 
 def test_checkpoint_holds_everything_and_reloads(tmp_path, parts):
     path = save(tmp_path, 3, parts)
     assert path == tmp_path / "checkpoint-3"
     state = json.loads((path / "trainer_state.json").read_text())
-    assert {k: state[k] for k in ("step", "total_steps", "run_id", "ancestry")} == {"step": 3, "total_steps": 9, "run_id": "", "ancestry": []}
+    assert {k: state[k] for k in ("step", "total_steps", "run_id", "ancestry")} == {
+        "step": 3,
+        "total_steps": 9,
+        "run_id": "",
+        "ancestry": [],
+    }
     files = {p.name: p for p in path.iterdir() if p.name != "trainer_state.json"}
     assert set(state["files"]) == set(files)  # every other file, with its size and checksum
     assert all(state["files"][name]["size"] == file.stat().st_size for name, file in files.items())
@@ -170,8 +183,9 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
     """A checkpoint of an earlier version, or one crafted to look like it: its pickle would run code on resume."""
     import pickle
 
+    from alignment.errors import ConfigError
     from alignment.parallel.distributed import World
-    from alignment.run.config import ConfigError, load_config
+    from alignment.run.config import load_config
     from alignment.run.start import start_point
 
     path, marker = save(tmp_path / "out", 2, parts), tmp_path / "code-ran"
@@ -179,10 +193,14 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
         (path / "optimizer.safetensors").unlink()
     (path / name).write_bytes(pickle.dumps(Exploit(marker)))
     state = json.loads((path / "trainer_state.json").read_text())  # whoever writes a checkpoint writes its checksums too
-    state["files"] = {file.name: {"size": file.stat().st_size, "sha256": _sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"}
+    state["files"] = {
+        file.name: {"size": file.stat().st_size, "sha256": _sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"
+    }
     (path / "trainer_state.json").write_text(json.dumps(state))
     config = load_config(["config/tiny/grpo_argument.json", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path)])
-    with pytest.raises(ConfigError, match=rf"{path} holds {name}, pickle written by an earlier version, .* --trust_pickled_checkpoint true"):
+    with pytest.raises(
+        ConfigError, match=rf"{path} holds {name}, pickle written by an earlier version, .* --trust_pickled_checkpoint true"
+    ):
         start_point(config, World(0, 1))
     with pytest.raises(CheckpointError, match="has no optimizer.safetensors") if name == "optimizer.pdopt" else _nothing():
         load_training_state(path, paddle.optimizer.AdamW(1e-3, parameters=parts[0].parameters()))
@@ -261,10 +279,19 @@ def test_a_changed_byte_of_the_same_size_is_caught_by_the_checksum(tmp_path, par
         ({"rollout_n": 8, "seed": 1}, 1, {"rollout_n": 4, "seed": 1}, 1, ["rollout_n: 8 -> 4"], []),
         # the same global batch on another layout is the same run
         ({"per_device_prompt_batch_size": 8}, 1, {"per_device_prompt_batch_size": 4}, 2, [], []),
-        ({"per_device_prompt_batch_size": 8}, 1, {"per_device_prompt_batch_size": 8}, 2, ["per_device_prompt_batch_size: 8 -> 8 x 2 processes"], []),
-        ({"train_datasets": "a.jsonl", "eval_steps": 5}, None, {"train_datasets": "b.jsonl", "eval_steps": 10}, 1, ['train_datasets: "a.jsonl" -> "b.jsonl"'], ["eval_steps: 5 -> 10"]),
+        (
+            {"per_device_prompt_batch_size": 8}, 1, {"per_device_prompt_batch_size": 8}, 2,
+            ["per_device_prompt_batch_size: 8 -> 8 x 2 processes"], [],
+        ),
+        (
+            {"train_datasets": "a.jsonl", "eval_steps": 5}, None, {"train_datasets": "b.jsonl", "eval_steps": 10}, 1,
+            ['train_datasets: "a.jsonl" -> "b.jsonl"'], ["eval_steps: 5 -> 10"],
+        ),
         # how a run starts is not a setting; a key the checkpoint does not record is not compared
-        ({"resume_from_checkpoint": None, "overwrite_output_dir": False}, 1, {"resume_from_checkpoint": "auto", "overwrite_output_dir": True, "new_key": 1}, 1, [], []),
+        (
+            {"resume_from_checkpoint": None, "overwrite_output_dir": False}, 1,
+            {"resume_from_checkpoint": "auto", "overwrite_output_dir": True, "new_key": 1}, 1, [], [],
+        ),
     ],
 )
 def test_settings_changes(recorded, recorded_processes, current, processes, refused, allowed):

@@ -10,7 +10,7 @@ import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo.core import HeadKernels, chunked_token_logprobs, paddle_row_grad, paddle_row_stats, token_logprobs
+from alignment.algo.logprobs import HeadKernels, chunked_token_logprobs, paddle_row_grad, paddle_row_stats, token_logprobs
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout.ops import load_ops
 from alignment.run.runtime import contiguous_kernels

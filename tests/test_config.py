@@ -4,8 +4,9 @@ import re
 
 import pytest
 
+from alignment.errors import ConfigError
 from alignment.models.modeling import load_tokenizer
-from alignment.run.config import ALIASES, ConfigError, GRPOConfig, load_config
+from alignment.run.config import ALIASES, GRPOConfig, load_config
 
 TINY = "config/tiny/grpo_argument.json"
 

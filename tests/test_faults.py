@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from reward_servers import foreign_server, free_port, reward_server
 
-from alignment.rewards.remote import RewardServerError, score_remote
+from alignment.errors import RewardServerError
+from alignment.rewards.remote import RewardServer, score_remote
 from alignment.step.checkpoint import resolve_resume
 
 PLUGINS = "tests/plugins/fault_rewards.py"
@@ -42,7 +43,9 @@ def run(out: Path, *flags: str, preexec_fn=None) -> subprocess.CompletedProcess:
 def start(out: Path, *flags: str) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f"{out.name}-output.txt", "w") as output:  # a file, not a pipe nobody reads while it runs
-        return subprocess.Popen([sys.executable, *RUN, "--output_dir", str(out), *flags], stdout=output, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, *RUN, "--output_dir", str(out), *flags], stdout=output, stderr=subprocess.STDOUT, text=True
+        )
 
 
 def output_of(out: Path) -> str:
@@ -133,7 +136,9 @@ def test_a_disk_full_while_logging_stops_the_run_clearly(tmp_path):
     out = tmp_path / "out"
     done = run(out, "--max_steps", "40", "--save_steps", "0", "--log_completions_per_step", "8", preexec_fn=limit_logs)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert re.search(r"run_grpo: error: could not write .*(metrics|completions)\.jsonl: File too large; the run stops here", done.stderr), done.stderr[-2000:]
+    assert re.search(
+        r"run_grpo: error: could not write .*(metrics|completions)\.jsonl: File too large; the run stops here", done.stderr
+    ), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert 1 <= len(logged_steps(out)) < 40
 
@@ -156,7 +161,9 @@ def test_an_unwritable_output_dir_fails_the_save_clearly(saved_at_2, tmp_path):
     out.chmod(0o555)  # no new entries: the logs, already there, still take their lines
     try:
         try:
-            probe = subprocess.run([sys.executable, "-c", f"open({str(out / 'probe')!r}, 'w')"], preexec_fn=as_an_ordinary_user, capture_output=True)
+            probe = subprocess.run(
+                [sys.executable, "-c", f"open({str(out / 'probe')!r}, 'w')"], preexec_fn=as_an_ordinary_user, capture_output=True
+            )
         except subprocess.SubprocessError as exc:  # prctl refused: a container without CAP_SETPCAP
             pytest.skip(f"cannot take root's permission override away from the trainer here: {exc}")
         if probe.returncode == 0:
@@ -208,7 +215,9 @@ def trickling_server():
 def test_a_trickling_answer_is_held_to_the_timeout_as_a_whole(trickling_server):
     started = time.monotonic()
     with pytest.raises(RewardServerError, match=r"failed 2 attempt\(s\); last: no complete answer within reward_server_timeout = 1 s"):
-        score_remote(["x"], [{}], ["format"], [1.0], url=trickling_server, protocol="v1", timeout=1.0, retries=1, api_key=None, backoff_s=0.01)
+        score_remote(
+            ["x"], [{}], ["format"], [1.0], RewardServer(url=trickling_server, protocol="v1", timeout=1.0, retries=1, backoff_s=0.01)
+        )
     assert time.monotonic() - started < 15  # 2 x 1 s, where the ~60-byte answer alone takes 30 s
 
 
@@ -277,7 +286,9 @@ def test_sigterm_to_the_launcher_saves_and_stops_both_ranks(tmp_path):
 @pytest.mark.parametrize("death", ["rank_1_killed", "rank_1_exits"])
 def test_a_rank_that_dies_ends_the_launch_without_a_hang(tmp_path, death):
     started = time.monotonic()
-    launcher = launch_two(tmp_path, "--max_steps", "4", "--external_plugins", PLUGINS, "--reward_functions", death, "--reward_function_weights", "1.0")
+    launcher = launch_two(
+        tmp_path, "--max_steps", "4", "--external_plugins", PLUGINS, "--reward_functions", death, "--reward_function_weights", "1.0"
+    )
     launcher.wait(timeout=RUN_TIMEOUT_S)
     elapsed = time.monotonic() - started
     output = output_of(tmp_path / "out")
@@ -300,7 +311,13 @@ def test_a_rank_that_hangs_ends_the_launch_after_the_collective_timeout(tmp_path
     on CPU (ProcessGroupGloo takes no timeout; PADDLE_PG_TIMEOUT does not reach it), then fails, and the
     launcher stops rank 1. The same limit ends a run whose ranks drift more than 30 s apart."""
     started = time.monotonic()
-    launcher = launch_two(tmp_path, "--max_steps", "4", "--external_plugins", PLUGINS, "--reward_functions", "rank_1_hangs", "--reward_function_weights", "1.0")
+    launcher = launch_two(
+        tmp_path,
+        "--max_steps", "4",
+        "--external_plugins", PLUGINS,
+        "--reward_functions", "rank_1_hangs",
+        "--reward_function_weights", "1.0",
+    )
     launcher.wait(timeout=RUN_TIMEOUT_S)
     elapsed = time.monotonic() - started
     assert launcher.returncode != 0 and 30 < elapsed < RUN_TIMEOUT_S, (launcher.returncode, elapsed)  # for ever without it

@@ -8,7 +8,7 @@ import pytest
 from paddleformers.transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, qwen2_tied
 
-from alignment.algo.core import token_logprobs
+from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, EngineSettings, SamplingParams, build_engine
 from alignment.rollout.ops import load_ops
@@ -17,7 +17,7 @@ OPS, WHY_NOT = load_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
 
 if OPS is not None:
-    from alignment.rollout import WeightSyncError
+    from alignment.errors import WeightSyncError
     from alignment.rollout.fused import FusedEngine
 
 

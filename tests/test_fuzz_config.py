@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from alignment.run.config import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, KEYS, ConfigError, GRPOConfig, load_config
+from alignment.errors import ConfigError
+from alignment.run.config import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, KEYS, GRPOConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 BASES = [{}, json.loads((REPO / "config/tiny/grpo_argument.json").read_text())]

@@ -20,25 +20,32 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from alignment.run.data import MAX_LINE_BYTES, SKIPPED_SHOWN, DataError, read_prompt_records
+from alignment.errors import DataError
+from alignment.run.data import MAX_LINE_BYTES, SKIPPED_SHOWN, read_prompt_records
 
 FUZZ = settings(derandomize=True, deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 LAYOUTS = {"src": "tgt", "question": "answer", "messages": "solution"}  # prompt column -> reference column
 text = st.text(max_size=20)
-others = st.dictionaries(st.sampled_from(["id", "level", "meta", "tests"]), st.integers() | text | st.lists(st.integers(), max_size=2), max_size=2)
+others = st.dictionaries(
+    st.sampled_from(["id", "level", "meta", "tests"]), st.integers() | text | st.lists(st.integers(), max_size=2), max_size=2
+)
 
 
 def good_row(prompt_key: str):
     reference = LAYOUTS[prompt_key]
     if prompt_key == "messages":
-        turns = st.lists(st.sampled_from(["system", "user", "assistant"]).flatmap(lambda r: text.map(lambda c: {"role": r, "content": c})), max_size=3)
+        turns = st.lists(
+            st.sampled_from(["system", "user", "assistant"]).flatmap(lambda r: text.map(lambda c: {"role": r, "content": c})), max_size=3
+        )
         prompt = st.tuples(turns, text).map(lambda t: t[0] + [{"role": "user", "content": t[1]}])
         answer = text | st.integers().map(str)
     elif prompt_key == "src":  # one turn, or PaddleNLP's multi-turn: n user turns and n replies, the last the reference
         prompt, answer = text, text | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
         return st.one_of(
             st.tuples(prompt, answer, others).map(lambda t: {"src": t[0], "tgt": t[1], **t[2]}),
-            st.lists(st.tuples(text, text), min_size=1, max_size=3).map(lambda pairs: {"src": [u for u, _ in pairs], "tgt": [r for _, r in pairs]}),
+            st.lists(st.tuples(text, text), min_size=1, max_size=3).map(
+                lambda pairs: {"src": [u for u, _ in pairs], "tgt": [r for _, r in pairs]}
+            ),
         )
     else:
         prompt, answer = text, text
@@ -51,16 +58,34 @@ one_line_bytes = st.binary(max_size=10).map(lambda b: b.replace(b"\n", b""))
 def bad_line(prompt_key: str, after_good: bool):
     """-> (line bytes, kind): bad under the layout prompt_key and also as the first row of a file."""
     reference = LAYOUTS[prompt_key]
-    wrong_prompt = st.sampled_from([3, 2.5, True, None, {}, [], [1, "a"], [{"role": "robot", "content": "x"}], [{"role": "user", "content": 5}], [{"role": "user"}]])
+    wrong_prompt = st.sampled_from(
+        [3, 2.5, True, None, {}, [], [1, "a"], [{"role": "robot", "content": "x"}], [{"role": "user", "content": 5}], [{"role": "user"}]]
+    )
     kinds = {
-        "not utf-8": st.tuples(one_line_bytes, st.sampled_from([b"\xff", b"\xc3(", b"\xed\xa0\x80", b"\x80"]), one_line_bytes).map(lambda t: t[0] + t[1] + t[2]),
-        "not json": st.sampled_from(["{not json", "{'src': 'x'}", '{"src": "a",}', "NaN", "}{", "[1,", '{"src": "a"} {"src": "b"}', "\x00"]).map(str.encode),
+        "not utf-8": st.tuples(one_line_bytes, st.sampled_from([b"\xff", b"\xc3(", b"\xed\xa0\x80", b"\x80"]), one_line_bytes).map(
+            lambda t: t[0] + t[1] + t[2]
+        ),
+        "not json": st.sampled_from(
+            ["{not json", "{'src': 'x'}", '{"src": "a",}', "NaN", "}{", "[1,", '{"src": "a"} {"src": "b"}', "\x00"]
+        ).map(str.encode),
         "truncated": good_row(prompt_key).map(json.dumps).flatmap(lambda s: st.integers(1, len(s) - 1).map(lambda i: s[:i].encode())),
-        "not an object": st.one_of(st.lists(st.integers(), max_size=3), text, st.integers(), st.booleans(), st.none()).map(lambda v: json.dumps(v).encode()),
-        "no prompt column": st.dictionaries(st.sampled_from(["tgt", "answer", "text", "id"]), text, max_size=3).map(lambda d: json.dumps(d).encode()),
+        "not an object": st.one_of(st.lists(st.integers(), max_size=3), text, st.integers(), st.booleans(), st.none()).map(
+            lambda v: json.dumps(v).encode()
+        ),
+        "no prompt column": st.dictionaries(st.sampled_from(["tgt", "answer", "text", "id"]), text, max_size=3).map(
+            lambda d: json.dumps(d).encode()
+        ),
         "wrong prompt type": st.tuples(wrong_prompt, text).map(lambda t: json.dumps({prompt_key: t[0], reference: t[1]}).encode()),
-        "wrong reference type": st.tuples(text, st.sampled_from([None, True, {}, [], [1], ["a", 2]])).map(lambda t: json.dumps({prompt_key: t[0] if prompt_key != "messages" else [{"role": "user", "content": t[0]}], reference: t[1]}).encode()),
-        "ends with a reply": text.map(lambda c: json.dumps({prompt_key: [{"role": "user", "content": c}, {"role": "assistant", "content": c}], reference: c}).encode()),
+        "wrong reference type": st.tuples(text, st.sampled_from([None, True, {}, [], [1], ["a", 2]])).map(
+            lambda t: json.dumps(
+                {prompt_key: t[0] if prompt_key != "messages" else [{"role": "user", "content": t[0]}], reference: t[1]}
+            ).encode()
+        ),
+        "ends with a reply": text.map(
+            lambda c: json.dumps(
+                {prompt_key: [{"role": "user", "content": c}, {"role": "assistant", "content": c}], reference: c}
+            ).encode()
+        ),
         "too deep": st.just(b'{"src": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
         "huge number": st.just(b'{"tgt": ' + b"9" * 5000 + b"}"),
     }
@@ -68,7 +93,9 @@ def bad_line(prompt_key: str, after_good: bool):
         kinds["turns and replies differ"] = st.just(json.dumps({"src": ["a", "b"], "tgt": ["1"]}).encode())
         kinds["nan reference"] = st.just(b'{"src": "a", "tgt": NaN}')
     if after_good:  # first, it would be a good row of a layout without references
-        kinds["no reference column"] = text.map(lambda c: json.dumps({prompt_key: c if prompt_key != "messages" else [{"role": "user", "content": c}]}).encode())
+        kinds["no reference column"] = text.map(
+            lambda c: json.dumps({prompt_key: c if prompt_key != "messages" else [{"role": "user", "content": c}]}).encode()
+        )
     return st.sampled_from(sorted(kinds)).flatmap(lambda kind: kinds[kind].map(lambda line: (line, kind)))
 
 
@@ -121,7 +148,9 @@ def tmp_dir(tmp_path_factory):
 @FUZZ
 @given(jsonl_files(), st.booleans())
 @example((None, [[(b"\xef\xbb\xbf" + json.dumps({"src": "a", "tgt": "1"}).encode(), "good")]]), False)  # a byte-order mark
-@example((None, [[(b'{"src": 3, "tgt": "1"}', "wrong prompt type"), (json.dumps({"question": "q", "answer": "a"}).encode(), "good")]]), False)
+@example(
+    (None, [[(b'{"src": 3, "tgt": "1"}', "wrong prompt type"), (json.dumps({"question": "q", "answer": "a"}).encode(), "good")]]), False
+)
 @example((None, [[]]), False)
 def test_bad_rows_stop_or_are_skipped_and_counted(tmp_dir, case, crlf):
     keys, files = case
@@ -187,7 +216,9 @@ def test_a_file_of_bad_rows_skipped_is_an_error_naming_it(tmp_dir):
 def test_a_50_mb_row_loads_in_seconds(tmp_dir):
     path = tmp_dir / "huge.jsonl"
     solution = "x" * (50 * 2**20)
-    path.write_text(json.dumps({"src": "Sum the list.", "tgt": "5", "tests": solution}) + "\n" + json.dumps({"src": "b", "tgt": "2"}) + "\n")
+    path.write_text(
+        json.dumps({"src": "Sum the list.", "tgt": "5", "tests": solution}) + "\n" + json.dumps({"src": "b", "tgt": "2"}) + "\n"
+    )
     start = time.perf_counter()
     records = read_prompt_records(str(path))
     assert time.perf_counter() - start < 10

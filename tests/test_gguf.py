@@ -24,7 +24,8 @@ from safetensors.numpy import load_file, save_file
 from tiny_models import LLAMA3_ROPE
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
-from alignment.gguf import GGUFImportError, import_gguf
+from alignment.errors import GGUFImportError
+from alignment.gguf import import_gguf
 from alignment.models.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
@@ -84,7 +85,7 @@ def _q2_k(b):  # scales[16] qs[64] d dmin
             for part in (0, 16):
                 sc = scales[i]
                 i += 1
-                y += [d * (sc & 0xF) * ((q[part + l] >> shift) & 3) - dmin * (sc >> 4) for l in range(16)]
+                y += [d * (sc & 0xF) * ((q[part + pos] >> shift) & 3) - dmin * (sc >> 4) for pos in range(16)]
     return y
 
 
@@ -106,7 +107,7 @@ def _q3_k(b):  # hmask[32] qs[64] scales[12] d
             for part in (0, 16):
                 dl = d * (int(scales[i]) - 32)
                 i += 1
-                y += [dl * (((q[part + l] >> shift) & 3) - (0 if hm[part + l] & m else 4)) for l in range(16)]
+                y += [dl * (((q[part + pos] >> shift) & 3) - (0 if hm[part + pos] & m else 4)) for pos in range(16)]
             m <<= 1
     return y
 
@@ -116,7 +117,7 @@ def _q4_k(b):  # d dmin scales[12] qs[128]
     y = []
     for j in range(4):
         (s1, m1), (s2, m2), q = _scale_min_k4(2 * j, scales), _scale_min_k4(2 * j + 1, scales), qs[32 * j :]
-        y += [d * s1 * (q[l] & 0xF) - dmin * m1 for l in range(32)] + [d * s2 * (q[l] >> 4) - dmin * m2 for l in range(32)]
+        y += [d * s1 * (q[pos] & 0xF) - dmin * m1 for pos in range(32)] + [d * s2 * (q[pos] >> 4) - dmin * m2 for pos in range(32)]
     return y
 
 
@@ -126,8 +127,8 @@ def _q5_k(b):  # d dmin scales[12] qh[32] qs[128]
     for j in range(4):
         (s1, m1), (s2, m2), q = _scale_min_k4(2 * j, scales), _scale_min_k4(2 * j + 1, scales), qs[32 * j :]
         u1, u2 = 1 << (2 * j), 2 << (2 * j)
-        y += [d * s1 * ((q[l] & 0xF) + (16 if qh[l] & u1 else 0)) - dmin * m1 for l in range(32)]
-        y += [d * s2 * ((q[l] >> 4) + (16 if qh[l] & u2 else 0)) - dmin * m2 for l in range(32)]
+        y += [d * s1 * ((q[pos] & 0xF) + (16 if qh[pos] & u1 else 0)) - dmin * m1 for pos in range(32)]
+        y += [d * s2 * ((q[pos] >> 4) + (16 if qh[pos] & u2 else 0)) - dmin * m2 for pos in range(32)]
     return y
 
 
@@ -136,16 +137,16 @@ def _q6_k(b):  # ql[128] qh[64] scales[16] (int8) d
     y = [0.0] * 256
     for n in range(2):
         L, H, S = ql[64 * n :], qh[32 * n :], sc[8 * n :]
-        for l in range(32):
-            i = l // 16
+        for pos in range(32):
+            i = pos // 16
             q = [
-                ((L[l] & 0xF) | (((H[l] >> 0) & 3) << 4)) - 32,
-                ((L[l + 32] & 0xF) | (((H[l] >> 2) & 3) << 4)) - 32,
-                ((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32,
-                ((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32,
+                ((L[pos] & 0xF) | (((H[pos] >> 0) & 3) << 4)) - 32,
+                ((L[pos + 32] & 0xF) | (((H[pos] >> 2) & 3) << 4)) - 32,
+                ((L[pos] >> 4) | (((H[pos] >> 4) & 3) << 4)) - 32,
+                ((L[pos + 32] >> 4) | (((H[pos] >> 6) & 3) << 4)) - 32,
             ]
             for k in range(4):
-                y[128 * n + l + 32 * k] = d * int(S[i + 2 * k]) * q[k]
+                y[128 * n + pos + 32 * k] = d * int(S[i + 2 * k]) * q[k]
     return y
 
 
@@ -178,7 +179,17 @@ def test_dequantize_follows_ggml_definition(qtype):
     np.testing.assert_allclose(dequantize(blocks, qtype), expected.reshape(3, block_size), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("qtype,bits", [(Q.Q8_0, 8), (Q.Q4_0, 4), (Q.Q4_1, 4), (Q.Q5_0, 5), (Q.Q5_1, 5)], ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize(
+    "qtype,bits",
+    [
+        (Q.Q8_0, 8),
+        (Q.Q4_0, 4),
+        (Q.Q4_1, 4),
+        (Q.Q5_0, 5),
+        (Q.Q5_1, 5),
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
 def test_block_types_round_trip_within_their_step(qtype, bits):
     x = np.random.default_rng(0).normal(size=(4, 256)).astype(np.float32)
     y = dequantize(quantize(x, qtype), qtype)
@@ -239,7 +250,11 @@ def random_model(arch: str):
         return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, rope_scaling=dict(LLAMA3_ROPE), **SHAPE))
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, rope_theta=10000.0, **SHAPE))
-        biases = [p for layer in model.model.layers for p in (layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias, layer.self_attn.v_proj.bias)]
+        biases = [
+            p
+            for layer in model.model.layers
+            for p in (layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias, layer.self_attn.v_proj.bias)
+        ]
     else:
         model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=True, head_dim=32, rope_theta=10000.0, **SHAPE))
         biases = [p for layer in model.model.layers for p in (layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)]
@@ -312,7 +327,9 @@ def test_an_unpermuted_llama_would_answer_differently(tmp_path):
 PLAIN_INV_FREQ = 10000.0 ** -(np.arange(0, 16, 2) / 16)  # (8,) rope_theta 10000, head size 16 (SHAPE)
 
 
-def llama3_inv_freq(theta: float, head_dim: int, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings, **_) -> np.ndarray:
+def llama3_inv_freq(
+    theta: float, head_dim: int, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings, **_
+) -> np.ndarray:
     """Meta's apply_scaling (llama-models, Llama 3.1) in float64, frequency by frequency -> (head_dim/2,)."""
     low_wavelen, high_wavelen = original_max_position_embeddings / low_freq_factor, original_max_position_embeddings / high_freq_factor
     scaled = []
@@ -361,7 +378,9 @@ def test_llama3_gguf_imports_with_its_rope_scaling(llama3_gguf, tmp_path):
 def test_llama3_gguf_as_llama_cpp_converts_llama_3_2(tmp_path):
     """convert_hf_to_gguf.py writes rope_freqs.weight and no original context (it assumes 8192): a model with Llama 3.2's
     rotary settings (rope_theta 500000, factor 32, original context 8192) is imported with exactly those."""
-    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192
+    }
     paddle.seed(25)
     shape = {**SHAPE, "max_position_embeddings": 131072}
     model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_theta=500000.0, rope_scaling=dict(scaling), **shape))
@@ -376,11 +395,18 @@ def test_llama3_gguf_as_llama_cpp_converts_llama_3_2(tmp_path):
 def test_rope_freqs_no_llama3_scaling_gives_are_refused(llama3_gguf, tmp_path):
     _, path = llama3_gguf
     dequantized_copy(path, tmp_path / "no-context.gguf", drop=("llama.rope.scaling.original_context_length",))
-    with pytest.raises(GGUFImportError, match=r"no-context.gguf: rope_freqs.weight is not llama3 rotary scaling with factor 8, "
-                       r"low_freq_factor 1, high_freq_factor 4 and original context 8192: value 2 is 8 where that scaling gives 1; not supported"):
+    with pytest.raises(
+        GGUFImportError,
+        match=r"no-context.gguf: rope_freqs.weight is not llama3 rotary scaling with factor 8, "
+        r"low_freq_factor 1, high_freq_factor 4 and original context 8192: value 2 is 8 where that scaling gives 1; not supported",
+    ):
         import_gguf(tmp_path / "no-context.gguf", tmp_path / "out")
     dequantized_copy(path, tmp_path / "odd.gguf", replace={"rope_freqs.weight": np.linspace(1, 8, 8, dtype=np.float32)})
-    with pytest.raises(GGUFImportError, match=r"odd.gguf: rope_freqs.weight is not llama3 rotary scaling with factor 8, .* context 32: value 2 is 3 where that scaling gives 8"):
+    with pytest.raises(
+        GGUFImportError,
+        match=r"odd.gguf: rope_freqs.weight is not llama3 rotary scaling with factor 8, .* context 32: "
+        r"value 2 is 3 where that scaling gives 8",
+    ):
         import_gguf(tmp_path / "odd.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -516,7 +542,9 @@ def test_command_imports_and_refuses_bad_input(tmp_path):
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= written
     again = subprocess.run(command + [str(tmp_path / "notes.gguf"), str(tmp_path / "out2")], capture_output=True, text=True, cwd=REPO)
     assert again.returncode == 2
-    assert again.stderr.strip().splitlines() == [f"error: {tmp_path / 'notes.gguf'}: not a GGUF file (it does not start with the bytes GGUF)"]
+    assert again.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'notes.gguf'}: not a GGUF file (it does not start with the bytes GGUF)"
+    ]
 
 
 def test_refusals_name_the_file_and_the_key(tmp_path):
@@ -527,7 +555,9 @@ def test_refusals_name_the_file_and_the_key(tmp_path):
         import_gguf(tmp_path / "model.gguf", tmp_path / "out")
     assert import_gguf(tmp_path / "model.gguf", tmp_path / "out", overwrite=True) == tmp_path / "out"
     write_gguf(tmp_path / "model", tmp_path / "odd-pre.gguf", Q.F32, pre="no-such-pre")
-    with pytest.raises(GGUFImportError, match=r"odd-pre.gguf: tokenizer.ggml.pre is 'no-such-pre', a pre-tokenizer the importer does not know"):
+    with pytest.raises(
+        GGUFImportError, match=r"odd-pre.gguf: tokenizer.ggml.pre is 'no-such-pre', a pre-tokenizer the importer does not know"
+    ):
         import_gguf(tmp_path / "odd-pre.gguf", tmp_path / "out2")
     assert not (tmp_path / "out2").exists() and not list(tmp_path.glob(".out2.*"))  # nothing half-written is left
     finish(gguf.GGUFWriter(str(tmp_path / "gemma.gguf"), "gemma"))
@@ -538,7 +568,9 @@ def test_refusals_name_the_file_and_the_key(tmp_path):
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
 
     write_gguf(tmp_path / "model", tmp_path / "yarn.gguf", Q.F32, vocabulary=yarn)
-    with pytest.raises(GGUFImportError, match=r"yarn.gguf: scaled rotary positions \(qwen2.rope.scaling.type 'yarn', factor 1\): not supported"):
+    with pytest.raises(
+        GGUFImportError, match=r"yarn.gguf: scaled rotary positions \(qwen2.rope.scaling.type 'yarn', factor 1\): not supported"
+    ):
         import_gguf(tmp_path / "yarn.gguf", tmp_path / "out5")
     (tmp_path / "cut.gguf").write_bytes((tmp_path / "model.gguf").read_bytes()[:5000])
     with pytest.raises(GGUFImportError, match=r"cut.gguf: not a readable GGUF file"):
@@ -569,10 +601,13 @@ def overriding(**keys):
         ({"qwen2__block_count": (4_000_000_000, U32), "qwen2__feed_forward_length": (4_000_000_000, U32)},
          r"qwen2.block_count is 4000000000, but the file holds layers 0-1 \(2 layers\)"),
         ({"qwen2__block_count": (1, U32)}, r"qwen2.block_count is 1, but the file holds layers 0-1 \(2 layers\)"),
-        ({"qwen2__feed_forward_length": (4_000_000_000, U32)}, r"tensor blk.0.ffn_\w+.weight is \(\d+, \d+\), where the metadata \(qwen2.\*\) make it"),
+        ({"qwen2__feed_forward_length": (4_000_000_000, U32)},
+         r"tensor blk.0.ffn_\w+.weight is \(\d+, \d+\), where the metadata \(qwen2.\*\) make it"),
         ({"qwen2__attention__head_count_kv": (4, U32)}, r"tensor blk.0.attn_k.\w+ is .*, where the metadata \(qwen2.\*\) make it"),
-        ({"tokenizer__ggml__eos_token_id": (10**9, U32)}, "tokenizer.ggml.eos_token_id is 1000000000, outside the vocabulary of 451 tokens"),
-        ({"tokenizer__chat_template": (NESTED_LOOPS, STRING)}, "tokenizer.chat_template took more than 1 s of CPU time to render one conversation"),
+        ({"tokenizer__ggml__eos_token_id": (10**9, U32)},
+         "tokenizer.ggml.eos_token_id is 1000000000, outside the vocabulary of 451 tokens"),
+        ({"tokenizer__chat_template": (NESTED_LOOPS, STRING)},
+         "tokenizer.chat_template took more than 1 s of CPU time to render one conversation"),
         ({"tokenizer__chat_template": ("{% for i in range(100000) %}" + "x" * 20 + "{% endfor %}", STRING)},
          "tokenizer.chat_template rendered one conversation as 2000000 characters or tokens, more than 1048576"),
     ],
@@ -597,7 +632,9 @@ def test_tensors_that_share_bytes_are_refused(tmp_path):
     tensors["blk.1.ffn_up.weight"].field.parts[-1][0] = tensors["blk.1.ffn_gate.weight"].field.parts[-1][0]  # its data offset
     reader.data.flush()
     del reader
-    with pytest.raises(GGUFImportError, match=r"shared.gguf: tensor blk.1.ffn_\w+.weight's bytes \d+-\d+ overlap tensor blk.1.ffn_\w+.weight's"):
+    with pytest.raises(
+        GGUFImportError, match=r"shared.gguf: tensor blk.1.ffn_\w+.weight's bytes \d+-\d+ overlap tensor blk.1.ffn_\w+.weight's"
+    ):
         import_gguf(tmp_path / "shared.gguf", tmp_path / "out")
 
 
@@ -632,7 +669,8 @@ SMOLLM2_TOKENS = {
     "  multiple   spaces\n\n\ttabs \n":
         [216, 2701, 256, 5600, 1116, 197, 100, 7366, 3717],
     "Café déjà vu — naïve façade, 日本語 and 🙂 emoji":
-        [51, 1939, 2756, 32564, 90, 16739, 386, 101, 1841, 15486, 46494, 40852, 28, 17097, 241, 115, 40993, 179, 120, 248, 284, 47526, 649, 33777],
+        [51, 1939, 2756, 32564, 90, 16739, 386, 101, 1841, 15486, 46494, 40852, 28, 17097, 241, 115, 40993, 179, 120, 248, 284,
+         47526, 649, 33777],
     "I'm sure we'LL see: don't, can't, he's":
         [57, 5248, 2090, 392, 23, 16421, 963, 42, 1326, 982, 28, 416, 982, 28, 384, 506],
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 12+34?<|im_end|>\n<|im_start|>assistant\n":
@@ -640,15 +678,19 @@ SMOLLM2_TOKENS = {
     "x\r\ny  \n  z\n\n\n":
         [104, 201, 198, 105, 256, 3805, 1892, 16506],
     "3.14159 x 2^10 = 1024; -42, +7, 1,000,000 and 0.5%":
-        [35, 30, 33, 36, 33, 37, 41, 1792, 216, 34, 78, 33, 32, 446, 216, 33, 32, 34, 36, 43, 731, 36, 34, 28, 1232, 39, 28, 216, 33, 28, 32, 32, 32, 28, 32, 32, 32, 284, 216, 32, 30, 37, 21],
+        [35, 30, 33, 36, 33, 37, 41, 1792, 216, 34, 78, 33, 32, 446, 216, 33, 32, 34, 36, 43, 731, 36, 34, 28, 1232, 39, 28, 216, 33, 28,
+         32, 32, 32, 28, 32, 32, 32, 284, 216, 32, 30, 37, 21],
     "def f(x):\n    return x ** 2  # square\n":
         [1604, 275, 24, 104, 727, 472, 1003, 1792, 1903, 216, 34, 216, 907, 5222, 198],
     "Ünïcödé ÀÉÎÕÜ ß ﬁ Ωμέγα Привет мир مرحبا नमस्ते":
-        [142, 246, 94, 25972, 83, 7466, 84, 2756, 5549, 218, 39614, 142, 232, 142, 239, 142, 246, 5549, 249, 40367, 5664, 119, 16674, 34075, 23098, 8998, 5470, 249, 46879, 16464, 32547, 41337, 7872, 9175, 36395, 20602, 44626, 31462, 10805, 12335, 118, 35090, 38770, 16525, 26293, 30581],
+        [142, 246, 94, 25972, 83, 7466, 84, 2756, 5549, 218, 39614, 142, 232, 142, 239, 142, 246, 5549, 249, 40367, 5664, 119, 16674,
+         34075, 23098, 8998, 5470, 249, 46879, 16464, 32547, 41337, 7872, 9175, 36395, 20602, 44626, 31462, 10805, 12335, 118, 35090,
+         38770, 16525, 26293, 30581],
     "a\u00a0b\u2003c\u200bd":
         [81, 15442, 82, 321, 221, 83, 321, 229, 84],
     "<reasoning>\nFirst, 17 * 23 = 391.\n</reasoning>\n<answer>\n391\n</answer>":
-        [44, 23759, 274, 46, 198, 5345, 28, 216, 33, 39, 1672, 216, 34, 35, 446, 216, 35, 41, 33, 30, 198, 9617, 23759, 274, 46, 198, 44, 11247, 46, 198, 35, 41, 33, 198, 9617, 11247, 46],
+        [44, 23759, 274, 46, 198, 5345, 28, 216, 33, 39, 1672, 216, 34, 35, 446, 216, 35, 41, 33, 30, 198, 9617, 23759, 274, 46, 198,
+         44, 11247, 46, 198, 35, 41, 33, 198, 9617, 11247, 46],
     "   leading and trailing   ":
         [256, 2899, 284, 35079, 333],
     "<|endoftext|>text<|im_end|><|im_start|>":
@@ -677,7 +719,9 @@ def test_smollm2_config_and_special_tokens(smollm2):
 def test_smollm2_answers_greedily_and_stops_at_im_end(smollm2):
     model, tokenizer = load_causal_lm(str(smollm2)), load_tokenizer(str(smollm2))
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = tokenizer(tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(
+        tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )["input_ids"]
     engine = EagerEngine(model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
     rollout = engine.generate([ids], 1, SamplingParams(max_new_tokens=24, greedy=True))
     answer = tokenizer.decode(rollout.completion_ids[0][rollout.completion_mask[0] > 0].tolist())
@@ -773,7 +817,8 @@ def test_random_models_logits_equal_llama_cpp(arch, tmp_path):
     save_model(random_model(arch), str(model_dir))
     write_gguf(model_dir, tmp_path / "model.gguf", Q.F32)
     folder = import_gguf(tmp_path / "model.gguf", tmp_path / "imported")
-    np.testing.assert_allclose(logits(folder), llama_cpp_logits(tmp_path / "model.gguf", TEXTS), rtol=0, atol=1e-5)  # measured: 1.2e-6 to 3.7e-6
+    # measured: 1.2e-6 to 3.7e-6
+    np.testing.assert_allclose(logits(folder), llama_cpp_logits(tmp_path / "model.gguf", TEXTS), rtol=0, atol=1e-5)
 
 
 @pytest.mark.llamacpp

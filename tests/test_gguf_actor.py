@@ -85,7 +85,9 @@ def test_a_gguf_actor_trains_and_is_imported_once(tmp_path):
     assert json.loads((out / "grpo_config.json").read_text())["actor_model_name_or_path"] == str(source)  # what a resume compares
     imported = stamp(folder)
 
-    again = run("--actor_model_name_or_path", str(source), "--output_dir", str(out), "--kl_loss_coeff", "0.01", "--resume_from_checkpoint", "auto")
+    again = run(
+        "--actor_model_name_or_path", str(source), "--output_dir", str(out), "--kl_loss_coeff", "0.01", "--resume_from_checkpoint", "auto"
+    )
     assert f"actor_model_name_or_path: {source} is unchanged since its import: loading {folder}" in again.stdout
     assert "nothing to train" in again.stdout and stamp(folder) == imported
 

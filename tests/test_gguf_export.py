@@ -20,10 +20,11 @@ from safetensors.numpy import load_file
 from test_gguf import TINY, random_model, smollm2  # noqa: F401  (smollm2: a fixture)
 from tiny_models import LLAMA3_ROPE
 
-from alignment.export import ExportError, export_gguf
+from alignment.errors import ExportError, GGUFExportError
+from alignment.export import export_gguf
 from alignment.gguf import import_gguf
 from alignment.merge_lora import merge_lora
-from alignment.models.gguf_export import PROBES, GGUFExportError
+from alignment.models.gguf_export import PROBES
 from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
@@ -108,7 +109,10 @@ def test_random_llama_and_qwen3_round_trip(arch, tmp_path):
     assert set(original) - set(imported) <= {"lm_head.weight"}
     for name, weight in imported.items():
         np.testing.assert_array_equal(weight, original[name], err_msg=name)
-    assert json.loads((back / "config.json").read_text())["head_dim"] == json.loads((folder / "config.json").read_text()).get("head_dim", 16)
+    assert (
+        json.loads((back / "config.json").read_text())["head_dim"]
+        == json.loads((folder / "config.json").read_text()).get("head_dim", 16)
+    )
     assert json.loads((back / "config.json").read_text())["rope_scaling"] == (LLAMA3_ROPE if arch == "llama3" else None)
 
 
@@ -145,7 +149,11 @@ def test_refusals_name_the_file(checkpoint, tmp_path):
         export_gguf(gemma, tmp_path / "gemma.gguf")
     assert not list(tmp_path.glob("*gemma.gguf*"))  # nothing half-written
     (gemma / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()), "rope_scaling": LLAMA3_ROPE}))
-    with pytest.raises(GGUFExportError, match=r"gemma/config.json: rope_scaling .* \(scaled rotary positions\): not supported; the export writes llama3 scaling of llama models"):
+    with pytest.raises(
+        GGUFExportError,
+        match=r"gemma/config.json: rope_scaling .* \(scaled rotary positions\): not supported; "
+        r"the export writes llama3 scaling of llama models",
+    ):
         export_gguf(gemma, tmp_path / "gemma.gguf")  # llama3 scaling on a qwen2 model
     done = subprocess.run([sys.executable, "-m", "alignment.export", str(tmp_path / "none"), str(tmp_path / "x.gguf"), "--format", "gguf"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -155,13 +163,14 @@ def test_refusals_name_the_file(checkpoint, tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 # llama.cpp (llama-cpp-python in the Python GRPO_LLAMA_CPP_PYTHON names): greedy continuations of the exported file.
 
-LLAMA_CPP_GREEDY = r"""
+LLAMA_CPP_GREEDY = (r"""
 import json, sys
 import numpy as np
 import llama_cpp
 
 task = json.load(sys.stdin)
-model = llama_cpp.Llama(model_path=task["gguf"], n_ctx=512, n_batch=512, n_threads=2, logits_all=True, verbose=False,  # scores filled only with logits_all
+model = llama_cpp.Llama(model_path=task["gguf"], n_ctx=512, n_batch=512, n_threads=2, logits_all=True, verbose=False,"""
+                    r"""  # scores filled only with logits_all
                         type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
 answers = []
 for ids in task["prompts"]:
@@ -173,12 +182,13 @@ for ids in task["prompts"]:
         model.eval(answer[-1:])
     answers.append(answer)
 print(json.dumps(answers))
-"""
+""")
 
 
 # skipped before any fixture is set up (SmolLM2's import alone takes seconds)
 needs_llama_cpp = pytest.mark.skipif(
-    not os.environ.get("GRPO_LLAMA_CPP_PYTHON"), reason="GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (README: Real models from GGUF)"
+    not os.environ.get("GRPO_LLAMA_CPP_PYTHON"),
+    reason="GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (README: Real models from GGUF)",
 )
 
 
@@ -194,14 +204,19 @@ def trainer_greedy(folder: Path, prompt_ids: list, max_new_tokens: int) -> tuple
     """-> (the eager engine's greedy completions, each through its stop token, the stop ids)."""
     model, tokenizer = load_causal_lm(str(folder)), load_tokenizer(str(folder))
     stop = stop_token_ids(model, tokenizer)
-    rollout = EagerEngine(model, stop, tokenizer.pad_token_id).generate(prompt_ids, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
+    rollout = EagerEngine(model, stop, tokenizer.pad_token_id).generate(
+        prompt_ids, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    )
     return [rollout.completion_ids[i, : rollout.lengths[i]].tolist() for i in range(len(prompt_ids))], stop
 
 
 def agreement(expected: list, got: list) -> tuple:
     """-> (fraction of the expected tokens that llama.cpp gave at the same place, the first divergence in each answer)."""
     same = sum(sum(a == b for a, b in zip(e, g)) for e, g in zip(expected, got))
-    first = [next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), None if len(e) == len(g) else min(len(e), len(g))) for e, g in zip(expected, got)]
+    first = [
+        next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), None if len(e) == len(g) else min(len(e), len(g)))
+        for e, g in zip(expected, got)
+    ]
     return same / sum(map(len, expected)), first
 
 

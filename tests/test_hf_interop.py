@@ -49,7 +49,9 @@ def torch_side(*args) -> str:
 
 
 def export_command(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "alignment.export", *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "alignment.export", *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 def padded_batch(tokenizer) -> dict:
@@ -59,7 +61,11 @@ def padded_batch(tokenizer) -> dict:
                for text in (TEXT, "How many?")]
     completions = np.array([[60, 61, 62, 63, 64], [70, 71, 72, 0, 0]])
     batch = make_token_batch(prompts, completions, (completions > 0).astype(np.float32), tokenizer.pad_token_id)
-    return {"input_ids": batch.input_ids.numpy(), "attention_mask": batch.attention_mask.numpy(), "position_ids": batch.position_ids.numpy()}
+    return {
+        "input_ids": batch.input_ids.numpy(),
+        "attention_mask": batch.attention_mask.numpy(),
+        "position_ids": batch.position_ids.numpy(),
+    }
 
 
 def paddle_logits(model, batch: dict) -> np.ndarray:
@@ -117,7 +123,9 @@ def test_an_exported_checkpoint_loads_in_transformers_with_our_logits(transforme
     optimizer.step()  # every weight moves: the export must carry trained weights, not the starting ones
     trained = paddle_logits(model, batch)
     assert np.abs(trained - before).max() > 1e-2
-    checkpoint = save_checkpoint(str(tmp_path / "run"), 1, CheckpointContents(model, tokenizer, optimizer.state_dict(), "{}", {}), keep=None)
+    checkpoint = save_checkpoint(
+        str(tmp_path / "run"), 1, CheckpointContents(model, tokenizer, optimizer.state_dict(), "{}", {}), keep=None
+    )
 
     done = export_command(checkpoint, tmp_path / "exported")
     assert done.returncode == 0, done.stderr
@@ -143,17 +151,31 @@ def smollm2_batch(tokenizer) -> dict:
     right-padded, as the trainer lays them out -> input_ids, attention_mask, position_ids (3, L)."""
     conversations = [
         [{"role": "user", "content": "What is 17 * 23? Answer with digits."}],
-        [{"role": "system", "content": "Réponds en français, s'il te plaît."}, {"role": "user", "content": "Café, 日本語 and 🙂: ½ + ² = ?"}],
-        [{"role": "user", "content": "3.14159 x 2^10 = 1024?"}, {"role": "assistant", "content": "No."}, {"role": "user", "content": "Why not?"}],
+        [
+            {"role": "system", "content": "Réponds en français, s'il te plaît."},
+            {"role": "user", "content": "Café, 日本語 and 🙂: ½ + ² = ?"},
+        ],
+        [
+            {"role": "user", "content": "3.14159 x 2^10 = 1024?"},
+            {"role": "assistant", "content": "No."},
+            {"role": "user", "content": "Why not?"},
+        ],
     ]
     prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations]
-    answers = [tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"] for text in ("391", "Un demi, ½ — ça fait", "Because 2^10 = 1024.")]
+    answers = [
+        tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        for text in ("391", "Un demi, ½ — ça fait", "Because 2^10 = 1024.")
+    ]
     completions = np.full((3, max(map(len, answers))), tokenizer.pad_token_id)
     mask = np.zeros(completions.shape, dtype=np.float32)
     for row, answer in enumerate(answers):
         completions[row, : len(answer)], mask[row, : len(answer)] = answer, 1
     batch = make_token_batch(prompts, completions, mask, tokenizer.pad_token_id)
-    return {"input_ids": batch.input_ids.numpy(), "attention_mask": batch.attention_mask.numpy(), "position_ids": batch.position_ids.numpy()}
+    return {
+        "input_ids": batch.input_ids.numpy(),
+        "attention_mask": batch.attention_mask.numpy(),
+        "position_ids": batch.position_ids.numpy(),
+    }
 
 
 @hf

@@ -67,7 +67,9 @@ def bare_environment(folder: Path) -> Path:
 
 
 def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--python", str(python), *args], env=PIP_ENV, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), *args], env=PIP_ENV, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from reward_servers import reward_server
 
+from alignment.errors import ConfigError
 from alignment.models.modeling import load_tokenizer
 from alignment.rewards import get_reward, score_completions
-from alignment.rewards.remote import score_remote
+from alignment.rewards.remote import RewardServer, score_remote
 from alignment.run.build import load_prompts
-from alignment.run.config import ConfigError, load_config
+from alignment.run.config import load_config
 from alignment.run.data import encode_prompts, read_prompt_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "kk"))
@@ -293,5 +294,7 @@ def test_the_templated_prompt_reaches_the_reward_server(tmp_path):
     samples = kk_samples("config/kk/chat_template.jinja", tmp_path)[:4]
     completions = [f"Reasoning.</think><answer>{sample['tgt']}</answer>" for sample in samples]
     with reward_server(tmp_path) as server:
-        table = score_remote(completions, samples, ["knights_knaves"], [1.0], url=server.url, protocol="v1", timeout=60, retries=0, api_key=None)
+        table = score_remote(
+            completions, samples, ["knights_knaves"], [1.0], RewardServer(url=server.url, protocol="v1", timeout=60, retries=0)
+        )
     assert table.totals == [3.0] * 4 and table.errors == [None] * 4

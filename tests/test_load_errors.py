@@ -49,7 +49,10 @@ def misshape_a_weight(folder: Path) -> str:
     weights = load_file(folder / "model.safetensors")
     weights["model.layers.0.mlp.up_proj.weight"] = np.zeros((700, 256), np.float32)  # config.json: intermediate_size 768
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    return f"{folder}/model.safetensors: model.layers.0.mlp.up_proj.weight has shape [700, 256], but {folder}/config.json makes it [768, 256]"
+    return (
+        f"{folder}/model.safetensors: model.layers.0.mlp.up_proj.weight has shape [700, 256], "
+        f"but {folder}/config.json makes it [768, 256]"
+    )
 
 
 def config_not_json(folder: Path) -> str:
@@ -111,12 +114,15 @@ def test_the_checks_pass_an_intact_folder_and_keep_the_parameter_names(tmp_path)
     with unique_name.guard():
         loaded = [p.name for p in load_causal_lm(str(TINY_MODEL)).parameters()]
     with unique_name.guard():
-        plain = [p.name for p in AutoModelForCausalLM.from_pretrained(str(TINY_MODEL), load_checkpoint_format="unified_checkpoint").parameters()]
+        plain = [
+            p.name for p in AutoModelForCausalLM.from_pretrained(str(TINY_MODEL), load_checkpoint_format="unified_checkpoint").parameters()
+        ]
     assert loaded == plain and loaded[0] == "embedding_0.w_0"
 
 
 def test_a_sharded_folder_loads_and_a_missing_shard_is_named(tmp_path):
-    from alignment.models.modeling import ModelLoadError, load_causal_lm
+    from alignment.errors import ModelLoadError
+    from alignment.models.modeling import load_causal_lm
 
     folder = tmp_path / "sharded"
     shutil.copytree(TINY_MODEL, folder)
@@ -128,9 +134,14 @@ def test_a_sharded_folder_loads_and_a_missing_shard_is_named(tmp_path):
         save_file({name: weights[name] for name in part}, folder / file, metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {name: file for file, part in shards.items() for name in part}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert sum(p.numel().item() for p in load_causal_lm(str(folder)).parameters()) == sum(w.size for w in weights.values()) - weights["lm_head.weight"].size
+    assert (
+        sum(p.numel().item() for p in load_causal_lm(str(folder)).parameters())
+        == sum(w.size for w in weights.values()) - weights["lm_head.weight"].size
+    )
     (folder / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match=f"^{folder}/model-00002-of-00002.safetensors: no such file, though model.safetensors.index.json names it$"):
+    with pytest.raises(
+        ModelLoadError, match=f"^{folder}/model-00002-of-00002.safetensors: no such file, though model.safetensors.index.json names it$"
+    ):
         load_causal_lm(str(folder))
 
 
@@ -170,8 +181,12 @@ def test_help_text_gives_each_key_its_type_default_aliases_and_meaning_in_groups
     assert "  --reward_functions STR [STR ...]  (default: [\"accuracy\", \"format\"]; alias: --reward_funcs)" in lines
     assert "  --lora [true|false]  (default: false; alias: --use_peft)" in lines
     titles = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
-    assert titles == ["Model and data:", "Rollout:", "Algorithm:", "Multi-turn rollouts with tools:", "Optimisation:", "Evaluation, logging, checkpoints:"]
-    assert lines.index("Rollout:") < lines.index(next(line for line in lines if line.startswith("  --rollout_n "))) < lines.index("Algorithm:")
+    assert titles == [
+        "Model and data:", "Rollout:", "Algorithm:", "Multi-turn rollouts with tools:", "Optimisation:", "Evaluation, logging, checkpoints:"
+    ]
+    assert (
+        lines.index("Rollout:") < lines.index(next(line for line in lines if line.startswith("  --rollout_n "))) < lines.index("Algorithm:")
+    )
     assert all(len(line) <= 80 for line in help_text(width=80).splitlines())
     assert len(KEYS) == sum(line.startswith("  --") for line in lines)
 
@@ -195,5 +210,7 @@ def test_the_end_message_gives_commands_that_work_as_printed(tmp_path):
     assert chat == [f"{bin_dir}/python", "-m", "alignment.chat", checkpoint]
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Mia has 2 apples. She buys 3 more. How many apples does Mia have now?\n")
-    answered = subprocess.run([*chat, "--prompts", str(prompts), "--greedy", "--max_dec_len", "4"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    answered = subprocess.run(
+        [*chat, "--prompts", str(prompts), "--greedy", "--max_dec_len", "4"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert answered.returncode == 0 and answered.stdout.startswith("> Mia has 2 apples."), answered.stderr[-3000:]

@@ -99,7 +99,9 @@ def test_checkpoint_holds_only_the_adapter_resumes_and_merges_to_the_same_logits
     train_steps(model, optimizer)
     run_config = json.dumps({"actor_model_name_or_path": str(tmp_path / "base")})
     tokenizer = load_tokenizer("data/tiny-qwen2")
-    path = save_checkpoint(str(tmp_path / "run"), 2, CheckpointContents(model, tokenizer, optimizer.state_dict(), run_config, {"total_steps": 10}), None)
+    path = save_checkpoint(
+        str(tmp_path / "run"), 2, CheckpointContents(model, tokenizer, optimizer.state_dict(), run_config, {"total_steps": 10}), None
+    )
 
     files = {p.name for p in path.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"} <= files
@@ -134,7 +136,9 @@ def test_checkpoint_holds_only_the_adapter_resumes_and_merges_to_the_same_logits
 
 def test_a_resume_with_other_lora_settings_names_the_difference(tmp_path):
     model = with_lora(qwen2_tied)
-    save_checkpoint(str(tmp_path), 1, CheckpointContents(model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}), None)
+    save_checkpoint(
+        str(tmp_path), 1, CheckpointContents(model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}), None
+    )
     other_rank = apply_lora(qwen2_tied(), 8, 8.0, 0.0, TARGETS)
     with pytest.raises(ValueError, match="r 4, lora_alpha 8.0; the model's adapters have lora_rank 8"):
         load_adapter(other_rank, tmp_path / "checkpoint-1")
@@ -146,9 +150,14 @@ def test_a_resume_with_other_lora_settings_names_the_difference(tmp_path):
 
 def test_export_and_merge_point_at_each_other(tmp_path, capsys):
     model = with_lora(qwen2_tied)
-    path = save_checkpoint(str(tmp_path), 1, CheckpointContents(model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}), None)
+    path = save_checkpoint(
+        str(tmp_path), 1, CheckpointContents(model, load_tokenizer("data/tiny-qwen2"), optimizer_for(model).state_dict(), "{}", {}), None
+    )
     assert alignment.export.main([str(path), str(tmp_path / "out")]) == 2
-    advice = f"a LoRA checkpoint, which holds the adapter and not the model; merge it into its base model with: python -m alignment.merge_lora {path}"
+    advice = (
+        "a LoRA checkpoint, which holds the adapter and not the model; "
+        f"merge it into its base model with: python -m alignment.merge_lora {path}"
+    )
     assert advice in capsys.readouterr().err
     assert merge_main([str(path), str(tmp_path / "out")]) == 2  # no base named anywhere
     assert "names the base model; pass --base" in capsys.readouterr().err
@@ -197,7 +206,7 @@ def test_recompute_covers_every_layer_and_keeps_the_gradients(monkeypatch):
 @needs_ops
 @BUILDERS
 def test_the_fused_engine_decodes_with_the_merged_adapters(build):
-    from alignment.rollout import WeightSyncError
+    from alignment.errors import WeightSyncError
     from alignment.rollout.fused import FusedEngine
 
     model = with_lora(build, dropout=0.1)

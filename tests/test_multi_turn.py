@@ -9,12 +9,13 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.algo.core import LossSettings, policy_loss
+from alignment.algo.loss import LossInputs, LossSettings, policy_loss
+from alignment.errors import ConfigError
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits, check_template, episode_sums
 from alignment.rollout.ops import load_ops
-from alignment.run.config import ConfigError, GRPOConfig
+from alignment.run.config import GRPOConfig
 from alignment.run.plugins import load_plugins
 from alignment.step.update import policy_logprobs
 from alignment.tools import ToolSettings, get_environment, get_tool
@@ -144,7 +145,7 @@ def test_the_environments_tokens_get_no_gradient(tiny):
         if by_hand:  # - sum over generated tokens of A * ratio(=1, value) * grad log pi
             loss = -(advantages.unsqueeze(1) * paddle.exp(logprobs - logprobs.detach()) * weights).sum()
         else:
-            loss = policy_loss(logprobs, logprobs.detach(), advantages, weights, paddle.to_tensor(mask), LossSettings())[0]
+            loss = policy_loss(logprobs, LossInputs(logprobs.detach(), advantages, weights, paddle.to_tensor(mask)), LossSettings())[0]
         loss.backward()
         return [p.grad.numpy().copy() for p in model.parameters() if p.grad is not None]
 
@@ -223,7 +224,7 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
     ids=["a tool prints the answer", "the model writes it"],
 )
 def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns, tool_answer, reward):
-    from alignment.rewards.scorer import build_scorer
+    from alignment.run.scorer import build_scorer
     from alignment.rollout import Rollout
     from alignment.run.config import load_config
     from alignment.run.data import EncodedPrompt, PromptRecord

@@ -14,35 +14,35 @@ import pytest
 from test_variants import _config, _scored, setup  # noqa: F401  (the module fixture)
 from tiny_models import put_a_nan_in_the_final_norm
 
+from alignment.errors import NonFiniteError
 from alignment.parallel.distributed import World
-from alignment.parallel.optim import NonFiniteError
 from alignment.run.config import load_config
 from alignment.step.trainer import train
-from alignment.step.update import update_policy
+from alignment.step.update import Learner, update_policy
 
 
 def _update(model, scored, config):
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
     optimizer = paddle.optimizer.SGD(0.5, parameters=model.parameters())
-    metrics = update_policy(model, None, optimizer, scored, config, World(0, 1), 0, step=1)
+    update = update_policy(Learner(model, None, optimizer), scored, config, World(0, 1), 0, step=1)
     changed = any(not np.array_equal(p.numpy(), b) for p, b in zip(model.parameters(), before))
-    return metrics, changed
+    return update, changed
 
 
 def test_a_nan_rollout_logprob_skips_the_update_and_names_it(setup):  # noqa: F811
     tokenizer, model, _, _, rollout = setup
     config = _config()
     scored = _scored(setup, config)
-    metrics, changed = _update(model, scored, config)
-    assert metrics["skipped_phase"] is None and changed and np.isfinite(metrics["loss"])
+    update, changed = _update(model, scored, config)
+    assert update.skipped_phase is None and changed and np.isfinite(update.metrics["loss"])
     poisoned = rollout.logprobs.copy()
     poisoned[3, 0] = np.nan  # one token the engine reported as NaN
     bad = dataclasses.replace(scored, rollout=dataclasses.replace(rollout, logprobs=poisoned))
-    metrics, changed = _update(model, bad, config)
-    assert metrics["skipped_phase"] == "the importance weights (the rollout engine's log-probs)"
+    update, changed = _update(model, bad, config)
+    assert update.skipped_phase == "the importance weights (the rollout engine's log-probs)"
     assert not changed, "no optimizer step on NaN gradients"
-    assert metrics["loss"] is None and metrics["grad_norm"] is None  # logged as null, never NaN in the JSON
+    assert update.metrics["loss"] is None and update.metrics["grad_norm"] is None  # logged as null, never NaN in the JSON
 
 
 def test_a_reference_model_gone_bad_skips_steps_then_stops_naming_step_and_phase(tmp_path):

@@ -11,7 +11,7 @@ import test_train_ops
 from test_train_ops import qwen3_with_lora, swapped
 from tiny_models import PAD, qwen2_tied
 
-from alignment.algo.core import chunked_token_logprobs
+from alignment.algo.logprobs import chunked_token_logprobs
 from alignment.models.fused_train import groups_prompts, head_kernels
 from alignment.models.modeling import completion_hidden, enable_recompute, make_token_batch, output_head
 from alignment.models.prefix_grouper import grouped_completion_hidden, prompt_groups

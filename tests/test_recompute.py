@@ -12,9 +12,10 @@ import paddle
 import pytest
 from tiny_models import PAD, PROMPTS, llama_untied, qwen2_tied
 
-from alignment.algo.core import token_logprobs
+from alignment.algo.logprobs import token_logprobs
+from alignment.errors import ConfigError
 from alignment.models.modeling import completion_logits, enable_recompute, make_token_batch
-from alignment.run.config import ConfigError, load_config
+from alignment.run.config import load_config
 
 
 def gradients(model) -> dict:

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
+from alignment.errors import DataError
 from alignment.models.modeling import load_tokenizer
 from alignment.rewards import available_rewards
 from alignment.run.build import load_prompts
 from alignment.run.config import load_config
-from alignment.run.data import DataError
 
 ANY_COLUMN = r"any column \(tgt, answer, solution, response; response_key names another\) or a final assistant turn"
 QUESTION = "Mia has 12 apples. She buys 7 more. How many apples does Mia have now?"
@@ -40,14 +40,20 @@ def load(tmp_path, tokenizer, rows, *flags, rewards=()):
 REFUSED = [
     # (rows, reward functions (the tiny config's: accuracy, format), other flags, message after "FILE: ")
     ([{"src": QUESTION}] * 3, [], [], f"no row has a usable reference in {ANY_COLUMN} \\(needed by reward function accuracy\\)"),
-    ([{"src": QUESTION, "tgt": ""}, {"src": QUESTION, "tgt": " \n"}], [], [], r"no row has a usable reference in 'tgt' \(needed by reward function accuracy\)"),
-    ([{"question": QUESTION, "answer": "\t"}], [], ["--skip_bad_rows"], r"no row has a usable reference in 'answer' \(needed by reward function accuracy\)"),
-    ([{"messages": [{"role": "user", "content": QUESTION}]}], [], [], f"no row has a usable reference in {ANY_COLUMN} \\(needed by reward function accuracy\\)"),
-    ([{"src": QUESTION, "label": "  "}], ["correctness"], ["--response_key", "label"], r"no row has a usable reference in 'label' \(needed by reward function correctness\)"),
-    ([{"src": QUESTION, "label": ""}], ["format", "knights_knaves"], ["--response_key", "label"], r"no row has a usable reference in 'label' \(needed by reward function knights_knaves\)"),
+    ([{"src": QUESTION, "tgt": ""}, {"src": QUESTION, "tgt": " \n"}], [], [],
+     r"no row has a usable reference in 'tgt' \(needed by reward function accuracy\)"),
+    ([{"question": QUESTION, "answer": "\t"}], [], ["--skip_bad_rows"],
+     r"no row has a usable reference in 'answer' \(needed by reward function accuracy\)"),
+    ([{"messages": [{"role": "user", "content": QUESTION}]}], [], [],
+     f"no row has a usable reference in {ANY_COLUMN} \\(needed by reward function accuracy\\)"),
+    ([{"src": QUESTION, "label": "  "}], ["correctness"], ["--response_key", "label"],
+     r"no row has a usable reference in 'label' \(needed by reward function correctness\)"),
+    ([{"src": QUESTION, "label": ""}], ["format", "knights_knaves"], ["--response_key", "label"],
+     r"no row has a usable reference in 'label' \(needed by reward function knights_knaves\)"),
     ([{"src": QUESTION}], ["cosine"], [], f"no row has a usable reference in {ANY_COLUMN} \\(needed by reward function cosine\\)"),
     # The accuracy metric reads it too, whatever the rewards.
-    ([{"src": QUESTION}], ["format"], [], f"no row has a usable reference in {ANY_COLUMN} \\(needed by accuracy_function accuracy; name one there that reads none\\)"),
+    ([{"src": QUESTION}], ["format"], [],
+     f"no row has a usable reference in {ANY_COLUMN} \\(needed by accuracy_function accuracy; name one there that reads none\\)"),
 ]
 
 
@@ -82,13 +88,19 @@ def test_with_skip_bad_rows_rows_without_a_reference_are_skipped_and_counted(tmp
 
 def test_the_rewards_that_read_the_reference_say_so():
     assert {spec.name for spec in available_rewards() if spec.needs_reference} >= {"accuracy", "correctness", "cosine", "knights_knaves"}
-    assert not {spec.name for spec in available_rewards() if spec.needs_reference} & {"format", "xmlcount", "soft_format", "strict_format", "int_answer", "repetition", "soft_overlong"}
+    assert not {spec.name for spec in available_rewards() if spec.needs_reference} & {
+        "format", "xmlcount", "soft_format", "strict_format", "int_answer", "repetition", "soft_overlong"
+    }
 
 
 def test_run_grpo_stops_before_loading_a_model(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text(json.dumps({"question": QUESTION}) + "\n")
-    command = [sys.executable, "run_grpo.py", "config/tiny/grpo_argument.json", "--train_datasets", str(path), "--output_dir", str(tmp_path / "out")]
+    command = [
+        sys.executable, "run_grpo.py", "config/tiny/grpo_argument.json",
+        "--train_datasets", str(path),
+        "--output_dir", str(tmp_path / "out"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (

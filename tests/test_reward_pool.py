@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from alignment.rewards import register_reward
-from alignment.rewards.scorer import build_scorer
+from alignment.run.scorer import build_scorer
 from alignment.run.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]

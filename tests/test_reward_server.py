@@ -20,8 +20,9 @@ from openapi_spec_validator import validate as validate_openapi
 from reward_servers import API_KEY_ENV, REPO, foreign_server, free_port, reward_server, server_command
 from schemathesis import GenerationMode
 
+from alignment.errors import RewardServerError
 from alignment.rewards import RewardSettings, score_completions
-from alignment.rewards.remote import RewardServerError, score_remote
+from alignment.rewards.remote import RewardServer, score_remote
 from alignment.run.plugins import load_plugins
 
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"
@@ -427,7 +428,7 @@ def test_gsm8k_model_solutions_score_as_in_process_through_both_protocols(server
     local = score_completions(completions, samples, names, weights)
     for protocol in ("v1", "paddlenlp"):
         remote = score_remote(
-            completions, samples, names, weights, url=server.url, protocol=protocol, timeout=60, retries=0, api_key=None
+            completions, samples, names, weights, RewardServer(url=server.url, protocol=protocol, timeout=60, retries=0)
         )
         assert remote.totals == local.totals
         assert remote.columns == (local.columns if protocol == "v1" else {})
@@ -635,9 +636,10 @@ def test_health_and_the_schema_stay_open_with_a_key(keyed_server):
 
 
 def remote(items, names, url, **options):
-    options = {"protocol": "v1", "timeout": 30, "retries": 0, "api_key": None} | options
+    settings = options.pop("settings", None)
+    server = RewardServer(**({"url": url, "protocol": "v1", "timeout": 30, "retries": 0} | options))
     samples = [{k: v for k, v in item.items() if k != "completion"} for item in items]
-    return score_remote([i["completion"] for i in items], samples, names, [1.0] * len(names), url=url, **options)
+    return score_remote([i["completion"] for i in items], samples, names, [1.0] * len(names), server, settings)
 
 
 def test_score_remote_equals_in_process_through_v1(server):

@@ -20,7 +20,10 @@ from alignment.rewards.answers import last_answer_tag
 from alignment.rewards.logic_rewards import kk_reference_roles
 
 SOLVERS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
-BUILT_INS = ("accuracy", "correctness", "cosine", "format", "int_answer", "knights_knaves", "repetition", "soft_format", "soft_overlong", "strict_format", "xmlcount")
+BUILT_INS = (
+    "accuracy", "correctness", "cosine", "format", "int_answer", "knights_knaves",
+    "repetition", "soft_format", "soft_overlong", "strict_format", "xmlcount",
+)
 
 
 def score(name, completion, answer):

@@ -3,7 +3,7 @@ import paddle
 import pytest
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo.core import token_logprobs
+from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.eager import choose_tokens, top_p_filter

@@ -42,13 +42,17 @@ def parts(multi_turn: bool = False) -> list:
 def assert_same(got: list, expected: list) -> None:
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
-        assert (a.step, a.weights_step, a.seconds, a.sync_seconds, a.sync_gap) == (b.step, b.weights_step, b.seconds, b.sync_seconds, b.sync_gap)
+        assert (a.step, a.weights_step, a.seconds, a.sync_seconds, a.sync_gap) == (
+            b.step, b.weights_step, b.seconds, b.sync_seconds, b.sync_gap
+        )
         for name in ("completion_ids", "completion_mask", "logprobs", "environment_mask"):
             left, right = getattr(a.rollout, name), getattr(b.rollout, name)
             assert (left is None) == (right is None), name
             if left is not None:
                 assert left.dtype == right.dtype and np.array_equal(left, right), name
-        assert (a.rollout.prompt_ids, a.rollout.finish_reasons, a.rollout.group_size) == (b.rollout.prompt_ids, b.rollout.finish_reasons, b.rollout.group_size)
+        assert (a.rollout.prompt_ids, a.rollout.finish_reasons, a.rollout.group_size) == (
+            b.rollout.prompt_ids, b.rollout.finish_reasons, b.rollout.group_size
+        )
         assert a.rollout.episodes == b.rollout.episodes
 
 
@@ -130,7 +134,8 @@ def test_a_pickle_on_the_link_is_refused_not_run(tmp_path):
         ([b'["rollout"]'], "a message is list, not an object"),
         ([b'{"kind": "x", "fields": {}, "arrays": [["a", "object", [2]]]}'], r"lists an array as \['a', 'object', \[2\]\]"),
         ([b'{"kind": "x", "fields": {}, "arrays": [["a", "int64", [-1]]]}'], "not \\[name, one of int64, float32, shape\\]"),
-        ([b'{"kind": "x", "fields": {}, "arrays": [["a", "int64", [2]]]}', b"\0" * 15], "the array a came as 15 bytes; int64 \\(2,\\) is 16"),
+        ([b'{"kind": "x", "fields": {}, "arrays": [["a", "int64", [2]]]}', b"\0" * 15],
+         "the array a came as 15 bytes; int64 \\(2,\\) is 16"),
     ],
 )
 def test_a_message_that_is_not_one_is_an_error(frames, error):

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+# A learning rate large enough to move the weights well past float noise in 3 steps, a KL term, a sampled
+from alignment.errors import ConfigError
 from alignment.rollout.link import placement, rollout_order, words_after, worker_share
 from alignment.rollout.ops import load_ops
 from alignment.rollout.wire import load_parts
-from alignment.run.config import ConfigError, load_config
+from alignment.run.config import load_config
 
-# A learning rate large enough to move the weights well past float noise in 3 steps, a KL term, a sampled
 # evaluation on the training process's own engine; fp32 matmuls, importance sampling off and adam_epsilon 1e-6 as
 # in test_distributed.py (last-bit differences of the engine's log-probs, amplified by AdamW, stay below 1e-5).
 RUN = [
@@ -68,7 +69,10 @@ def finish(process: subprocess.Popen, out: Path) -> str:
 
 def records(out: Path, keep_rollout_keys: bool = True) -> list:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if not k.startswith(NOT_COMPARED) and (keep_rollout_keys or not k.startswith("rollout/"))} for row in rows]
+    return [
+        {k: v for k, v in row.items() if not k.startswith(NOT_COMPARED) and (keep_rollout_keys or not k.startswith("rollout/"))}
+        for row in rows
+    ]
 
 
 def logged_steps(out: Path) -> set:
@@ -142,7 +146,8 @@ def test_the_prompts_are_shared_out_contiguously():
         (["--async_generate", "true"], "async_generate generates beside training: it needs rollout_workers >= 1"),
         (["--rollout_workers", "1", "--dynamic_sampling", "true"], "dynamic_sampling with rollout_workers"),
         (["--rollout_workers", "1", "--sharding", "stage1"], "sharding = 'stage1' with rollout_workers"),
-        (["--rollout_workers", "3", "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "8"], "rollout_workers = 3 but a step has 2 prompts"),
+        (["--rollout_workers", "3", "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "8"],
+         "rollout_workers = 3 but a step has 2 prompts"),
         (["--rollout_workers", "-1"], "rollout_workers = -1: must be >= 0"),
     ],
 )
@@ -180,7 +185,9 @@ def handshake(trainer_key: bytes, worker_key: bytes, silent_worker: bool = False
             if not (silent_worker and not trainer):
                 connection.close()
 
-    worker = threading.Thread(target=side, args=("worker", lambda: Connection(socket.create_connection(server.getsockname()).detach()), worker_key, False))
+    worker = threading.Thread(
+        target=side, args=("worker", lambda: Connection(socket.create_connection(server.getsockname()).detach()), worker_key, False)
+    )
     worker.start()
     side("trainer", lambda: Connection(server.accept()[0].detach()), trainer_key, True)
     worker.join(timeout=30)
@@ -189,7 +196,7 @@ def handshake(trainer_key: bytes, worker_key: bytes, silent_worker: bool = False
 
 
 def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(monkeypatch):
-    from alignment import rollout_link
+    from alignment.rollout import link as rollout_link
 
     key = b"k" * 32
     genuine = rollout_link._authkey(key, "127.0.0.1", 4000)
@@ -228,7 +235,8 @@ def test_a_link_across_machines_needs_a_key_of_the_users(monkeypatch, endpoints,
 
 
 def test_the_link_file_must_be_private_to_its_user(tmp_path):
-    from alignment.rollout.link import RolloutWorkerError, _read_private, _write_private
+    from alignment.errors import RolloutWorkerError
+    from alignment.rollout.link import _read_private, _write_private
 
     path = tmp_path / "link.json"
     _write_private(path, {"address": ["127.0.0.1", 1], "key": "00"})
@@ -251,7 +259,11 @@ def colocated(tmp_path_factory, eval_file) -> Path:
 def test_synchronous_rollout_process_trains_as_a_colocated_run(tmp_path, colocated, eval_file):
     out = tmp_path / "out"
     finish(launch(out, 2, eval_file, "--max_steps", "3", *ROLLOUT), out)
-    base, expected, got = load_file("data/tiny-qwen2/model.safetensors"), load_file(str(colocated / "checkpoint-3" / "model.safetensors")), load_file(str(out / "checkpoint-3" / "model.safetensors"))
+    base, expected, got = (
+        load_file("data/tiny-qwen2/model.safetensors"),
+        load_file(str(colocated / "checkpoint-3" / "model.safetensors")),
+        load_file(str(out / "checkpoint-3" / "model.safetensors")),
+    )
     assert max(float(np.abs(expected[k] - base[k]).max()) for k in base) > 5e-3  # so that agreement to 1e-5 says something
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-5, err_msg=name)
@@ -268,7 +280,10 @@ def test_synchronous_rollout_process_trains_as_a_colocated_run(tmp_path, colocat
 
 @pytest.mark.slow
 def test_one_step_off_logs_staleness_and_resumes_exactly(tmp_path, eval_file):
-    flags = ["--max_steps", "5", "--save_steps", "2", "--learning_rate", "2e-3", *ROLLOUT, "--async_generate", "true", "--importance_sampling_correction", "true"]
+    flags = [
+        "--max_steps", "5", "--save_steps", "2", "--learning_rate", "2e-3", *ROLLOUT,
+        "--async_generate", "true", "--importance_sampling_correction", "true",
+    ]
     straight, killed = tmp_path / "straight" / "out", tmp_path / "killed" / "out"
     finish(launch(straight, 2, eval_file, *flags), straight)
     expected = records(straight)
@@ -285,7 +300,9 @@ def test_one_step_off_logs_staleness_and_resumes_exactly(tmp_path, eval_file):
 
     assert records(killed) == expected
     assert (killed / "checkpoint-4" / "model.safetensors").read_bytes() == (straight / "checkpoint-4" / "model.safetensors").read_bytes()
-    (due, [part]), (expected_due, [expected_part]) = (load_parts(out / "checkpoint-4" / "pending_rollout.safetensors") for out in (killed, straight))
+    (due, [part]), (expected_due, [expected_part]) = (
+        load_parts(out / "checkpoint-4" / "pending_rollout.safetensors") for out in (killed, straight)
+    )
     assert (due, part.weights_step) == (expected_due, expected_part.weights_step) == (5, 3)
     for field in ("completion_ids", "completion_mask", "logprobs"):
         np.testing.assert_array_equal(getattr(part.rollout, field), getattr(expected_part.rollout, field))
@@ -343,7 +360,10 @@ def test_a_rollout_process_that_dies_stops_the_run_with_the_last_step_saved(tmp_
     process.communicate(timeout=300)
     log = (tmp_path / "log" / "workerlog.0").read_text()
     errors = [line for line in log.splitlines() if line.startswith("run_grpo: error:")]
-    assert errors == ["run_grpo: error: rollout process 1 died without a word (killed, or out of memory): its log <log_dir>/workerlog.1 and the system log may say why"], log[-3000:]
+    assert errors == [
+        "run_grpo: error: rollout process 1 died without a word (killed, or out of memory): "
+        "its log <log_dir>/workerlog.1 and the system log may say why"
+    ], log[-3000:]
     saved = sorted(out.glob("checkpoint-*"))
     assert len(saved) == 1 and f"{saved[0]} holds the state after step {saved[0].name.split('-')[1]}" in log
     assert int(saved[0].name.split("-")[1]) in logged_steps(out) and (saved[0] / "trainer_state.json").is_file()

@@ -40,7 +40,10 @@ def test_a_second_run_in_the_same_output_dir_is_refused_or_replaces_it_when_told
     trainer(out, "--max_steps", "2", "--save_steps", "1")
     before = (out / "metrics.jsonl").read_text()
     line = error_line(trainer(out, "--max_steps", "1", expect=2))
-    assert f"output_dir {out} holds another run (checkpoint-1, checkpoint-2, completions.jsonl, curves.png, grpo_config.json, metrics.jsonl" in line
+    assert (
+        f"output_dir {out} holds another run (checkpoint-1, checkpoint-2, completions.jsonl, curves.png, grpo_config.json, metrics.jsonl"
+        in line
+    )
     assert "--resume_from_checkpoint auto" in line and "--overwrite_output_dir" in line
     assert (out / "metrics.jsonl").read_text() == before and (out / "checkpoint-2").is_dir()  # nothing touched
 
@@ -56,7 +59,9 @@ def test_retention_and_auto_follow_the_resumed_run_not_higher_steps_of_another(t
     trainer(out, "--max_steps", "4", "--save_steps", "1")  # checkpoints 1-4
     # resumed from checkpoint-1 with save_total_limit 1: the old rule kept the highest step numbers and
     # removed each checkpoint right after saving it
-    output = trainer(out, "--max_steps", "3", "--save_steps", "1", "--save_total_limit", "1", "--resume_from_checkpoint", str(out / "checkpoint-1"))
+    output = trainer(
+        out, "--max_steps", "3", "--save_steps", "1", "--save_total_limit", "1", "--resume_from_checkpoint", str(out / "checkpoint-1")
+    )
     assert f"checkpoint: {out}/checkpoint-3" in output
     # checkpoint-1: resumed from; checkpoint-3: the newest of this lineage; checkpoint-4: the first run's, left alone
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-3", "checkpoint-4"]
@@ -93,9 +98,14 @@ def test_resuming_with_changed_settings_refuses_what_changes_the_steps_and_print
     changed = next(line for line in output.splitlines() if line.startswith("resuming with changed settings: "))
     assert "mini_batch_size: 8 -> 16; rollout_n: 4 -> 8;" in changed and steps(out) == [1, 2, 3]  # refused keys first
     # max_steps at the checkpoint's step: nothing to do, said; below it: an error
-    assert f"nothing to train: {out}/checkpoint-3 is the run's last step (3)" in trainer(out, "--max_steps", "3", "--rollout_n", "8", "--resume_from_checkpoint", "auto")
+    assert f"nothing to train: {out}/checkpoint-3 is the run's last step (3)" in trainer(
+        out, "--max_steps", "3", "--rollout_n", "8", "--resume_from_checkpoint", "auto"
+    )
     line = error_line(trainer(out, "--max_steps", "2", "--rollout_n", "8", "--resume_from_checkpoint", "auto", expect=2))
-    assert line == f"run_grpo: error: max_steps: the run ends at step 2, before {out}/checkpoint-3 (step 3); give --max_steps above 3 to train further"
+    assert line == (
+        f"run_grpo: error: max_steps: the run ends at step 2, before {out}/checkpoint-3 (step 3); "
+        "give --max_steps above 3 to train further"
+    )
 
 
 def test_a_run_whose_rewards_all_fail_stops_with_the_reason(tmp_path):
@@ -115,5 +125,8 @@ def test_a_run_whose_rewards_all_fail_stops_with_the_reason(tmp_path):
         "run_grpo: error: step 2: no completion could be scored in 2 consecutive steps (max_consecutive_skips), so nothing "
         "was learned from them; the first error: right_unit: KeyError: 'units'"
     )
-    assert f"{out}/checkpoint-2 holds the state after step 2; mend the data or the reward functions, then rerun with --resume_from_checkpoint auto" in output
+    assert (
+        f"{out}/checkpoint-2 holds the state after step 2; mend the data or the reward functions, "
+        "then rerun with --resume_from_checkpoint auto"
+    ) in output
     assert steps(out) == [1, 2]

@@ -2,14 +2,16 @@ import numpy as np
 import paddle
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.algo.core import token_logprobs
+from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, load_causal_lm, make_token_batch, save_model
 from alignment.run.runtime import contiguous_kernels
 
 
 def small_model():
     paddle.seed(5)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
     return Qwen2ForCausalLM(config)
 
 

@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from alignment.run.config import ConfigError, load_config
+from alignment.errors import ConfigError
+from alignment.run.config import load_config
 from alignment.run.plugins import load_plugins, plugin_sources
 from alignment.tools import Episode, ToolSettings, get_environment
 from alignment.tools.sandbox import SandboxLimits, call_in_sandbox, isolation_missing, run_python
@@ -56,7 +57,9 @@ def test_the_code_runs_in_a_private_folder_of_its_own():
         ("import os; os.abort()", "was killed by SIGABRT"),
         ("x = bytearray(2 * 1024**3)", "ran out of memory (256 MB limit, tool_memory_mb)"),
         ("open('big', 'wb').write(b'x' * 32 * 2**20)", "exited with code 1: OSError: [Errno 27] File too large"),  # file_mb 16
-        ("for i in range(3): open(f'f{i}', 'wb').write(b'x' * 10 * 2**20)", "exited with code 1: OSError: [Errno 28] No space left on device"),  # disk_mb 24
+        # disk_mb 24
+        ("for i in range(3): open(f'f{i}', 'wb').write(b'x' * 10 * 2**20)",
+         "exited with code 1: OSError: [Errno 28] No space left on device"),
     ],
 )
 def test_failures_are_one_sentence(code, error):
@@ -208,8 +211,11 @@ def test_without_bubblewrap_the_python_tool_refuses_to_start_naming_what_is_miss
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     sandbox.isolation_missing.cache_clear()
     try:
-        with pytest.raises(ConfigError, match=r"tools: python run\(s\) code in a child process that must be isolated from this machine, "
-                                             r"and here bubblewrap \(bwrap\) is not installed: apt-get install bubblewrap .*set tool_isolation none"):
+        with pytest.raises(
+            ConfigError,
+            match=r"tools: python run\(s\) code in a child process that must be isolated from this machine, "
+            r"and here bubblewrap \(bwrap\) is not installed: apt-get install bubblewrap .*set tool_isolation none",
+        ):
             load_config(["config/tiny_tools/grpo_argument.json", "--tools", "python", "calculator"])
         assert load_config(["config/tiny_tools/grpo_argument.json", "--tools", "calculator"]).tools == ["calculator"]  # runs in process
         unisolated = load_config(["config/tiny_tools/grpo_argument.json", "--tools", "python", "--tool_isolation", "none"])
@@ -222,8 +228,16 @@ def test_without_bubblewrap_the_python_tool_refuses_to_start_naming_what_is_miss
 
 def test_a_call_runs_alongside_others_without_sharing_their_folder():
     results = []
-    threads = [threading.Thread(target=lambda i=i: results.append(run_python(f"open('mine', 'w').write('{i}'); import time; time.sleep(0.5); print(open('mine').read())", LIMITS).stdout.strip()))
-               for i in range(3)]
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.append(
+                run_python(
+                    f"open('mine', 'w').write('{i}'); import time; time.sleep(0.5); print(open('mine').read())", LIMITS
+                ).stdout.strip()
+            )
+        )
+        for i in range(3)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

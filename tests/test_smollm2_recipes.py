@@ -47,11 +47,15 @@ def test_recipe_validates_against_the_imported_model(recipe, smollm2):
     if recipe == "gsm8k":  # SmolLM2's ChatML, two worked exchanges, the assistant's turn opened with the first tag
         tokenizer = load_tokenizer(str(smollm2), config.chat_template)
         for system in ([], [{"role": "system", "content": config.system_prompt}]):
-            prompt = tokenizer.apply_chat_template([*system, {"role": "user", "content": "2+2?"}], add_generation_prompt=True, tokenize=False)
+            prompt = tokenizer.apply_chat_template(
+                [*system, {"role": "user", "content": "2+2?"}], add_generation_prompt=True, tokenize=False
+            )
             assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<reasoning>\n")
             assert prompt.count("<|im_start|>assistant\n<reasoning>\n") == 3
             assert "\n<answer>\n8\n</answer>\n<|im_end|>\n" in prompt and "\n<answer>\n14\n</answer>\n<|im_end|>\n" in prompt
-            assert prompt.startswith("<|im_start|>system\n" + (config.system_prompt if system else "You are a helpful AI assistant named SmolLM"))
+            assert prompt.startswith(
+                "<|im_start|>system\n" + (config.system_prompt if system else "You are a helpful AI assistant named SmolLM")
+            )
 
 
 @pytest.mark.slow

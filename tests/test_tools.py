@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from alignment.run.config import ConfigError, load_config
+from alignment.errors import ConfigError
+from alignment.run.config import load_config
 from alignment.run.plugins import load_plugins, plugin_sources
 from alignment.tools import Episode, ToolSettings, get_environment, get_tool, register_tool
 from alignment.tools.calculator import CalculatorError, calculate, calculator
@@ -41,15 +42,22 @@ def test_calculator_refuses_what_is_not_bounded_arithmetic(expression, error):
 @pytest.mark.parametrize(
     "turn, calls",
     [
-        ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "19-5"}}\n</tool_call>', [ParsedCall("calculator", {"expression": "19-5"})]),
-        ('<think>x</think><tool_call>{"name": "a", "arguments": {}}</tool_call> and <tool_call>{"name": "b"}</tool_call>', [ParsedCall("a", {}), ParsedCall("b", {})]),
+        ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "19-5"}}\n</tool_call>',
+         [ParsedCall("calculator", {"expression": "19-5"})]),
+        ('<think>x</think><tool_call>{"name": "a", "arguments": {}}</tool_call> and <tool_call>{"name": "b"}</tool_call>',
+         [ParsedCall("a", {}), ParsedCall("b", {})]),
         ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>', [ParsedCall("a", {"x": 1})]),  # arguments as a JSON string
         ("<answer>14</answer>", []),
-        ("<tool_call>{bad}</tool_call>", [MalformedCall("{bad}", "the tool call is not valid JSON (Expecting property name enclosed in double quotes at column 2)")]),
-        ('<tool_call>{"name": 3}</tool_call>', [MalformedCall('{"name": 3}', 'the tool call must be a JSON object with a "name" string and an "arguments" object')]),
-        ('<tool_call>["a"]</tool_call>', [MalformedCall('["a"]', 'the tool call must be a JSON object with a "name" string and an "arguments" object')]),
-        ('<tool_call>{"name": "a", "arguments": [1]}</tool_call>', [MalformedCall('{"name": "a", "arguments": [1]}', "the \"arguments\" of tool call 'a' must be a JSON object")]),
-        ('<tool_call>{"name": "a", "arguments": {}}', [MalformedCall('{"name": "a", "arguments": {}}', "the tool call has no closing </tool_call>")]),
+        ("<tool_call>{bad}</tool_call>",
+         [MalformedCall("{bad}", "the tool call is not valid JSON (Expecting property name enclosed in double quotes at column 2)")]),
+        ('<tool_call>{"name": 3}</tool_call>',
+         [MalformedCall('{"name": 3}', 'the tool call must be a JSON object with a "name" string and an "arguments" object')]),
+        ('<tool_call>["a"]</tool_call>',
+         [MalformedCall('["a"]', 'the tool call must be a JSON object with a "name" string and an "arguments" object')]),
+        ('<tool_call>{"name": "a", "arguments": [1]}</tool_call>',
+         [MalformedCall('{"name": "a", "arguments": [1]}', "the \"arguments\" of tool call 'a' must be a JSON object")]),
+        ('<tool_call>{"name": "a", "arguments": {}}',
+         [MalformedCall('{"name": "a", "arguments": {}}', "the tool call has no closing </tool_call>")]),
     ],
 )
 def test_tool_calls_are_parsed_as_qwen_writes_them(turn, calls):
@@ -96,7 +104,9 @@ def answers(environment, *turns: str) -> tuple:
 
 
 def test_the_tools_environment_answers_each_call_in_order(environment):
-    (first, second), episodes = answers(environment, call("calculator", expression="19-5") + call("add", a=2, b=3), call("python", code="print(6*7)"))
+    (first, second), episodes = answers(
+        environment, call("calculator", expression="19-5") + call("add", a=2, b=3), call("python", code="print(6*7)")
+    )
     assert first == ["14", "5"] and second == ["42\n"]
     assert [c.error for c in episodes[0].calls + episodes[1].calls] == [None, None, None]
     assert environment.done(Episode(sample={}, turns=["<answer>14</answer>"]))
@@ -107,7 +117,8 @@ def test_the_tools_environment_answers_each_call_in_order(environment):
     "turn, error",
     [
         ("<tool_call>{bad}</tool_call>", "error: the tool call is not valid JSON"),
-        (call("calculater", expression="1"), "error: unknown tool 'calculater'; the tools are add, calculator, clock, crash, flood, python, sleepy"),
+        (call("calculater", expression="1"),
+         "error: unknown tool 'calculater'; the tools are add, calculator, clock, crash, flood, python, sleepy"),
         (call("calculator", expr="1"), "error: tool 'calculator': unknown argument(s) expr; it takes expression"),
         (call("add", a=1), "error: tool 'add': missing argument(s) b; it takes a, b"),
         (call("calculator", expression="1/0"), "error: CalculatorError: division by zero"),
@@ -130,7 +141,8 @@ def test_a_failing_call_is_answered_with_its_error_and_counted(environment, turn
     "body, error",
     [
         ("[" * 1500, "the tool call's JSON is nested too deeply"),
-        ('{"name": "add", "arguments": {"a": ' + "7" * 4301 + ', "b": 1}}', "the tool call's JSON holds a number that cannot be read (Exceeds the limit (4300 digits)"),
+        ('{"name": "add", "arguments": {"a": ' + "7" * 4301 + ', "b": 1}}',
+         "the tool call's JSON holds a number that cannot be read (Exceeds the limit (4300 digits)"),
     ],
 )
 def test_a_call_that_breaks_the_json_parser_is_answered_not_raised(environment, body, error):

@@ -11,7 +11,7 @@ from test_fused_engine import qwen3_tied, qwen3_untied
 from test_ops import close, rope_tables
 from tiny_models import PAD, PROMPTS, llama3_tied, llama_untied, qwen2_tied
 
-from alignment.algo.core import token_logprobs
+from alignment.algo.logprobs import token_logprobs
 from alignment.models.fused_train import TrainingAttention, TrainingMLP, TrainingRMSNorm, use_training_ops
 from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import completion_logits, enable_recompute, load_causal_lm, make_token_batch, save_model
@@ -267,3 +267,16 @@ def test_a_checkpoint_of_the_swapped_model_loads_as_the_plain_model(build, tmp_p
     assert not isinstance(loaded.model.layers[0].self_attn, TrainingAttention)
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(loaded.state_dict()[name].numpy(), value.numpy(), err_msg=name)
+
+
+def test_the_training_operators_refuse_a_model_type_only_the_rollout_engine_accepts(ops, monkeypatch):
+    """The training modules keep their own list: a model type added to the fused engine's does not switch them on."""
+    from alignment.rollout import fused
+
+    model = qwen2_tied()
+    model.config.model_type = "mistral"  # a Qwen2 layout under another name: the fused engine would run it once listed
+    monkeypatch.setattr(fused, "SUPPORTED_MODEL_TYPES", (*fused.SUPPORTED_MODEL_TYPES, "mistral"))
+    assert fused.unsupported_reason(model) is None
+    layers = list(model.model.layers[0].children())
+    assert "model_type 'mistral'" in use_training_ops(model)
+    assert list(model.model.layers[0].children()) == layers

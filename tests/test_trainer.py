@@ -9,17 +9,17 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.algo.core import group_advantages
+from alignment.algo.advantages import group_advantages
 from alignment.models.modeling import load_tokenizer
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
-from alignment.rewards.scorer import build_scorer
+from alignment.run.scorer import build_scorer
 from alignment.rollout import EagerEngine, Rollout, SamplingParams
 from alignment.run.config import load_config
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.metrics import step_metrics
 from alignment.step.scoring import score_rollout
-from alignment.step.update import update_policy
+from alignment.step.update import Learner, update_policy
 
 
 @register_reward("test_fails_on_odd_length", "test only: raises for completions of odd length in characters")
@@ -73,7 +73,7 @@ def _sgd_step(model, scored, config, tokenizer) -> list:
     """Parameter change of one plain SGD step with learning rate 1, i.e. minus the gradient."""
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
-    update_policy(model, None, paddle.optimizer.SGD(1.0, parameters=model.parameters()), scored, config, World(0, 1), tokenizer.pad_token_id, step=1)
+    update_policy(Learner(model, None, paddle.optimizer.SGD(1.0, parameters=model.parameters())), scored, config, World(0, 1), tokenizer.pad_token_id, step=1)
     return [p.numpy() - b for p, b in zip(model.parameters(), before)]
 
 

@@ -16,21 +16,11 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.algo.core import (
-    LossSettings,
-    aggregation_counts,
-    baseline_subtracted,
-    entropy_bonus,
-    entropy_threshold,
-    group_advantages,
-    loss_token_weights,
-    normalized_per_function,
-    policy_loss,
-    rloo_advantages,
-    rollout_correction,
-    whiten,
-    whitening_sums,
-)
+from alignment.algo.advantages import baseline_subtracted, group_advantages, normalized_per_function, rloo_advantages, whiten
+from alignment.algo.aggregation import aggregation_counts, loss_token_weights
+from alignment.algo.corrections import rollout_correction
+from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.stats import whitening_sums
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_PYTHON = os.environ.get("GRPO_TORCH_PYTHON")
@@ -62,7 +52,9 @@ def make_batch() -> dict:
         "column_weights": np.array([1.0, 0.5]),
     }
     batch = {name: value.astype(np.float32) for name, value in batch.items()}
-    batch["is_weights"] = rollout_correction(*(paddle.to_tensor(batch[k]) for k in ("old", "rollout", "mask")), "token_truncate", 2.0)[0].numpy()
+    batch["is_weights"] = rollout_correction(
+        *(paddle.to_tensor(batch[k]) for k in ("old", "rollout", "mask")), "token_truncate", 2.0
+    )[0].numpy()
     batch["group_size"] = np.array(G)
     return batch
 
@@ -73,14 +65,17 @@ def sides(tmp_path_factory):
     batch = make_batch()
     np.savez(folder / "batch.npz", **batch)
     done = subprocess.run(
-        [TORCH_PYTHON, str(REPO / "tests/trl_verl_side.py"), str(folder / "batch.npz"), str(folder / "out.npz"), str(REPO / "data/tiny-qwen2")],
+        [TORCH_PYTHON, str(REPO / "tests/trl_verl_side.py"), str(folder / "batch.npz"), str(folder / "out.npz"),
+         str(REPO / "data/tiny-qwen2")],
         capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return batch, dict(np.load(folder / "out.npz"))
 
 
-def ours(batch: dict, settings: LossSettings, loss_type: str, importance: bool = False, selection: float = 1.0, entropy_coeff: float = 0.0) -> dict:
+def ours(
+    batch: dict, settings: LossSettings, loss_type: str, importance: bool = False, selection: float = 1.0, entropy_coeff: float = 0.0
+) -> dict:
     """The trainer's loss on the batch as one micro-batch -> loss, gradient of the log-probs and of the entropies."""
     mask = batch["mask"]
     logp = paddle.to_tensor(batch["logp"], stop_gradient=False)
@@ -90,11 +85,12 @@ def ours(batch: dict, settings: LossSettings, loss_type: str, importance: bool =
     if selection < 1:
         threshold = entropy_threshold(batch["entropy"][mask > 0], selection)
         selected = ((batch["entropy"] >= threshold) & (mask > 0)).astype(np.float32)
-    loss, _ = policy_loss(
-        logp, paddle.to_tensor(batch["old"]), paddle.to_tensor(batch["advantages"]), paddle.to_tensor(weights), paddle.to_tensor(mask),
-        settings, paddle.to_tensor(batch["is_weights"]) if importance else None, paddle.to_tensor(batch["ref"]),
+    inputs = LossInputs(
+        paddle.to_tensor(batch["old"]), paddle.to_tensor(batch["advantages"]), paddle.to_tensor(weights), paddle.to_tensor(mask),
+        paddle.to_tensor(batch["is_weights"]) if importance else None, paddle.to_tensor(batch["ref"]),
         None if selected is None else paddle.to_tensor(selected),
     )
+    loss, _ = policy_loss(logp, inputs, settings)
     if entropy_coeff:
         effective = mask if selected is None else selected
         loss = loss + entropy_bonus(entropy, effective, effective.sum(), entropy_coeff)
@@ -153,12 +149,16 @@ def test_advantage_estimators_equal_verls(sides):
         "verl_grpo": group_advantages(rewards, G, "group")[0],
         "verl_rloo": rloo_advantages(rewards, G)[0],
         "verl_reinforce_plus_plus": whiten(rewards, whitening_sums(rewards, tokens))[0],
-        "verl_reinforce_plus_plus_baseline": whiten(baseline_subtracted(rewards, G), whitening_sums(baseline_subtracted(rewards, G), tokens))[0],
+        "verl_reinforce_plus_plus_baseline": whiten(
+            baseline_subtracted(rewards, G), whitening_sums(baseline_subtracted(rewards, G), tokens)
+        )[0],
     }
     for name, values in expected.items():
         np.testing.assert_allclose(values[:, None] * mask, theirs[f"{name}/advantages"], rtol=1e-5, atol=1e-6, err_msg=name)
     combined = normalized_per_function(list(batch["columns"].astype(np.float64)), batch["column_weights"].tolist(), G)
-    np.testing.assert_allclose(whiten(combined, whitening_sums(combined, np.ones(B)))[0], theirs["verl_gdpo/advantages"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        whiten(combined, whitening_sums(combined, np.ones(B)))[0], theirs["verl_gdpo/advantages"], rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

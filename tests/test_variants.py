@@ -12,18 +12,19 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.algo.core import group_advantages, token_logprobs
+from alignment.algo.advantages import group_advantages
+from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, load_tokenizer, make_token_batch
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
-from alignment.rewards.scorer import build_scorer
+from alignment.run.scorer import build_scorer
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.run.config import load_config
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.rollout import Sampler, keep_groups_with_signal
 from alignment.step.scoring import score_rollout
 from alignment.step.trainer import train
-from alignment.step.update import update_policy
+from alignment.step.update import Learner, update_policy
 
 QUESTIONS = ("Mia has 3 apples.", "Leo has 4 coins. He finds 3 more.", "Ann has 2 pens.", "Tom has 9 cards.")
 
@@ -65,7 +66,7 @@ def _sgd_delta(model, scored, config, pad_token_id, lr=0.5) -> list:
     """Parameter change of update_policy with plain SGD."""
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
-    update_policy(model, None, paddle.optimizer.SGD(lr, parameters=model.parameters()), scored, config, World(0, 1), pad_token_id, step=1)
+    update_policy(Learner(model, None, paddle.optimizer.SGD(lr, parameters=model.parameters())), scored, config, World(0, 1), pad_token_id, step=1)
     return [p.numpy() - b for p, b in zip(model.parameters(), before)]
 
 
@@ -229,7 +230,7 @@ def test_a_plugin_reward_sees_every_dataset_column(tmp_path):
 
 
 def test_a_missing_plugin_file_is_a_config_error(tmp_path):
-    from alignment.run.config import ConfigError
+    from alignment.errors import ConfigError
 
     with pytest.raises(ConfigError, match="external_plugins: plugin nowhere.py: no such file"):
         load_config(["config/tiny/grpo_argument.json", "--external_plugins", "nowhere.py"])
@@ -248,7 +249,7 @@ def test_reward_model_scores_in_the_run_equal_scoring_it_directly(tmp_path):
     totals = [row["rewards"]["accuracy"] + 0.5 * row["rewards"]["reward_model"] for row in completions]
     np.testing.assert_allclose([row["reward"] for row in completions], totals, rtol=1e-6)
     assert metrics["reward/reward_model"] == pytest.approx(np.mean(logged), rel=1e-5)
-    from alignment.run.config import ConfigError
+    from alignment.errors import ConfigError
 
     with pytest.raises(ConfigError, match="reward_functions names reward_model but reward_model_name_or_path is not set"):
         load_config(["config/tiny/grpo_argument.json", "--reward_functions", "reward_model", "--reward_function_weights", "1"])

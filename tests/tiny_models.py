@@ -9,7 +9,10 @@ from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Confi
 from safetensors.numpy import load_file, save_file
 
 PAD, VOCAB = 0, 97
-SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+SHAPE = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 PROMPTS = [[5, 17, 33, 8, 9, 41, 2], [12, 3], [60, 61, 62, 63, 64]]  # different lengths: left padding in one batch
 
 
@@ -29,13 +32,16 @@ def llama_untied():
 
 # Llama 3.1 / 3.2's rotary scaling with a small original context: at head size 16 and rope_theta 10000 it leaves the
 # highest of the 8 frequencies as it is, blends the next and divides the other 6 by the factor.
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32
+}
 
 
 def llama3_tied():
     """Llama 3.2's layout: tied embeddings, llama3 rope scaling."""
     paddle.seed(15)
-    return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_scaling=dict(LLAMA3_ROPE), **SHAPE))  # a copy: the config adds keys to it
+    # a copy: the config adds keys to it
+    return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_scaling=dict(LLAMA3_ROPE), **SHAPE))
 
 
 

@@ -27,7 +27,9 @@ from verl.workers.config import ActorConfig
 
 # case -> GRPOConfig keys (TRL's names); the test gives ours the same meaning
 TRL_CASES = {
-    "trl_dapo_delta_bias_corrected_kl_is": dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=3.0, beta=0.05, use_bias_correction_kl=True),
+    "trl_dapo_delta_bias_corrected_kl_is": dict(
+        loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=3.0, beta=0.05, use_bias_correction_kl=True
+    ),
     "trl_grpo_gspo": dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4),
     "trl_dr_grpo_kl": dict(loss_type="dr_grpo", epsilon=0.2, beta=0.05, use_bias_correction_kl=False),  # TRL 1.16's default: True
     "trl_cispo": dict(loss_type="cispo", epsilon_high=5.0),
@@ -40,7 +42,12 @@ def trl_loss(batch: dict, tokenizer_dir: str, keys: dict, importance: bool) -> d
     B, T = batch["logp"].shape
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        )
+    )
     with tempfile.TemporaryDirectory() as out:  # a folder, from which TRL loads the reference model too when beta > 0
         model.save_pretrained(f"{out}/model")
         args = GRPOConfig(
@@ -65,7 +72,11 @@ def trl_loss(batch: dict, tokenizer_dir: str, keys: dict, importance: bool) -> d
     }
     loss = trainer._compute_loss(trainer.model, inputs)
     loss.backward()
-    return {"loss": loss.detach().numpy(), "grad_logp": logp.grad.numpy(), "grad_entropy": entropy.grad.numpy() if entropy.grad is not None else np.zeros((B, T))}
+    return {
+        "loss": loss.detach().numpy(),
+        "grad_logp": logp.grad.numpy(),
+        "grad_entropy": entropy.grad.numpy() if entropy.grad is not None else np.zeros((B, T)),
+    }
 
 
 def verl_losses(batch: dict) -> dict:
@@ -78,7 +89,9 @@ def verl_losses(batch: dict) -> dict:
         ("verl_cispo_token_mean", core_algos.compute_policy_loss_cispo, "token-mean", 0.2, 0.28),
         ("verl_cispo_seq_mean_token_mean", core_algos.compute_policy_loss_cispo, "seq-mean-token-mean", 0.2, 0.28),
     ]:
-        config = ActorConfig(strategy="fsdp", clip_ratio_low=low, clip_ratio_high=high, rollout_n=3, ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=6)
+        config = ActorConfig(
+            strategy="fsdp", clip_ratio_low=low, clip_ratio_high=high, rollout_n=3, ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=6
+        )
         leaf = logp.clone().requires_grad_(True)
         loss, _ = function(old, leaf, advantages, mask, loss_agg_mode=mode, config=config)
         loss.backward()

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import paddle
 
+from alignment.errors import ConfigError
+
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # in the order the sentence names them: AMX tiles, then AVX-512 dot products
 
 
@@ -42,7 +44,7 @@ def choose_compute(setting: str, on_gpu: bool, blocker: str | None) -> ComputeCh
     and why. `on` where they cannot run is an error."""
     if on_gpu:
         if setting == "on":
-            raise ValueError("cpu_bf16_matmul is on but the model is on a GPU: set bf16 true there (paddle's own AMP)")
+            raise ConfigError("cpu_bf16_matmul is on but the model is on a GPU: set bf16 true there (paddle's own AMP)")
         return ComputeChoice(False, "float32 matmuls on the GPU (bf16 there is the bf16 key: paddle's AMP)")
     if setting == "off":
         return ComputeChoice(False, "float32 matmuls (cpu_bf16_matmul off)")
@@ -53,7 +55,7 @@ def choose_compute(setting: str, on_gpu: bool, blocker: str | None) -> ComputeCh
     elif blocker:
         why_not = f"the bf16 matmuls cannot run: {blocker}"
     if why_not and setting == "on":
-        raise ValueError(f"cpu_bf16_matmul is on but {why_not}")
+        raise ConfigError(f"cpu_bf16_matmul is on but {why_not}")
     if why_not:
         return ComputeChoice(False, f"float32 matmuls (cpu_bf16_matmul {setting}: {why_not})")
     return ComputeChoice(

@@ -21,20 +21,32 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from alignment.algo.core import HeadKernels
+from alignment.algo.logprobs import HeadKernels
 from alignment.models.cpu_bf16 import Bf16Matmuls
 from alignment.models.lora import lora_update
-from alignment.rollout import fused
 from alignment.rollout.ops import load_ops
 
 
+# The models whose decoder layers the training modules replace: their own list, not the rollout engine's, so that a
+# model type the fused engine learns to run does not switch these on untested (tests/test_train_ops.py checks it). The
+# message keeps the words users have seen since both shared one list.
+TRAINING_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+
+
 def unsupported_reason(model) -> Optional[str]:
-    """Why the training modules cannot replace this model's (None: they can)."""
-    # float32 Qwen2 / Llama / Qwen3, separate q/k/v and gate/up, no sliding window
-    reason = fused.unsupported_reason(model)
-    if reason:
-        return reason
+    """Why the training modules cannot replace this model's (None: they can): float32 Qwen2 / Llama / Qwen3 with
+    separate q/k/v and gate/up projections, no sliding window, no bias on o_proj; Qwen3's per-head q/k RMSNorms apply."""
     config = model.config
+    if config.model_type not in TRAINING_MODEL_TYPES:
+        return f"model_type {config.model_type!r} (the fused engine runs {', '.join(TRAINING_MODEL_TYPES)})"
+    if model.lm_head.weight.dtype != paddle.float32:
+        return f"{model.lm_head.weight.dtype} weights (the CPU operators are float32)"
+    if getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False):
+        return "fuse_attention_qkv / fuse_attention_ffn layouts"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    if any(layer.self_attn.o_proj.bias is not None for layer in model.model.layers):
+        return "a bias on o_proj (attention_bias on a Llama or Qwen3)"
     if not model.lm_head.weight.place.is_cpu_place():
         return "weights on a GPU (the training operators have CPU kernels only)"
     if config.hidden_act != "silu":

@@ -34,18 +34,31 @@ from safetensors.paddle import load_file  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from alignment.gguf import ARCHITECTURES, BLOCK_NAMES, CONTROL, IGNORE_MERGES, NORMAL, PRE_TOKENIZERS, TOP_LEVEL_NAMES, UNUSED, USER_DEFINED, build_tokenizer, llama3_rope_factors  # noqa: E402
+from alignment.errors import GGUFExportError  # noqa: E402
+from alignment.gguf import (  # noqa: E402
+    ARCHITECTURES,
+    BLOCK_NAMES,
+    CONTROL,
+    IGNORE_MERGES,
+    NORMAL,
+    PRE_TOKENIZERS,
+    TOP_LEVEL_NAMES,
+    UNUSED,
+    USER_DEFINED,
+    build_tokenizer,
+    llama3_rope_factors,
+)
 from alignment.run.output_folders import baked_templates  # noqa: E402
 
 logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer logs each file it writes at INFO
 
 
-class GGUFExportError(ValueError):
-    """A folder this writer cannot turn into a GGUF; the message names the folder and the file or key."""
-
-
 # --outtype -> (the type of linear weights, general.file_type)
-OUTTYPES = {"f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16), "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}
+OUTTYPES = {
+    "f32": (Q.F32, gguf.LlamaFileType.ALL_F32),
+    "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
 
 GGUF_TOP_LEVEL = {hf: name for name, hf in TOP_LEVEL_NAMES.items()}
 GGUF_BLOCK = {hf: name for name, hf in BLOCK_NAMES.items()}
@@ -88,11 +101,16 @@ def write_gguf_file(folder: Path, path: Path, outtype: str = "f32", system_promp
 def read_config(folder: Path) -> dict:
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") not in ARCHITECTURES:
-        raise GGUFExportError(f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}; the GGUF export writes {', '.join(ARCHITECTURES)}")
+        raise GGUFExportError(
+            f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}; the GGUF export writes {', '.join(ARCHITECTURES)}"
+        )
     scaling = rope_scaling_of(config)
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind not in (None, "default") and not (kind == "llama3" and config["model_type"] == "llama"):
-        raise GGUFExportError(f"{folder / 'config.json'}: rope_scaling {scaling} (scaled rotary positions): not supported; the export writes llama3 scaling of llama models")
+        raise GGUFExportError(
+            f"{folder / 'config.json'}: rope_scaling {scaling} (scaled rotary positions): "
+            "not supported; the export writes llama3 scaling of llama models"
+        )
     missing = [key for key in LLAMA3_KEYS if key not in scaling] if kind == "llama3" else []
     if missing:
         raise GGUFExportError(f"{folder / 'config.json'}: rope_scaling {scaling} (llama3) lacks {', '.join(missing)}")
@@ -284,7 +302,8 @@ def pre_tokenizer_of(folder: Path, metadata: dict, original) -> str:
     most, with a warning naming the first probe that differs."""
     expected = [original(text, add_special_tokens=False)["input_ids"] for text in PROBES]
     clean = bool(original.clean_up_tokenization_spaces)
-    candidates = sorted(PRE_TOKENIZERS, key=lambda name: PRE_TOKENIZERS[name][1] != clean)  # a tie goes to the one that cleans as the folder does
+    # a tie goes to the one that cleans as the folder does
+    candidates = sorted(PRE_TOKENIZERS, key=lambda name: PRE_TOKENIZERS[name][1] != clean)
     best, best_score, seen = None, -1, set()
     for name in candidates:
         behaviour = (tuple(PRE_TOKENIZERS[name][0]), name in IGNORE_MERGES)  # names that tokenize alike are tried once

@@ -12,25 +12,25 @@ from paddleformers.transformers import AutoConfig, AutoModelForCausalLM, AutoTok
 from paddleformers.utils.log import logger as paddleformers_logger
 from safetensors import SafetensorError, safe_open
 
+from alignment.errors import ModelLoadError
 from alignment.models.prefix_grouper import grouped_completion_hidden
 from alignment.models.template_limits import bounded_chat_template
 
 paddleformers_logger.set_level("WARNING")
 
 
-class ModelLoadError(ValueError):
-    """A model or tokenizer folder that does not load; the message names the file and what is wrong with it."""
-
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # one of them holds the vocabulary
 # The sizes config.json sets; one it lacks takes paddleformers' default (Qwen2: hidden_size 4096), which the weights do not fit.
-SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+SIZE_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"
+)
 
 
 def load_tokenizer(path: str, chat_template: str | None = None):
     if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(
-            f"{path}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer files of the model it was made from into it"
+            f"{path}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); "
+            "copy the tokenizer files of the model it was made from into it"
         )
     for name in ("tokenizer_config.json", "tokenizer.json"):  # name the file and line where they are damaged
         if (Path(path) / name).is_file():

@@ -10,12 +10,10 @@ import functools
 import signal
 import threading
 
+from alignment.errors import ChatTemplateError
+
 TEMPLATE_SECONDS = 10
 TEMPLATE_CHARACTERS = 1 << 20
-
-
-class ChatTemplateError(ValueError):
-    """A chat template that took longer, or wrote more, than one rendering may."""
 
 
 @contextlib.contextmanager

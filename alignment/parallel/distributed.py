@@ -14,11 +14,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from alignment.run.config import ConfigError
-
-
-class DistributedError(RuntimeError):
-    """A collective operation failed because another process stopped; the message names this process."""
+from alignment.errors import ConfigError, DistributedError
 
 
 @dataclass(frozen=True)
@@ -116,3 +112,10 @@ def init_world(sharding: str = "", sharding_parallel_degree: int = -1, rollout_w
     elif size > 1:
         dist.init_parallel_env()
     return World(rank=int(os.environ.get("PADDLE_TRAINER_ID", "0")), size=size, sharding_degree=degree)
+
+
+@paddle.no_grad()
+def squared_grad_norm(parameters: list) -> float:
+    # paddle.square, not ** 2: paddle's CPU pow kernel took 86 ms over the tiny model's 50 gradients, square 2 ms
+    squares = [paddle.square(p.grad.astype("float32")).sum() for p in parameters if p.grad is not None]
+    return float(paddle.add_n(squares)) if squares else 0.0

@@ -4,12 +4,8 @@ import math
 
 import paddle
 
-from alignment.algo.core import learning_rate_factor
-from alignment.parallel.distributed import World
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or the gradients stayed NaN or infinite for max_consecutive_skips steps in a row."""
+from alignment.algo.schedule import learning_rate_factor
+from alignment.parallel.distributed import World, squared_grad_norm
 
 
 def build_optimizer(model, config, total_steps: int, world: World = World(0, 1)):
@@ -50,13 +46,6 @@ def sum_gradients(optimizer, parameters: list, world: World) -> float:
         return optimizer.reduce_gradients()  # to the processes that own each parameter
     world.sum_gradients(parameters)
     return global_grad_norm(parameters)
-
-
-@paddle.no_grad()
-def squared_grad_norm(parameters: list) -> float:
-    # paddle.square, not ** 2: paddle's CPU pow kernel took 86 ms over the tiny model's 50 gradients, square 2 ms
-    squares = [paddle.square(p.grad.astype("float32")).sum() for p in parameters if p.grad is not None]
-    return float(paddle.add_n(squares)) if squares else 0.0
 
 
 def global_grad_norm(parameters: list) -> float:

@@ -23,8 +23,7 @@ import paddle.distributed as dist
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import DygraphShardingOptimizer
 
-from alignment.parallel.distributed import World
-from alignment.parallel.optim import squared_grad_norm
+from alignment.parallel.distributed import World, squared_grad_norm
 
 
 class ShardedOptimizer:

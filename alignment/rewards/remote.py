@@ -10,10 +10,13 @@ retried like a 5xx, and its zeros are never taken for scores.
 """
 
 import dataclasses
+from dataclasses import dataclass
 from collections.abc import Callable, Mapping
 
 import anyio
 import httpx
+
+from alignment.errors import RewardServerError
 
 from .scoring import ScoreTable
 from .settings import RewardSettings
@@ -22,24 +25,23 @@ BACKOFF_S = 0.5  # first wait between attempts; doubled after each failure
 MAX_BACKOFF_S = 8.0
 
 
-class RewardServerError(RuntimeError):
-    """The reward server could not score a batch; the message names the server and the cause."""
+@dataclass(frozen=True)
+class RewardServer:
+    """Where and how the trainer's client reaches a reward server (the reward_server_* keys)."""
+
+    url: str
+    protocol: str  # "v1", or "paddlenlp" (PaddleNLP's POST / with src, tgt, response: totals only)
+    timeout: float  # seconds a request may take in all
+    retries: int
+    api_key: str | None = None
+    backoff_s: float = BACKOFF_S  # the first retry's wait, doubled each time
 
 
 def score_remote(
-    completions: list[str],
-    samples: list[Mapping],
-    names: list[str],
-    weights: list[float],
-    *,
-    url: str,
-    protocol: str,
-    timeout: float,
-    retries: int,
-    api_key: str | None,
-    backoff_s: float = BACKOFF_S,
+    completions: list[str], samples: list[Mapping], names: list[str], weights: list[float], server: RewardServer,
     settings: RewardSettings | None = None,
 ) -> ScoreTable:
+    url, protocol, api_key = server.url, server.protocol, server.api_key
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
     if protocol == "v1":
@@ -61,7 +63,7 @@ def score_remote(
         raise ValueError(f"reward server protocol must be 'v1' or 'paddlenlp', got {protocol!r}")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     failed = _paddlenlp_failure if protocol == "paddlenlp" else None
-    answer = _post(endpoint, body, headers, failed, timeout=timeout, retries=retries, backoff_s=backoff_s)
+    answer = _post(endpoint, body, headers, failed, timeout=server.timeout, retries=server.retries, backoff_s=server.backoff_s)
     try:
         table = _read_v1(answer, names) if protocol == "v1" else _read_paddlenlp(answer)
     except (KeyError, TypeError, ValueError) as exc:

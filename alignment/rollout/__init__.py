@@ -5,7 +5,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, WeightSyncError, concat_rollouts
+from alignment.errors import WeightSyncError
+from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from alignment.rollout.eager import EagerEngine
 
 
@@ -37,4 +38,14 @@ def generate(engine: RolloutEngine, prompts: list, group_size: int, params: Samp
     return engine.generate([p.ids for p in prompts], group_size, params, samples=[p.record.reward_sample() for p in prompts])
 
 
-__all__ = ["EagerEngine", "EngineSettings", "Rollout", "RolloutEngine", "SamplingParams", "WeightSyncError", "build_engine", "concat_rollouts", "generate"]
+__all__ = [
+    "EagerEngine",
+    "EngineSettings",
+    "Rollout",
+    "RolloutEngine",
+    "SamplingParams",
+    "WeightSyncError",
+    "build_engine",
+    "concat_rollouts",
+    "generate",
+]

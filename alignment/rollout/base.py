@@ -85,10 +85,6 @@ def concat_rollouts(rollouts: list, pad_token_id: int) -> Rollout:
     )
 
 
-class WeightSyncError(RuntimeError):
-    """A rollout engine no longer computes the actor's policy (stale weights or wrong operators)."""
-
-
 # Called after each decode step with that step's (B,) int64 tokens, pad_token_id on rows already finished:
 # how a chat streams its answer.
 TokenStream = Optional[Callable[[np.ndarray], None]]

@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from alignment.algo.core import log_softmax
+from alignment.algo.logprobs import log_softmax
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
 from alignment.run.runtime import contiguous_kernels
 

@@ -37,9 +37,10 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from alignment.algo.core import token_logprobs
+from alignment.algo.logprobs import token_logprobs
+from alignment.errors import WeightSyncError
 from alignment.models.lora import effective_weight
-from alignment.rollout.base import Rollout, SamplingParams, TokenStream, WeightSyncError
+from alignment.rollout.base import Rollout, SamplingParams, TokenStream
 from alignment.rollout.eager import left_pad
 from alignment.run.runtime import contiguous_kernels
 

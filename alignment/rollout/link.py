@@ -44,8 +44,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from alignment.rollout.wire import RolloutPart, WireError, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
-from alignment.run.config import ConfigError
+from alignment.errors import ConfigError, RolloutWorkerError, TrainerGone, WireError
+from alignment.rollout.wire import RolloutPart, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
 
 PENDING_FILE = "pending_rollout.safetensors"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory
@@ -53,14 +53,6 @@ RELEASE_SECONDS = 600  # how long a failed rollout process waits for the trainer
 HANDSHAKE_SECONDS = 60  # a connection that has not proved its key by then is closed
 KEY_VARIABLE = "GRPO_ROLLOUT_LINK_KEY"  # the link key across machines: the same secret on every machine
 LINK_FILE = ".rollout_link.json"  # in output_dir, on one machine: the trainer's address and the run's key, mode 0600
-
-
-class RolloutWorkerError(RuntimeError):
-    """A rollout process failed or died; the message names it."""
-
-
-class TrainerGone(RuntimeError):
-    """The training process stopped (its connection closed): a rollout process has nobody to serve."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +257,9 @@ class TrainerLink:
                 if kind != "hello" or type(rank) is not int or not 1 <= rank <= self.workers or rank in slots:
                     raise WireError(f"a hello with rank {rank!r} from a run of {self.workers} rollout process(es)")
             except (AuthenticationError, EOFError, OSError, WireError) as error:
-                warnings.warn(f"rollout link: turned away a connection from {peer[0]}:{peer[1]} ({type(error).__name__}: {_last_line(error)})")
+                warnings.warn(
+                    f"rollout link: turned away a connection from {peer[0]}:{peer[1]} ({type(error).__name__}: {_last_line(error)})"
+                )
                 connection.close()
                 continue
             slots[rank] = connection
@@ -324,7 +318,9 @@ class TrainerLink:
                 for bucket in buckets(parameters):
                     dist.broadcast(paddle.concat([p.reshape([-1]) for p in bucket]), src=0)
         except Exception as error:
-            raise self._failure() or RolloutWorkerError(f"sending the weights of step {step} to the rollout processes failed ({_last_line(error)})") from None
+            raise self._failure() or RolloutWorkerError(
+                f"sending the weights of step {step} to the rollout processes failed ({_last_line(error)})"
+            ) from None
         self.broadcast_seconds = time.perf_counter() - started
 
     def wait_finished(self) -> None:
@@ -413,7 +409,9 @@ class WorkerLink:
         try:
             _handshake(self.connection, _authkey(key, host, port), trainer=False)
         except (AuthenticationError, EOFError, OSError) as error:
-            raise TrainerGone(f"the rollout link to {host}:{port} did not prove the run's key ({type(error).__name__}): not this run's trainer") from None
+            raise TrainerGone(
+                f"the rollout link to {host}:{port} did not prove the run's key ({type(error).__name__}): not this run's trainer"
+            ) from None
         send_message(self.connection, "hello", {"rank": place.rank})
 
     def plan(self) -> RunPlan:

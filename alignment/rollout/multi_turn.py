@@ -25,8 +25,8 @@ from typing import Optional
 
 import numpy as np
 
+from alignment.errors import ConfigError
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
-from alignment.run.config import ConfigError
 from alignment.tools import ToolSettings, get_environment, get_tool
 from alignment.tools.environment import Episode
 
@@ -188,12 +188,17 @@ def check_template(tokenizer, schemas: list) -> None:
     try:
         TemplateMarkup(tokenizer, schemas).ids([{"role": "tool", "name": "t", "content": "1"}], None)
     except Exception as exc:  # jinja's own errors, or a template's raise_exception("...")
-        raise ConfigError(f"chat_template: the chat template cannot render a tool's answer (a 'tool' message): {exc}; set chat_template to one that can") from None
+        raise ConfigError(
+            f"chat_template: the chat template cannot render a tool's answer (a 'tool' message): {exc}; set chat_template to one that can"
+        ) from None
     if schemas:
         question = [{"role": "system", "content": "."}, {"role": "user", "content": "?"}]
         shown = tokenizer.apply_chat_template(question, tools=schemas, tokenize=False)
         if shown == tokenizer.apply_chat_template(question, tokenize=False):
-            warnings.warn("tools: the chat template does not show tools= to the model; describe the tools in system_prompt, or set a chat_template that renders them")
+            warnings.warn(
+                "tools: the chat template does not show tools= to the model; "
+                "describe the tools in system_prompt, or set a chat_template that renders them"
+            )
 
 
 def tool_use(episodes: list, correct: np.ndarray) -> dict:

@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 from safetensors.numpy import load_file, save
 
+from alignment.errors import WireError
 from alignment.rollout.base import Rollout
 from alignment.tools.environment import Episode, ToolCall
 
@@ -27,10 +28,6 @@ DTYPES = {"int64": np.int64, "float32": np.float32}  # every array a rollout hol
 MAX_ROWS = 1 << 20  # completions in one rollout
 MAX_TOKENS = 1 << 20  # tokens of one completion (and of one prompt)
 MAX_FRAME_BYTES = 1 << 31  # one frame on the link: a longer one is refused before it is read
-
-
-class WireError(ValueError):
-    """A record or message that is not what it should be; the message names the field."""
 
 
 @dataclass
@@ -75,7 +72,9 @@ def parts_from_record(header, arrays: dict) -> tuple:
     parts = []
     for index, fields in enumerate(record.items("parts", dict)):
         part = _Fields(fields, f"part {index}")
-        prompt_ids = [_Fields({"ids": ids}, f"part {index} prompt {row}").tokens("ids") for row, ids in enumerate(part.items("prompt_ids", list))]
+        prompt_ids = [
+            _Fields({"ids": ids}, f"part {index} prompt {row}").tokens("ids") for row, ids in enumerate(part.items("prompt_ids", list))
+        ]
         rows = len(prompt_ids)
         group_size = part.integer("group_size")
         if not 0 < rows <= MAX_ROWS or group_size < 1 or rows % group_size:
@@ -87,7 +86,10 @@ def parts_from_record(header, arrays: dict) -> tuple:
         finish_reasons = part.items("finish_reasons", str)
         episodes = part.optional_items("episodes", dict)
         if len(finish_reasons) != rows or (episodes is not None and len(episodes) != rows):
-            raise WireError(f"part {index}: {rows} rows but {len(finish_reasons)} finish reasons" + (f" and {len(episodes)} episodes" if episodes is not None else ""))
+            raise WireError(
+                f"part {index}: {rows} rows but {len(finish_reasons)} finish reasons"
+                + (f" and {len(episodes)} episodes" if episodes is not None else "")
+            )
         environment_mask = _array(arrays, f"{index}.environment_mask", "float32", rows, shape, optional=True)
         if (environment_mask is None) != (episodes is None):
             raise WireError(f"part {index}: a multi-turn rollout has both episodes and environment_mask, others neither")
@@ -105,7 +107,9 @@ def parts_from_record(header, arrays: dict) -> tuple:
             part.integer("step"), rollout, part.integer("weights_step"), part.number("seconds"), part.number("sync_seconds"),
             part.number("sync_gap", optional=True),
         ))
-    expected = {f"{index}.{name}" for index, fields in enumerate(header["parts"]) for name in ("completion_ids", "completion_mask", "logprobs")}
+    expected = {
+        f"{index}.{name}" for index, fields in enumerate(header["parts"]) for name in ("completion_ids", "completion_mask", "logprobs")
+    }
     extra = set(arrays) - expected - {f"{index}.environment_mask" for index in range(len(parts))}
     if extra:
         raise WireError(f"arrays that belong to no part: {', '.join(sorted(extra))}")
@@ -124,7 +128,9 @@ def _episode(fields, where: str) -> Episode:
     calls = []
     for number, call_fields in enumerate(episode.items("calls", dict)):
         call = _Fields(call_fields, f"{where} call {number}")
-        calls.append(ToolCall(call.text("name"), call.mapping("arguments"), call.text("answer"), call.text("error", optional=True), call.number("seconds")))
+        calls.append(ToolCall(
+            call.text("name"), call.mapping("arguments"), call.text("answer"), call.text("error", optional=True), call.number("seconds")
+        ))
     return Episode(sample=episode.mapping("sample"), turns=episode.items("turns", str), calls=calls)
 
 

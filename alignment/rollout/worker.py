@@ -15,9 +15,10 @@ import time
 
 import paddle.distributed as dist
 
+from alignment.errors import TrainerGone
 from alignment.models.modeling import load_tokenizer
 from alignment.rollout import generate
-from alignment.rollout.link import Placement, TrainerGone, WorkerLink, rollout_order, trained_parameters, worker_share
+from alignment.rollout.link import Placement, WorkerLink, rollout_order, trained_parameters, worker_share
 from alignment.rollout.wire import RolloutPart
 from alignment.run.build import load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params
 from alignment.run.config import GRPOConfig
@@ -52,7 +53,9 @@ def _serve(config: GRPOConfig, link: WorkerLink, place: Placement) -> None:
     parameters = trained_parameters(model)
     names = [name for name, _ in parameters]
     if names != plan.trained_parameters:
-        raise RuntimeError(f"this process's model trains other parameters than the trainer's ({len(names)} against {len(plan.trained_parameters)})")
+        raise RuntimeError(
+            f"this process's model trains other parameters than the trainer's ({len(names)} against {len(plan.trained_parameters)})"
+        )
     for parameter in model.parameters():
         parameter.stop_gradient = True
     model.eval()

@@ -14,14 +14,14 @@ from alignment.models.modeling import enable_recompute, load_causal_lm, load_tok
 from alignment.parallel.distributed import World
 from alignment.parallel.optim import build_optimizer
 from alignment.rewards.registry import reference_readers
-from alignment.rewards.scorer import build_scorer
+from alignment.run.scorer import build_scorer
 from alignment.rollout import EngineSettings, SamplingParams, build_engine
 from alignment.rollout.multi_turn import TurnLimits, TurnSettings, check_template, tool_schemas, with_environment
-from alignment.tools import ToolSettings
 from alignment.run.config import GRPOConfig
 from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records
 from alignment.run.plugins import plugin_sources
 from alignment.run.start import model_folders
+from alignment.tools import ToolSettings
 
 
 def actor_sources(config: GRPOConfig, resume, actor_folder: str) -> tuple:
@@ -86,7 +86,9 @@ def load_prompts(paths: str, tokenizer, config: GRPOConfig):
     if needed_by is None and reference_readers([config.accuracy_function]):
         needed_by = f"accuracy_function {config.accuracy_function}; name one there that reads none"
     records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by)
-    return encode_prompts(records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt, tool_schemas(config.tools))
+    return encode_prompts(
+        records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt, tool_schemas(config.tools)
+    )
 
 
 def sampling_params(config: GRPOConfig) -> SamplingParams:

@@ -26,9 +26,14 @@ from typing import Optional
 
 from paddleformers.trainer import PdArgumentParser
 
-
-class ConfigError(ValueError):
-    """A configuration mistake; the message names the key(s) and, where known, the file."""
+from alignment.algo.advantages import ADVANTAGE_ESTIMATORS, REWARD_AGGREGATIONS, REWARD_SCALES
+from alignment.algo.aggregation import LOSS_AGGREGATIONS
+from alignment.algo.corrections import ROLLOUT_CORRECTIONS
+from alignment.algo.kl import KL_ESTIMATORS
+from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES
+from alignment.algo.schedule import SCHEDULES
+from alignment.errors import ConfigError
+from alignment.run.checks import check, show
 
 
 def _key(default, help: str, **kwargs):
@@ -71,12 +76,12 @@ class GRPOConfig:
     async_generate: bool = _key(False, "With rollout_workers: one step off (ms-swift's name): step s+1's completions are generated while step s trains, from weights one optimizer step old (metric rollout/staleness), which the importance-sampling correction accounts for; a checkpoint holds the rollout in flight, so a resume is exact. false: the trainer waits for completions of its current weights, and the run equals a colocated one.")
     weight_sync_tolerance: Optional[float] = _key(None, "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh; default 1e-4 with float32 matmuls, 0.25 with bf16 ones (cpu_bf16_matmul: the gap is rounding there, 0.039 measured on SmolLM2-135M, and stale bf16 weight copies are caught exactly instead).")
     # Algorithm
-    loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=["dapo", "grpo", "dr_grpo", "cispo"])
-    advantage_estimator: str = _key("grpo", "How rewards become advantages: grpo (reward - group mean, scaled by scale_rewards), rloo (reward - the mean of the group's other members, unscaled), reinforce_plus_plus (the reward whitened over the step's loss tokens, no group baseline), reinforce_plus_plus_baseline (reward - group mean, then whitened over the step's loss tokens).", choices=["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
-    scale_rewards: str = _key("group", "advantage_estimator grpo: reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing (none: Dr.GRPO).", choices=["group", "batch", "none"])
-    multi_objective_aggregation: str = _key("sum_then_normalize", "Several reward functions: sum_then_normalize (the weighted sum is the reward) or normalize_then_sum (GDPO: each function's values normalised within their group first, the weighted sum then whitened over the step; advantage_estimator grpo).", choices=["sum_then_normalize", "normalize_then_sum"])
-    importance_sampling_level: str = _key("token", "The ratio pi / pi_old per token (PPO, GRPO) or per sequence (GSPO: the geometric mean of its tokens' ratios, clipped as a whole; the GSPO paper clips at clip_range_ratio_low 3e-4, clip_range_ratio_high 4e-4).", choices=["token", "sequence"])
-    surrogate: str = _key("clip", "Per-token policy objective: clip (PPO's clipped ratio x advantage) or cispo (MiniMax-M1: the ratio clipped to [1 - clip_range_ratio_low, 1 + clip_range_ratio_high] as a weight without gradient, times advantage x log pi; no token's gradient is dropped).", choices=["clip", "cispo"])
+    loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=[*LOSS_AGGREGATIONS.names(), "cispo"])  # cispo: TRL's spelling, refused naming surrogate
+    advantage_estimator: str = _key("grpo", "How rewards become advantages: grpo (reward - group mean, scaled by scale_rewards), rloo (reward - the mean of the group's other members, unscaled), reinforce_plus_plus (the reward whitened over the step's loss tokens, no group baseline), reinforce_plus_plus_baseline (reward - group mean, then whitened over the step's loss tokens).", choices=ADVANTAGE_ESTIMATORS.names())
+    scale_rewards: str = _key("group", "advantage_estimator grpo: reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing (none: Dr.GRPO).", choices=REWARD_SCALES.names())
+    multi_objective_aggregation: str = _key("sum_then_normalize", "Several reward functions: sum_then_normalize (the weighted sum is the reward) or normalize_then_sum (GDPO: each function's values normalised within their group first, the weighted sum then whitened over the step; advantage_estimator grpo).", choices=REWARD_AGGREGATIONS.names())
+    importance_sampling_level: str = _key("token", "The ratio pi / pi_old per token (PPO, GRPO) or per sequence (GSPO: the geometric mean of its tokens' ratios, clipped as a whole; the GSPO paper clips at clip_range_ratio_low 3e-4, clip_range_ratio_high 4e-4).", choices=IMPORTANCE_RATIOS.names())
+    surrogate: str = _key("clip", "Per-token policy objective: clip (PPO's clipped ratio x advantage) or cispo (MiniMax-M1: the ratio clipped to [1 - clip_range_ratio_low, 1 + clip_range_ratio_high] as a weight without gradient, times advantage x log pi; no token's gradient is dropped).", choices=OBJECTIVES.names())
     top_entropy_quantile: float = _key(1.0, "Train the policy term on this fraction of each step's loss tokens with the highest entropy under the policy before the update (\"Beyond the 80/20 rule\": 0.2); 1.0: all tokens.")
     entropy_coeff: float = _key(0.0, "Entropy bonus: entropy_coeff x the mean entropy (with its gradient) of the tokens the policy term trains on is subtracted from the loss, whatever loss_type (TRL's entropy_coef); 0: off.")
     clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c] (both sides unless the next two keys are given).")
@@ -87,11 +92,11 @@ class GRPOConfig:
     mini_batch_size: Optional[int] = _key(None, "Sequences per process per optimizer step; default: the whole step's sequences (one optimizer step per iteration).")
     shuffle_minibatch: bool = _key(False, "Shuffle the sequences (seeded per step and iteration) before cutting mini-batches.")
     importance_sampling_correction: bool = _key(True, "Weight each token's policy loss by pi_old / pi_rollout, the rollout engine's numerical gap to the trainer, as importance_sampling_mode says.")
-    importance_sampling_mode: str = _key("token_truncate", "token_truncate (each token's ratio clipped to [importance_sampling_min, importance_sampling_cap]), token_mask (a token's weight 0 outside that range), sequence_truncate / sequence_mask (the same with one ratio per sequence, the product of its tokens'); verl's token and sequence mean the truncating ones.", choices=["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "token", "sequence"])
+    importance_sampling_mode: str = _key("token_truncate", "token_truncate (each token's ratio clipped to [importance_sampling_min, importance_sampling_cap]), token_mask (a token's weight 0 outside that range), sequence_truncate / sequence_mask (the same with one ratio per sequence, the product of its tokens'); verl's token and sequence mean the truncating ones.", choices=[*ROLLOUT_CORRECTIONS.names(), "token", "sequence"])  # and verl's synonyms, IMPORTANCE_SAMPLING_SYNONYMS
     importance_sampling_cap: float = _key(2.0, "Upper bound of the importance-sampling weight (truncated to it, or masked above it).")
     importance_sampling_min: Optional[float] = _key(None, "Lower bound of the importance-sampling weight (null: none).")
     kl_loss_coeff: float = _key(0.0, "Weight of the KL penalty to the reference model; 0 loads no reference model.")
-    kl_estimator: str = _key("k3", "Per-token KL estimator with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1).", choices=["k1", "k2", "k3"])
+    kl_estimator: str = _key("k3", "Per-token KL estimator with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1).", choices=KL_ESTIMATORS.names())
     use_bias_correction_kl: bool = _key(False, "Multiply each token's KL term by the ratio pi / pi_old (TRL's option, DeepSeek-V3.2's unbiased KL estimate under off-policy samples).")
     dynamic_sampling: bool = _key(False, "DAPO's dynamic sampling: drop groups whose reward std is below dynamic_sampling_min_std and refill with groups of freshly sampled prompts.")
     dynamic_sampling_min_std: float = _key(1e-4, "A group whose reward sample std is below this carries no signal (not exact equality: rewards can differ by rounding).")
@@ -134,7 +139,7 @@ class GRPOConfig:
     # Optimisation
     learning_rate: float = _key(1e-6, "Peak learning rate.")
     min_learning_rate: float = _key(0.0, "Learning rate at the end of the linear or cosine schedule.")
-    lr_scheduler_type: str = _key("linear", "Schedule after warmup.", choices=["constant", "linear", "cosine"])
+    lr_scheduler_type: str = _key("linear", "Schedule after warmup.", choices=SCHEDULES.names())
     warmup_ratio: float = _key(0.0, "Warmup as a fraction of max_steps.")
     warmup_steps: int = _key(0, "Warmup steps (give warmup_ratio or warmup_steps, not both).")
     weight_decay: float = _key(0.0, "AdamW decoupled weight decay (not applied to biases and norms).")
@@ -261,12 +266,6 @@ def _value_type(key: str) -> tuple:
     return _HINTS[key], False
 
 
-def _show(value) -> str:
-    """A JSON value as the file spells it, cut to 80 characters, for error messages."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 class _Parser(PdArgumentParser):
     def __init__(self):
         super().__init__(GRPOConfig, add_help=False)  # run_grpo.py answers -h with help_text(), which names the aliases too
@@ -310,7 +309,7 @@ def read_json_config(path: str) -> dict:
     except ValueError as e:  # an integer longer than int() converts (sys.get_int_max_str_digits())
         raise ConfigError(f"{path}: not valid JSON: {str(e).split(';')[0]}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a JSON object of key: value pairs, got {_show(raw)}")
+        raise ConfigError(f"{path}: the top level must be a JSON object of key: value pairs, got {show(raw)}")
     config, written = {}, {}
     for key, value in raw.items():
         name = canonical_key(key, path)
@@ -341,7 +340,7 @@ def _typed(key: str, value, where: str):
         raise ConfigError(f"{where} must not be an object")
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{where} takes a list, got {_show(value)}")
+            raise ConfigError(f"{where} takes a list, got {show(value)}")
         (item,) = typing.get_args(kind)
         return [_scalar(item, v, key, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, list):
@@ -358,10 +357,10 @@ def _scalar(kind: type, value, key: str, where: str):
         str: (isinstance(value, str), "a string"),
     }[kind]
     if not ok:
-        raise ConfigError(f"{where} must be {expected}, got {_show(value)}")
+        raise ConfigError(f"{where} must be {expected}, got {show(value)}")
     choices = GRPOConfig.__dataclass_fields__[key].metadata.get("choices")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{where}: invalid choice {_show(value)} (choose from {', '.join(map(json.dumps, choices))})")
+        raise ConfigError(f"{where}: invalid choice {show(value)} (choose from {', '.join(map(json.dumps, choices))})")
     return float(value) if kind is float else value
 
 
@@ -493,212 +492,236 @@ def load_config(argv: list) -> GRPOConfig:
     return validate(config)
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
-
-
-def _check_tools(c: GRPOConfig) -> None:
-    """After external_plugins are loaded: they may register tools and environments."""
-    from alignment.tools import get_environment, get_tool
-
-    for name in c.tools:
-        try:
-            get_tool(name).schema  # made here, so a tool without type hints or argument descriptions fails now
-        except ValueError as e:
-            raise ConfigError(f"tools: {e}") from None
-    if c.environment is not None:
-        try:
-            get_environment(c.environment)
-        except ValueError as e:
-            raise ConfigError(f"environment: {e}") from None
-    _check(c.environment != "tools" or bool(c.tools), "environment is tools but tools is empty: name the tools the model may call")
-    _check(c.max_turns >= 1, f"max_turns = {c.max_turns}: must be at least 1")
-    _check(
-        c.max_turn_tokens is None or 1 <= c.max_turn_tokens <= c.max_dec_len,
-        f"max_turn_tokens = {c.max_turn_tokens}: must lie in [1, max_dec_len ({c.max_dec_len})], which bounds the whole trajectory",
-    )
-    _check(c.tool_timeout > 0, f"tool_timeout = {c.tool_timeout}: must be > 0")
-    _check(c.tool_memory_mb >= 64 and c.tool_output_bytes >= 1 and c.tool_workers >= 1,
-           "tool_memory_mb must be at least 64, tool_output_bytes and tool_workers at least 1")
-    _check(c.max_tool_calls_per_turn >= 1 and c.tool_disk_mb >= 1 and c.tool_processes >= 1,
-           "max_tool_calls_per_turn, tool_disk_mb and tool_processes must be at least 1")
-    isolated = [name for name in c.tools if get_tool(name).sandboxed]
-    if isolated and c.tool_isolation == "bwrap":
-        from alignment.tools.sandbox import isolation_missing
-
-        missing = isolation_missing()
-        _check(
-            missing is None,
-            f"tools: {', '.join(isolated)} run(s) code in a child process that must be isolated from this machine, and here "
-            f"{missing}; or set tool_isolation none to run it without isolation (only for code you trust)",
-        )
-
-
 def validate(c: GRPOConfig) -> GRPOConfig:
     """Checks values against each other and fills the derived ones; raises ConfigError naming the keys."""
-    from alignment.step.checkpoint import is_complete_checkpoint
-    from alignment.rewards import REWARD_MODEL, get_reward
-    from alignment.run.plugins import load_plugins
+    # preflight reads files, loads plugins and probes the machine: imported when a config is validated
+    from alignment.run import preflight
 
-    for f in dataclasses.fields(c):  # from the file or the command line: no key gives inf or NaN a meaning
+    # Each section's value checks, then what it needs from outside the config (preflight), in one fixed order:
+    # a config with several mistakes is refused for the first one in this order.
+    _check_numbers_fit(c)
+    preflight.check_model_files(c)
+    for key in ("train_datasets", "eval_datasets"):
+        _check_names_a_dataset(c, key)
+        preflight.check_dataset_files(c, key)
+    prompt_batch, accumulation, mini_batch = _batch_sizes(c)
+    _check_lengths(c)
+    preflight.check_lengths_fit_model(c)
+    _check_sampling(c)
+    clip_low, clip_high = _clip_range(c)
+    _check_policy_update(c)
+    _check_advantages_and_penalties(c)
+    _check_rollout_processes(c, prompt_batch)
+    _check_reward_functions_named(c)
+    preflight.load_reward_functions(c)
+    _check_reward_model_paired(c)
+    preflight.check_reward_model_folder(c)
+    reward_settings, weights = _reward_shaping(c)
+    preflight.check_tools_registered(c)
+    _check_multi_turn(c)
+    preflight.check_tool_isolation(c)
+    _check_reward_server(c)
+    _check_optimizer_and_schedule(c)
+    _check_memory_and_parallelism(c)
+    _check_lora(c)
+    _check_precision(c)
+    preflight.check_precision_hardware(c)
+    _check_evaluation(c)
+    preflight.check_resume(c)
+    _check_logging_and_checkpoints(c)
+    preflight.check_output_folders(c)
+    system_prompt, chat_template = preflight.read_prompts(c)
+    return dataclasses.replace(
+        c,
+        per_device_prompt_batch_size=prompt_batch,
+        gradient_accumulation_steps=accumulation,
+        mini_batch_size=mini_batch,
+        clip_range_ratio_low=clip_low,
+        clip_range_ratio_high=clip_high,
+        importance_sampling_mode=IMPORTANCE_SAMPLING_SYNONYMS.get(c.importance_sampling_mode, c.importance_sampling_mode),
+        cosine_max_len=reward_settings.cosine_max_len,
+        soft_max_length=reward_settings.soft_max_length,
+        reward_function_weights=[float(w) for w in weights],
+        system_prompt=system_prompt,
+        chat_template=chat_template,
+    )
+
+
+def _check_numbers_fit(c: GRPOConfig) -> None:
+    """From the file or the command line: no key gives inf or NaN a meaning."""
+    for f in dataclasses.fields(c):
         value = getattr(c, f.name)
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, float):
-                _check(math.isfinite(v), f"{f.name} = {v}: must be a finite number")
+                check(math.isfinite(v), f"{f.name} = {v}: must be a finite number")
             elif isinstance(v, int) and not -INT64 <= v < INT64:
-                raise ConfigError(f"{f.name} = {_show(v)}: must fit in a 64-bit integer (magnitude below 2^63)")
-    for key in ("actor_model_name_or_path", "tokenizer_name_or_path"):
-        folder = getattr(c, key)
-        _check(not names_gguf(folder) or _exists(Path.is_file, folder), f"{key}: no such file '{folder}'")
-        _check(
-            folder is None or names_gguf(folder) or _exists(Path.is_file, Path(folder) / "config.json") or (key == "tokenizer_name_or_path" and _exists(Path.is_dir, folder)),
-            f"{key}: '{folder}' is not a local model folder (no config.json there); download the model first, "
-            f"e.g. huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct",
-        )
-    actor, tokenizer = c.actor_model_name_or_path, c.tokenizer_name_or_path
-    _check(
-        not (names_gguf(actor) and names_gguf(tokenizer) and Path(actor).stem == Path(tokenizer).stem and Path(actor).resolve() != Path(tokenizer).resolve()),
-        f"actor_model_name_or_path '{actor}' and tokenizer_name_or_path '{tokenizer}' are two .gguf files of one name, which "
-        f"would be imported into one folder (<output_dir>/imported/{Path(actor).stem}); rename one",
-    )
-    for key in ("train_datasets", "eval_datasets"):
-        paths = getattr(c, key) or ""
-        _check(key == "eval_datasets" and not paths or any(p.strip() for p in paths.split(",")), f"{key} = '{paths}' names no file")
-        for path in paths.split(","):
-            _check(not path or _exists(Path.is_file, path.strip()), f"{key}: no such file '{path.strip()}'")
-    _check(c.rollout_n >= 2, f"rollout_n = {c.rollout_n}: a group needs at least 2 completions to compare")
-    _check(c.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
+                raise ConfigError(f"{f.name} = {show(v)}: must fit in a 64-bit integer (magnitude below 2^63)")
+
+
+def _check_names_a_dataset(c: GRPOConfig, key: str) -> None:
+    paths = getattr(c, key) or ""
+    check(key == "eval_datasets" and not paths or any(p.strip() for p in paths.split(",")), f"{key} = '{paths}' names no file")
+
+
+def _batch_sizes(c: GRPOConfig) -> tuple:
+    """-> (per_device_prompt_batch_size, gradient_accumulation_steps, mini_batch_size), each derived where not given."""
+    check(c.rollout_n >= 2, f"rollout_n = {c.rollout_n}: a group needs at least 2 completions to compare")
+    check(c.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
     for key in ("per_device_prompt_batch_size", "gradient_accumulation_steps", "mini_batch_size", "max_seq_len"):
-        _check(getattr(c, key) is None or getattr(c, key) >= 1, f"{key} = {getattr(c, key)}: must be at least 1 (or null: derived)")
-    prompt_batch, accumulation = c.per_device_prompt_batch_size, c.gradient_accumulation_steps
+        check(getattr(c, key) is None or getattr(c, key) >= 1, f"{key} = {getattr(c, key)}: must be at least 1 (or null: derived)")
+    micro_batch, prompt_batch, accumulation = c.per_device_train_batch_size, c.per_device_prompt_batch_size, c.gradient_accumulation_steps
     if prompt_batch is None and accumulation is not None and c.mini_batch_size is None:
-        sequences = accumulation * c.per_device_train_batch_size
-        _check(
+        sequences = accumulation * micro_batch
+        check(
             sequences % c.rollout_n == 0,
-            f"per_device_train_batch_size ({c.per_device_train_batch_size}) x gradient_accumulation_steps "
+            f"per_device_train_batch_size ({micro_batch}) x gradient_accumulation_steps "
             f"({accumulation}) = {sequences} sequences is not a whole number of groups of rollout_n ({c.rollout_n})",
         )
         prompt_batch = sequences // c.rollout_n
-        derived = f", derived from gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({c.per_device_train_batch_size})"
+        derived = f", derived from gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({micro_batch})"
     else:
         derived = ""
     prompt_batch = 8 if prompt_batch is None else prompt_batch
-    _check(prompt_batch >= 1, "per_device_prompt_batch_size must be at least 1")
+    check(prompt_batch >= 1, "per_device_prompt_batch_size must be at least 1")
     sequences = prompt_batch * c.rollout_n
-    _check(sequences < INT64, f"per_device_prompt_batch_size ({prompt_batch}{derived}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step: too many")
-    _check(
-        sequences % c.per_device_train_batch_size == 0,
+    check(
+        sequences < INT64,
+        f"per_device_prompt_batch_size ({prompt_batch}{derived}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step: too many",
+    )
+    check(
+        sequences % micro_batch == 0,
         f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences} sequences per step "
-        f"does not divide into micro-batches of per_device_train_batch_size ({c.per_device_train_batch_size})",
+        f"does not divide into micro-batches of per_device_train_batch_size ({micro_batch})",
     )
     mini_batch = sequences if c.mini_batch_size is None else c.mini_batch_size
-    _check(
-        sequences % mini_batch == 0 and mini_batch % c.per_device_train_batch_size == 0,
+    check(
+        sequences % mini_batch == 0 and mini_batch % micro_batch == 0,
         f"mini_batch_size ({mini_batch}) must divide the {sequences} sequences per step (per_device_prompt_batch_size "
-        f"{prompt_batch} x rollout_n {c.rollout_n}) and be a multiple of per_device_train_batch_size ({c.per_device_train_batch_size})",
+        f"{prompt_batch} x rollout_n {c.rollout_n}) and be a multiple of per_device_train_batch_size ({micro_batch})",
     )
-    _check(
-        accumulation is None or accumulation * c.per_device_train_batch_size == mini_batch,
-        f"gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({c.per_device_train_batch_size}) "
-        f"must equal the sequences per optimizer step: "
-        + (f"mini_batch_size ({mini_batch})" if c.mini_batch_size else f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences}"),
+    per_step = f"per_device_prompt_batch_size ({prompt_batch}) x rollout_n ({c.rollout_n}) = {sequences}"
+    check(
+        accumulation is None or accumulation * micro_batch == mini_batch,
+        f"gradient_accumulation_steps ({accumulation}) x per_device_train_batch_size ({micro_batch}) "
+        f"must equal the sequences per optimizer step: " + (f"mini_batch_size ({mini_batch})" if c.mini_batch_size else per_step),
     )
-    accumulation = mini_batch // c.per_device_train_batch_size
+    return prompt_batch, mini_batch // micro_batch, mini_batch
 
-    _check(c.max_prompt_len >= 1 and c.max_dec_len >= 1, "max_prompt_len and max_dec_len must be at least 1")
-    _check(0 <= c.min_dec_len <= c.max_dec_len, f"min_dec_len ({c.min_dec_len}) must lie in [0, max_dec_len ({c.max_dec_len})]")
-    model_limit = _model_max_positions(c.actor_model_name_or_path)
-    _check(
-        model_limit is None or type(model_limit) is int,
-        f"{Path(c.actor_model_name_or_path) / 'config.json'}: max_position_embeddings = {_show(model_limit)}: must be an integer",
-    )
-    max_seq_len = model_limit if c.max_seq_len is None else c.max_seq_len
-    if max_seq_len is not None:
-        model_file = c.actor_model_name_or_path if names_gguf(c.actor_model_name_or_path) else f"{c.actor_model_name_or_path}/config.json"
-        source = "max_seq_len" if c.max_seq_len is not None else f"the model's max_position_embeddings ({model_file})"
-        _check(
-            c.max_prompt_len + c.max_dec_len <= max_seq_len,
-            f"max_prompt_len ({c.max_prompt_len}) + max_dec_len ({c.max_dec_len}) = {c.max_prompt_len + c.max_dec_len} "
-            f"exceeds {source} = {max_seq_len}",
-        )
-    _check(c.temperature > 0, f"temperature = {c.temperature}: must be > 0")
-    _check(0 < c.top_p <= 1, f"top_p = {c.top_p}: must lie in (0, 1]")
-    _check(c.top_k >= 0, f"top_k = {c.top_k}: must be >= 0 (0 turns it off)")
-    _check(c.repetition_penalty > 0, f"repetition_penalty = {c.repetition_penalty}: must be > 0")
-    _check(0 <= c.min_p < 1, f"min_p = {c.min_p}: must lie in [0, 1) (0 turns it off)")
-    _check(c.weight_sync_tolerance is None or c.weight_sync_tolerance > 0, f"weight_sync_tolerance = {c.weight_sync_tolerance}: must be > 0")
 
+def _check_lengths(c: GRPOConfig) -> None:
+    check(c.max_prompt_len >= 1 and c.max_dec_len >= 1, "max_prompt_len and max_dec_len must be at least 1")
+    check(0 <= c.min_dec_len <= c.max_dec_len, f"min_dec_len ({c.min_dec_len}) must lie in [0, max_dec_len ({c.max_dec_len})]")
+
+
+def _check_sampling(c: GRPOConfig) -> None:
+    check(c.temperature > 0, f"temperature = {c.temperature}: must be > 0")
+    check(0 < c.top_p <= 1, f"top_p = {c.top_p}: must lie in (0, 1]")
+    check(c.top_k >= 0, f"top_k = {c.top_k}: must be >= 0 (0 turns it off)")
+    check(c.repetition_penalty > 0, f"repetition_penalty = {c.repetition_penalty}: must be > 0")
+    check(0 <= c.min_p < 1, f"min_p = {c.min_p}: must lie in [0, 1) (0 turns it off)")
+    check(
+        c.weight_sync_tolerance is None or c.weight_sync_tolerance > 0,
+        f"weight_sync_tolerance = {c.weight_sync_tolerance}: must be > 0",
+    )
+
+
+def _clip_range(c: GRPOConfig) -> tuple:
+    """-> (clip_range_ratio_low, clip_range_ratio_high), each clip_range_ratio where not given."""
     clip_low = c.clip_range_ratio if c.clip_range_ratio_low is None else c.clip_range_ratio_low
     clip_high = c.clip_range_ratio if c.clip_range_ratio_high is None else c.clip_range_ratio_high
-    _check(c.clip_range_ratio > 0, f"clip_range_ratio = {c.clip_range_ratio}: must be > 0")
-    low_source = "clip_range_ratio_low" if c.clip_range_ratio_low is not None else "clip_range_ratio (the lower clip, clip_range_ratio_low not given)"
-    _check(
+    check(c.clip_range_ratio > 0, f"clip_range_ratio = {c.clip_range_ratio}: must be > 0")
+    low_source = "clip_range_ratio_low"
+    if c.clip_range_ratio_low is None:
+        low_source = "clip_range_ratio (the lower clip, clip_range_ratio_low not given)"
+    check(
         c.loss_type != "cispo",
         "loss_type = cispo is TRL's spelling: here it is surrogate: cispo (loss_type dapo aggregates as TRL's cispo does); "
         "TRL's epsilon_high is then the weight's cap itself, here the cap is 1 + clip_range_ratio_high (TRL's recommended 5.0 "
         "is clip_range_ratio_high 4.0)",
     )
     if c.surrogate == "cispo":  # a weight, not a trust region: 1 removes the lower bound (MiniMax-M1 uses none)
-        _check(0 < clip_low <= 1, f"{low_source} = {clip_low}: must lie in (0, 1] with surrogate cispo (the weight is kept above 1 - low)")
+        check(0 < clip_low <= 1, f"{low_source} = {clip_low}: must lie in (0, 1] with surrogate cispo (the weight is kept above 1 - low)")
     else:
-        _check(0 < clip_low < 1, f"{low_source} = {clip_low}: must lie in (0, 1) (the ratio is kept above 1 - low)")
-    _check(clip_high > 0, f"clip_range_ratio_high = {clip_high}: must be > 0")
-    _check(c.dual_clip_ratio is None or c.dual_clip_ratio > 1, f"dual_clip_ratio = {c.dual_clip_ratio}: must be > 1 (or null: off)")
-    _check(c.num_iterations >= 1, f"num_iterations = {c.num_iterations}: must be at least 1")
-    _check(c.importance_sampling_cap >= 1, f"importance_sampling_cap = {c.importance_sampling_cap}: must be >= 1")
-    _check(
+        check(0 < clip_low < 1, f"{low_source} = {clip_low}: must lie in (0, 1) (the ratio is kept above 1 - low)")
+    check(clip_high > 0, f"clip_range_ratio_high = {clip_high}: must be > 0")
+    check(c.dual_clip_ratio is None or c.dual_clip_ratio > 1, f"dual_clip_ratio = {c.dual_clip_ratio}: must be > 1 (or null: off)")
+    return clip_low, clip_high
+
+
+def _check_policy_update(c: GRPOConfig) -> None:
+    check(c.num_iterations >= 1, f"num_iterations = {c.num_iterations}: must be at least 1")
+    check(c.importance_sampling_cap >= 1, f"importance_sampling_cap = {c.importance_sampling_cap}: must be >= 1")
+    check(
         c.importance_sampling_min is None or 0 <= c.importance_sampling_min < 1,
         f"importance_sampling_min = {c.importance_sampling_min}: must lie in [0, 1) (null: no lower bound)",
     )
-    importance_sampling_mode = IMPORTANCE_SAMPLING_SYNONYMS.get(c.importance_sampling_mode, c.importance_sampling_mode)
-    _check(0 <= c.top_entropy_quantile <= 1, f"top_entropy_quantile = {c.top_entropy_quantile}: must lie in [0, 1] (1.0: every token)")
-    _check(c.entropy_coeff >= 0, f"entropy_coeff = {c.entropy_coeff}: must be >= 0 (0: no entropy bonus)")
-    _check(
+    check(0 <= c.top_entropy_quantile <= 1, f"top_entropy_quantile = {c.top_entropy_quantile}: must lie in [0, 1] (1.0: every token)")
+    check(c.entropy_coeff >= 0, f"entropy_coeff = {c.entropy_coeff}: must be >= 0 (0: no entropy bonus)")
+
+
+def _check_advantages_and_penalties(c: GRPOConfig) -> None:
+    check(
         c.advantage_estimator == "grpo" or c.scale_rewards == "group",
         f"scale_rewards = {c.scale_rewards} applies to advantage_estimator grpo only; {c.advantage_estimator} scales its own way",
     )
     if c.multi_objective_aggregation == "normalize_then_sum":
-        _check(
+        check(
             c.advantage_estimator == "grpo",
-            f"multi_objective_aggregation = normalize_then_sum is GDPO's group normalisation, for advantage_estimator grpo, not {c.advantage_estimator}",
+            f"multi_objective_aggregation = normalize_then_sum is GDPO's group normalisation, for advantage_estimator grpo, "
+            f"not {c.advantage_estimator}",
         )
-        _check(
+        check(
             not (c.use_rm_server and c.reward_server_protocol == "paddlenlp"),
             "multi_objective_aggregation = normalize_then_sum needs each reward function's value, which a PaddleNLP-protocol "
             "reward server does not send (it answers totals); use reward_server_protocol v1",
         )
-    _check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")
-    _check(c.dynamic_sampling_min_std >= 0, f"dynamic_sampling_min_std = {c.dynamic_sampling_min_std}: must be >= 0")
-    _check(c.rollout_workers >= 0, f"rollout_workers = {c.rollout_workers}: must be >= 0")
-    _check(c.rollout_workers > 0 or not c.async_generate, "async_generate generates beside training: it needs rollout_workers >= 1 (processes that only generate)")
+    check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")
+    check(c.dynamic_sampling_min_std >= 0, f"dynamic_sampling_min_std = {c.dynamic_sampling_min_std}: must be >= 0")
+
+
+def _check_rollout_processes(c: GRPOConfig, prompt_batch: int) -> None:
+    check(c.rollout_workers >= 0, f"rollout_workers = {c.rollout_workers}: must be >= 0")
+    check(
+        c.rollout_workers > 0 or not c.async_generate,
+        "async_generate generates beside training: it needs rollout_workers >= 1 (processes that only generate)",
+    )
     if c.rollout_workers:
-        _check(prompt_batch >= c.rollout_workers, f"rollout_workers = {c.rollout_workers} but a step has {prompt_batch} prompts (per_device_prompt_batch_size): every rollout process needs at least one")
-        _check(not c.dynamic_sampling, "dynamic_sampling with rollout_workers: refill rounds would have to ask the rollout processes for more groups mid-step, which they do not do yet; use one or the other")
-        _check(not c.sharding, f"sharding = '{c.sharding}' with rollout_workers: the one training process holds the whole optimizer state; drop one of them")
-    _check(c.max_resample_times >= 0, f"max_resample_times = {c.max_resample_times}: must be >= 0")
-    _check(len(c.reward_functions) > 0, "reward_functions is empty: name at least one reward function")
-    try:
-        load_plugins(c.external_plugins)
-    except (OSError, ImportError, ValueError) as e:  # ValueError: a path with a NUL byte
-        raise ConfigError(f"external_plugins: {e}") from None
-    for name in c.reward_functions + [c.accuracy_function]:
-        if name == REWARD_MODEL and name != c.accuracy_function:
-            continue
-        try:
-            get_reward(name)
-        except ValueError as e:
-            raise ConfigError(f"reward_functions / accuracy_function: {e}") from None
-    _check(
+        check(
+            prompt_batch >= c.rollout_workers,
+            f"rollout_workers = {c.rollout_workers} but a step has {prompt_batch} prompts (per_device_prompt_batch_size): "
+            f"every rollout process needs at least one",
+        )
+        check(
+            not c.dynamic_sampling,
+            "dynamic_sampling with rollout_workers: refill rounds would have to ask the rollout processes for more groups "
+            "mid-step, which they do not do yet; use one or the other",
+        )
+        check(
+            not c.sharding,
+            f"sharding = '{c.sharding}' with rollout_workers: the one training process holds the whole optimizer state; drop one of them",
+        )
+    check(c.max_resample_times >= 0, f"max_resample_times = {c.max_resample_times}: must be >= 0")
+
+
+def _check_reward_functions_named(c: GRPOConfig) -> None:
+    check(len(c.reward_functions) > 0, "reward_functions is empty: name at least one reward function")
+
+
+def _check_reward_model_paired(c: GRPOConfig) -> None:
+    from alignment.rewards import REWARD_MODEL
+
+    check(
         (REWARD_MODEL in c.reward_functions) == (c.reward_model_name_or_path is not None),
         f"reward_functions {'names' if REWARD_MODEL in c.reward_functions else 'does not name'} {REWARD_MODEL} but "
         f"reward_model_name_or_path is {c.reward_model_name_or_path or 'not set'}: give both or neither",
     )
-    _check(
-        c.reward_model_name_or_path is None or _exists(Path.is_file, Path(c.reward_model_name_or_path) / "config.json"),
-        f"reward_model_name_or_path: '{c.reward_model_name_or_path}' is not a local model folder (no config.json there)",
-    )
-    _check(not (c.use_rm_server and REWARD_MODEL in c.reward_functions and c.reward_server_protocol == "paddlenlp"),
+
+
+def _reward_shaping(c: GRPOConfig) -> tuple:
+    """-> (RewardSettings with its lengths filled in, reward_function_weights filled in)."""
+    from alignment.rewards import REWARD_MODEL
+
+    check(not (c.use_rm_server and REWARD_MODEL in c.reward_functions and c.reward_server_protocol == "paddlenlp"),
            f"{REWARD_MODEL} cannot be combined with a paddlenlp-protocol reward server, which answers totals only")
     try:  # RewardSettings checks its own ranges; the two lengths default to max_dec_len
         reward_settings = dataclasses.replace(
@@ -708,178 +731,123 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         ).reward_settings()
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    _check(
+    check(
         "soft_overlong" not in c.reward_functions or reward_settings.soft_cache_length is not None,
         "reward_functions names soft_overlong but soft_cache_length is not set (DAPO used 4096 of a 20480 soft_max_length)",
     )
     weights = [1.0] * len(c.reward_functions) if c.reward_function_weights is None else c.reward_function_weights
-    _check(
+    check(
         len(weights) == len(c.reward_functions),
         f"reward_function_weights has {len(weights)} values but reward_functions names {len(c.reward_functions)} functions",
     )
+    return reward_settings, weights
 
-    _check_tools(c)
+
+def _check_multi_turn(c: GRPOConfig) -> None:
+    check(c.environment != "tools" or bool(c.tools), "environment is tools but tools is empty: name the tools the model may call")
+    check(c.max_turns >= 1, f"max_turns = {c.max_turns}: must be at least 1")
+    check(
+        c.max_turn_tokens is None or 1 <= c.max_turn_tokens <= c.max_dec_len,
+        f"max_turn_tokens = {c.max_turn_tokens}: must lie in [1, max_dec_len ({c.max_dec_len})], which bounds the whole trajectory",
+    )
+    check(c.tool_timeout > 0, f"tool_timeout = {c.tool_timeout}: must be > 0")
+    check(c.tool_memory_mb >= 64 and c.tool_output_bytes >= 1 and c.tool_workers >= 1,
+           "tool_memory_mb must be at least 64, tool_output_bytes and tool_workers at least 1")
+    check(c.max_tool_calls_per_turn >= 1 and c.tool_disk_mb >= 1 and c.tool_processes >= 1,
+           "max_tool_calls_per_turn, tool_disk_mb and tool_processes must be at least 1")
+
+
+def _check_reward_server(c: GRPOConfig) -> None:
     if c.use_rm_server:
-        _check(bool(c.reward_server), "use_rm_server is true but reward_server (http://host:port) is not set")
-        _check(
+        check(bool(c.reward_server), "use_rm_server is true but reward_server (http://host:port) is not set")
+        check(
             c.reward_server.startswith(("http://", "https://")),
             f"reward_server = '{c.reward_server}': expected an address like http://127.0.0.1:8731",
         )
-    _check(c.reward_server_timeout > 0 and c.reward_server_retries >= 0, "reward_server_timeout must be > 0 and reward_server_retries >= 0")
-    _check(c.reward_item_timeout > 0, f"reward_item_timeout = {c.reward_item_timeout}: must be > 0")
+    check(c.reward_server_timeout > 0 and c.reward_server_retries >= 0, "reward_server_timeout must be > 0 and reward_server_retries >= 0")
+    check(c.reward_item_timeout > 0, f"reward_item_timeout = {c.reward_item_timeout}: must be > 0")
 
-    _check(c.learning_rate >= 0, f"learning_rate = {c.learning_rate}: must be >= 0")
-    _check(
+
+def _check_optimizer_and_schedule(c: GRPOConfig) -> None:
+    check(c.learning_rate >= 0, f"learning_rate = {c.learning_rate}: must be >= 0")
+    check(
         0 <= c.min_learning_rate <= c.learning_rate,
         f"min_learning_rate ({c.min_learning_rate}) must lie in [0, learning_rate ({c.learning_rate})]",
     )
-    _check(0 <= c.warmup_ratio < 1, f"warmup_ratio = {c.warmup_ratio}: must lie in [0, 1)")
-    _check(c.warmup_steps >= 0, f"warmup_steps = {c.warmup_steps}: must be >= 0")
-    _check(not (c.warmup_ratio > 0 and c.warmup_steps > 0), "give warmup_ratio or warmup_steps, not both")
-    _check(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1, "adam_beta1 and adam_beta2 must lie in [0, 1)")
-    _check(c.adam_epsilon > 0, f"adam_epsilon = {c.adam_epsilon}: must be > 0 (AdamW divides by sqrt(v) + epsilon)")
-    _check(c.weight_decay >= 0 and c.max_grad_norm >= 0, "weight_decay and max_grad_norm must be >= 0")
-    _check(c.max_steps > 0 or (c.max_steps == -1 and c.num_train_epochs > 0), "set max_steps > 0, or max_steps = -1 with num_train_epochs > 0")
-    _check(c.seed >= 0, f"seed = {c.seed}: must be >= 0")
-    _check(c.max_consecutive_skips >= 1, f"max_consecutive_skips = {c.max_consecutive_skips}: must be at least 1")
-    _check(c.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens = {c.logprob_chunk_tokens}: must be at least 1")
-    _check(
+    check(0 <= c.warmup_ratio < 1, f"warmup_ratio = {c.warmup_ratio}: must lie in [0, 1)")
+    check(c.warmup_steps >= 0, f"warmup_steps = {c.warmup_steps}: must be >= 0")
+    check(not (c.warmup_ratio > 0 and c.warmup_steps > 0), "give warmup_ratio or warmup_steps, not both")
+    check(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1, "adam_beta1 and adam_beta2 must lie in [0, 1)")
+    check(c.adam_epsilon > 0, f"adam_epsilon = {c.adam_epsilon}: must be > 0 (AdamW divides by sqrt(v) + epsilon)")
+    check(c.weight_decay >= 0 and c.max_grad_norm >= 0, "weight_decay and max_grad_norm must be >= 0")
+    check(
+        c.max_steps > 0 or (c.max_steps == -1 and c.num_train_epochs > 0),
+        "set max_steps > 0, or max_steps = -1 with num_train_epochs > 0",
+    )
+    check(c.seed >= 0, f"seed = {c.seed}: must be >= 0")
+    check(c.max_consecutive_skips >= 1, f"max_consecutive_skips = {c.max_consecutive_skips}: must be at least 1")
+    check(c.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens = {c.logprob_chunk_tokens}: must be at least 1")
+
+
+def _check_memory_and_parallelism(c: GRPOConfig) -> None:
+    check(
         not c.recompute or c.recompute_granularity == "full",
         f"recompute_granularity = {c.recompute_granularity}: paddleformers 1.0.0 recomputes Qwen2, Qwen3 and Llama "
         f"layer by layer only (full); core_attn and full_attn exist only for its MoE models",
     )
-    _check(
+    check(
         c.sharding not in ("stage2", "stage3"),
         f"sharding = '{c.sharding}': not supported; paddle's group-sharded stage2 and stage3 run only in its GPU builds "
         f"and this trainer has not been run on a GPU; stage1 shards the optimizer state (the largest part)",
     )
-    _check(
+    check(
         c.sharding_parallel_degree == -1 or c.sharding_parallel_degree >= 1,
         f"sharding_parallel_degree = {c.sharding_parallel_degree}: must be -1 (all processes) or at least 1",
     )
-    _check(
+    check(
         c.sharding or c.sharding_parallel_degree in (-1, 1),
         f"sharding_parallel_degree = {c.sharding_parallel_degree} without sharding: set sharding to stage1",
     )
-    _check(
+    check(
         c.tensor_parallel_degree == 1,
         f"tensor_parallel_degree = {c.tensor_parallel_degree}: not supported; paddle's tensor-parallel layers run only in "
         f"its GPU builds and this trainer has not been run on a GPU; scale out with data parallel (and sharding: stage1)",
     )
-    _check(c.lora_rank >= 1 and c.lora_alpha > 0, f"lora_rank = {c.lora_rank}, lora_alpha = {c.lora_alpha}: the rank must be at least 1 and alpha > 0")
-    _check(0 <= c.lora_dropout < 1, f"lora_dropout = {c.lora_dropout}: must lie in [0, 1)")
-    _check(not c.lora or len(c.target_modules) > 0, "lora is true but target_modules is empty")
-    _check(not (c.bf16 and c.fp16), "bf16 and fp16 are both true; choose one")
+
+
+def _check_lora(c: GRPOConfig) -> None:
+    check(
+        c.lora_rank >= 1 and c.lora_alpha > 0,
+        f"lora_rank = {c.lora_rank}, lora_alpha = {c.lora_alpha}: the rank must be at least 1 and alpha > 0",
+    )
+    check(0 <= c.lora_dropout < 1, f"lora_dropout = {c.lora_dropout}: must lie in [0, 1)")
+    check(not c.lora or len(c.target_modules) > 0, "lora is true but target_modules is empty")
+
+
+def _check_precision(c: GRPOConfig) -> None:
+    check(not (c.bf16 and c.fp16), "bf16 and fp16 are both true; choose one")
     if c.cpu_bf16_matmul == "on":
-        from alignment.models.cpu_bf16 import cpu_bf16_flags
-
-        _check(c.use_fused_train_ops, "cpu_bf16_matmul is on but use_fused_train_ops is false: the bf16 matmuls run in the training operators")
-        _check(not c.bf16, "cpu_bf16_matmul is on and bf16 is true: bf16 is the GPU's AMP, cpu_bf16_matmul the CPU's bf16 matmuls; set one")
-        _check(cpu_bf16_flags(), "cpu_bf16_matmul is on but this CPU lists neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo (oneDNN would emulate bf16, slower than float32); use auto or off")
-    if c.bf16 or c.fp16:
-        import paddle
-
-        _check(
-            paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0,
-            f"{'bf16' if c.bf16 else 'fp16'} needs a GPU (paddlepaddle-gpu and a visible device); this run has none",
+        check(
+            c.use_fused_train_ops,
+            "cpu_bf16_matmul is on but use_fused_train_ops is false: the bf16 matmuls run in the training operators",
+        )
+        check(
+            not c.bf16,
+            "cpu_bf16_matmul is on and bf16 is true: bf16 is the GPU's AMP, cpu_bf16_matmul the CPU's bf16 matmuls; set one",
         )
 
-    _check(c.per_device_eval_batch_size >= 1, "per_device_eval_batch_size must be at least 1")
-    _check(c.eval_rollout_n >= 0, f"eval_rollout_n = {c.eval_rollout_n}: must be >= 0 (0: greedy evaluation only)")
-    _check(c.max_evaluate_steps == -1 or c.max_evaluate_steps >= 1, f"max_evaluate_steps = {c.max_evaluate_steps}: must be -1 (all) or at least 1")
-    resume = c.resume_from_checkpoint
-    _check(
-        resume in (None, "auto") or _exists(is_complete_checkpoint, resume),
-        f"resume_from_checkpoint: '{resume}' is not a complete checkpoint folder (one holding trainer_state.json, "
-        f"written by save_steps); give such a folder or auto",
-    )
-    if resume not in (None, "auto"):
-        holds_adapter = (Path(resume) / "adapter_config.json").is_file()
-        _check(
-            holds_adapter == c.lora,
-            f"resume_from_checkpoint: '{resume}' holds {'a LoRA adapter' if holds_adapter else 'a whole model'} but lora is "
-            f"{'false' if holds_adapter else 'true'}; resume with the setting the run was started with",
-        )
-    _check(c.eval_steps >= 0 and c.save_steps >= 0, "eval_steps and save_steps must be >= 0")
-    _check(c.logging_steps >= 1, "logging_steps must be at least 1")
-    _check(c.log_completions_per_step >= 0, "log_completions_per_step must be >= 0")
-    _check(c.save_total_limit is None or c.save_total_limit >= 1, "save_total_limit must be at least 1 (or null: keep all)")
-    for key in ("output_dir", "logging_dir"):
-        folder = getattr(c, key)
-        blocker = _file_in_the_way(folder) if folder else None
-        if blocker:
-            raise ConfigError(f"{key}: '{folder}' is a file, not a folder" if blocker == Path(folder) else f"{key}: '{folder}' cannot be made: '{blocker}' is a file")
 
-    system_prompt = _text_or_file(c.system_prompt)
-    chat_template = _text_or_file(c.chat_template)  # a file's text, so a resume from another folder reads the same template
-    _check(
-        not chat_template or "{{" in chat_template or "{%" in chat_template,
-        f"chat_template = {_show(c.chat_template)}: no such file, and not a Jinja template (no {{{{ or {{% in it)",
-    )
-    return dataclasses.replace(
-        c,
-        per_device_prompt_batch_size=prompt_batch,
-        gradient_accumulation_steps=accumulation,
-        mini_batch_size=mini_batch,
-        clip_range_ratio_low=clip_low,
-        clip_range_ratio_high=clip_high,
-        importance_sampling_mode=importance_sampling_mode,
-        cosine_max_len=reward_settings.cosine_max_len,
-        soft_max_length=reward_settings.soft_max_length,
-        reward_function_weights=[float(w) for w in weights],
-        system_prompt=system_prompt,
-        chat_template=chat_template,
+def _check_evaluation(c: GRPOConfig) -> None:
+    check(c.per_device_eval_batch_size >= 1, "per_device_eval_batch_size must be at least 1")
+    check(c.eval_rollout_n >= 0, f"eval_rollout_n = {c.eval_rollout_n}: must be >= 0 (0: greedy evaluation only)")
+    check(
+        c.max_evaluate_steps == -1 or c.max_evaluate_steps >= 1,
+        f"max_evaluate_steps = {c.max_evaluate_steps}: must be -1 (all) or at least 1",
     )
 
 
-def _text_or_file(value: Optional[str]) -> Optional[str]:
-    """A key that takes text or a file's name -> the text (a long value is text: no path is that long)."""
-    if value and len(value) < 4096 and _exists(Path.is_file, value):
-        return Path(value).read_text()
-    return value
-
-
-def _file_in_the_way(folder: str) -> Optional[Path]:
-    """The folder itself or the nearest of its parents that exists, where that is not a folder (mkdir would fail)."""
-    for path in (Path(folder), *Path(folder).parents):
-        if _exists(Path.exists, path):
-            return None if _exists(Path.is_dir, path) else path
-    return None
-
-
-def _exists(test, path) -> bool:
-    """test(Path(path)) (Path.is_file, Path.is_dir, ...), False for a name the system refuses (too long, a NUL byte)."""
-    try:
-        return test(Path(path))
-    except (OSError, ValueError):
-        return False
-
-
-def names_gguf(path: Optional[str]) -> bool:
-    """Whether a model path names a GGUF file (llama.cpp, Ollama), which the trainer imports (alignment/gguf.py):
-    a name ending .gguf, or a file starting with the bytes GGUF (Ollama's blobs are named sha256-<digest>)."""
-    if path is None or Path(path).suffix.lower() == ".gguf":
-        return path is not None
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except (OSError, ValueError):  # a folder, no such file, a name the system refuses
-        return False
-
-
-def _model_max_positions(path: str):
-    """max_position_embeddings of the model folder's config.json, or of the config a .gguf's header gives (ConfigError
-    naming the file where it is not JSON, or not a GGUF the importer reads: a damaged file is refused here)."""
-    from alignment.models.modeling import ModelLoadError, read_json_object
-
-    if names_gguf(path):
-        from alignment.gguf import GGUFImportError, read_config  # transformers and tokenizers: only where needed
-
-        try:
-            return read_config(path)["max_position_embeddings"]
-        except GGUFImportError as e:
-            raise ConfigError(f"actor_model_name_or_path: {e}") from None
-    try:
-        return read_json_object(Path(path) / "config.json").get("max_position_embeddings")
-    except ModelLoadError as e:
-        raise ConfigError(f"actor_model_name_or_path: {e}") from None
+def _check_logging_and_checkpoints(c: GRPOConfig) -> None:
+    check(c.eval_steps >= 0 and c.save_steps >= 0, "eval_steps and save_steps must be >= 0")
+    check(c.logging_steps >= 1, "logging_steps must be at least 1")
+    check(c.log_completions_per_step >= 0, "log_completions_per_step must be >= 0")
+    check(c.save_total_limit is None or c.save_total_limit >= 1, "save_total_limit must be at least 1 (or null: keep all)")

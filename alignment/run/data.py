@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from alignment.models.template_limits import ChatTemplateError
+from alignment.errors import ChatTemplateError, DataError
 
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
 RESPONSE_KEYS = ("tgt", "answer", "solution", "response")
@@ -26,10 +26,6 @@ ROLES = ("system", "user", "assistant")
 # must not be read into memory as one line. Rows with long reference solutions or test cases fit well within it.
 MAX_LINE_BYTES = 64 * 2**20
 SKIPPED_SHOWN = 20  # skipped rows printed per file; the count covers them all
-
-
-class DataError(ValueError):
-    """A problem with a data file; the message starts with file:line."""
 
 
 @dataclass(frozen=True)
@@ -217,13 +213,20 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
             print(f"skipped {error}", file=sys.stderr)
         if skipped:
             hidden = len(skipped) - SKIPPED_SHOWN
-            print(f"{path}: skipped {len(skipped)} bad rows (skip_bad_rows), kept {kept}" + (f"; {hidden} not shown" if hidden > 0 else ""), file=sys.stderr)
+            print(
+                f"{path}: skipped {len(skipped)} bad rows (skip_bad_rows), kept {kept}" + (f"; {hidden} not shown" if hidden > 0 else ""),
+                file=sys.stderr,
+            )
         if unreferenced and kept == 0:
-            raise DataError(f"{path}: no row has a usable reference in {_reference_place(unreferenced[0][1])} (needed by {reference_needed_by})")
+            raise DataError(
+                f"{path}: no row has a usable reference in {_reference_place(unreferenced[0][1])} (needed by {reference_needed_by})"
+            )
         if unreferenced and not skip_bad_rows:
             raise unreferenced[0][0]
         if kept == 0:
-            raise DataError(f"{path}: no rows left, all {len(skipped)} are bad; the first: {skipped[0]}" if skipped else f"{path}: the file has no rows")
+            raise DataError(
+                f"{path}: no rows left, all {len(skipped)} are bad; the first: {skipped[0]}" if skipped else f"{path}: the file has no rows"
+            )
     return records
 
 
@@ -245,7 +248,9 @@ def encode_messages(messages: tuple, tokenizer, system_prompt: Optional[str] = N
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("the tokenizer has no chat template: set chat_template in the config (text or a .jinja file)")
     try:
-        ids = tokenizer.apply_chat_template(with_system_prompt(messages, system_prompt), tools=tools or None, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            with_system_prompt(messages, system_prompt), tools=tools or None, add_generation_prompt=True, tokenize=True
+        )
     except ChatTemplateError as error:
         raise DataError(f"the chat template {error} (alignment/models/template_limits.py)") from None
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)

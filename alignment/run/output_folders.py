@@ -7,11 +7,9 @@ import os
 import shutil
 from pathlib import Path
 
+from alignment.errors import ExportError
+
 TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template.*", "vocab.*", "merges.txt")
-
-
-class ExportError(Exception):
-    pass
 
 
 def check_output(source: Path, output: Path, overwrite: bool) -> None:
@@ -93,7 +91,10 @@ def bake_system_prompt(source: Path, folder: Path, system_prompt: str) -> None:
     settings_file = source / "tokenizer_config.json"
     settings = json.loads(settings_file.read_text(encoding="utf-8")) if settings_file.is_file() else {}
     if not (source / "chat_template.jinja").is_file() and not settings.get("chat_template"):
-        raise ExportError(f"{source}: no chat template (chat_template.jinja, tokenizer_config.json) to hold the run's system prompt; pass --no_system_prompt")
+        raise ExportError(
+            f"{source}: no chat template (chat_template.jinja, tokenizer_config.json) to hold the run's system prompt; "
+            "pass --no_system_prompt"
+        )
     if (source / "chat_template.jinja").is_file():
         template = (source / "chat_template.jinja").read_text(encoding="utf-8")
         (folder / "chat_template.jinja").write_text(with_default_system(template, system_prompt), encoding="utf-8")

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from alignment.gguf import GGUFImportError, import_if_changed
+from alignment.errors import ConfigError, GGUFImportError
+from alignment.gguf import import_if_changed
 from alignment.parallel.distributed import World
-from alignment.run.config import ConfigError, GRPOConfig, names_gguf
+from alignment.run.checks import names_gguf
+from alignment.run.config import GRPOConfig
 from alignment.step.checkpoint import (
     CheckpointError,
     Lineage,
@@ -67,7 +69,9 @@ def start_point(config: GRPOConfig, world: World) -> tuple:
                 notes.append(f"resuming with changed settings: {'; '.join(refused + allowed)}")
     except (ConfigError, CheckpointError) as error:
         refusal = error
-    if refusal := world.first_failure(refusal, ConfigError("another process refused to start: its log (<log_dir>/workerlog.<rank>) says why")):
+    if refusal := world.first_failure(
+        refusal, ConfigError("another process refused to start: its log (<log_dir>/workerlog.<rank>) says why")
+    ):
         raise refusal
     if world.is_main:
         remove_previous_run(previous)
@@ -80,7 +84,10 @@ def model_folders(config: GRPOConfig, world: World) -> tuple:
     """-> (the actor's folder, the tokenizer's): actor_model_name_or_path and tokenizer_name_or_path, where a .gguf
     stands for <output_dir>/imported/<file stem>, imported there by the main process unless an import of the file
     as it is now is there already (alignment/gguf.py). grpo_config.json keeps the path the user gave."""
-    paths = {"actor_model_name_or_path": config.actor_model_name_or_path, "tokenizer_name_or_path": config.tokenizer_name_or_path or config.actor_model_name_or_path}
+    paths = {
+        "actor_model_name_or_path": config.actor_model_name_or_path,
+        "tokenizer_name_or_path": config.tokenizer_name_or_path or config.actor_model_name_or_path,
+    }
     folders = {key: Path(config.output_dir, "imported", Path(path).stem) if names_gguf(path) else path for key, path in paths.items()}
     ggufs = {paths[key]: key for key in reversed(paths) if names_gguf(paths[key])}  # one import where both name one file
 
@@ -100,7 +107,9 @@ def model_folders(config: GRPOConfig, world: World) -> tuple:
             main_does(import_all, world)
         except ConfigError as error:
             failure = error
-        if failure := world.first_failure(failure, ConfigError("the main process could not import a .gguf model: its log (<log_dir>/workerlog.0) says why")):
+        if failure := world.first_failure(
+            failure, ConfigError("the main process could not import a .gguf model: its log (<log_dir>/workerlog.0) says why")
+        ):
             raise failure
     return str(folders["actor_model_name_or_path"]), str(folders["tokenizer_name_or_path"])
 
@@ -128,5 +137,9 @@ def nothing_to_train(resume, total_steps: int, world: World) -> Path:
             f"give --max_steps above {resume.step} to train further"
         )
     if world.is_main:
-        print(f"nothing to train: {resume.path} is the run's last step ({total_steps}); give --max_steps above {total_steps} to train further", flush=True)
+        print(
+            f"nothing to train: {resume.path} is the run's last step ({total_steps}); "
+            f"give --max_steps above {total_steps} to train further",
+            flush=True,
+        )
     return resume.path

@@ -56,6 +56,7 @@ import paddle
 from safetensors import SafetensorError, safe_open
 from safetensors.paddle import load_file, save_file
 
+from alignment.errors import CheckpointError
 from alignment.models.lora import has_lora, save_adapter
 from alignment.models.modeling import save_model
 
@@ -66,10 +67,6 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 PICKLED_FILES = ("optimizer.pdopt", "pending_rollout.pkl")  # what checkpoints of earlier versions held: pickle
 # safetensors reports a failed write (disk full, file too large) as its own error, not as OSError
 WRITE_ERRORS = (OSError, SafetensorError)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; the message names it, the cause, and the checkpoint a resume takes."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +154,9 @@ def damage(path: Path, state: dict) -> str | None:
     return None
 
 
-def resolve_resume(resume_from_checkpoint: str | None, output_dir: str, matches: Callable[[dict, dict], bool] = lambda settings, state: True) -> tuple:
+def resolve_resume(
+    resume_from_checkpoint: str | None, output_dir: str, matches: Callable[[dict, dict], bool] = lambda settings, state: True
+) -> tuple:
     """resume_from_checkpoint -> (the verified checkpoint to continue from or None for a fresh start,
     [(folder, why)] of the damaged checkpoints skipped on the way).
 
@@ -172,7 +171,10 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str, matches:
         path = Path(resume_from_checkpoint)
         state, settings = read_checkpoint(path)
         if why := damage(path, state):
-            raise CheckpointError(f"resume_from_checkpoint: {path} is damaged: {why}; resume from an earlier checkpoint (or auto, which skips damaged ones)")
+            raise CheckpointError(
+                f"resume_from_checkpoint: {path} is damaged: {why}; "
+                "resume from an earlier checkpoint (or auto, which skips damaged ones)"
+            )
         return ResumePoint(path, state, settings), []
     readable, skipped = [], []
     for path in complete_checkpoints(output_dir):
@@ -209,7 +211,8 @@ TRAINING_KEYS = (
     "tools", "environment", "max_turns", "max_turn_tokens", "async_generate",
 )
 PER_PROCESS_KEYS = ("per_device_prompt_batch_size", "mini_batch_size")
-RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change", "trust_pickled_checkpoint")  # how to start, not what to train
+# how to start, not what to train
+RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change", "trust_pickled_checkpoint")
 
 
 def settings_changes(recorded: dict, recorded_processes: int | None, current: dict, processes: int) -> tuple:

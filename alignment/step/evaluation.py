@@ -4,10 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from alignment.algo.core import (
-    mean_and_pass_at_k,
-)
-from alignment.rewards.remote import RewardServerError
+from alignment.algo.stats import mean_and_pass_at_k
+from alignment.errors import RewardServerError
 from alignment.rollout import SamplingParams, generate
 from alignment.rollout.multi_turn import tool_use
 from alignment.run.seeding import seed_phase

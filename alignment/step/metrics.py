@@ -20,7 +20,9 @@ def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timing
         sum(r == "length" for r in rollout.finish_reasons), np.abs(scored.advantages[valid]).sum(),
         *[np.nansum(scored.reward_columns[c]) for c in columns], *[np.isfinite(scored.reward_columns[c]).sum() for c in columns],
     ]
-    (count, n_valid, reward_sum, reward_squares, correct, length_sum, truncated, advantage_sum, *rest) = world.sum(np.array(local, dtype=np.float64))
+    (count, n_valid, reward_sum, reward_squares, correct, length_sum, truncated, advantage_sum, *rest) = world.sum(
+        np.array(local, dtype=np.float64)
+    )
     reward_mean = reward_sum / max(n_valid, 1)
     seconds = sum(timings.values())
     tools = {}

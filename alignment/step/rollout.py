@@ -7,9 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from alignment.algo.core import (
-    groups_with_signal,
-)
+from alignment.algo.stats import groups_with_signal
 from alignment.parallel.distributed import World
 from alignment.rollout import RolloutEngine, SamplingParams, concat_rollouts, generate
 from alignment.rollout.link import TrainerLink
@@ -73,9 +71,9 @@ def keep_groups_with_signal(sampler: Sampler, scored: ScoredBatch, train_prompts
     batches = [scored]
     rounds = 0
     while True:
-        signal = groups_with_signal(batches[-1].rewards, config.rollout_n, config.dynamic_sampling_min_std)
-        kept += [(batches[-1], g) for g in np.flatnonzero(signal)]
-        dropped += [(batches[-1], g) for g in np.flatnonzero(~signal)]
+        informative = groups_with_signal(batches[-1].rewards, config.rollout_n, config.dynamic_sampling_min_std)  # (P,) bool
+        kept += [(batches[-1], g) for g in np.flatnonzero(informative)]
+        dropped += [(batches[-1], g) for g in np.flatnonzero(~informative)]
         if len(kept) >= wanted or rounds == config.max_resample_times:
             break
         rounds += 1
@@ -95,4 +93,8 @@ def dynamic_sampling_metrics(counts: dict, world: World) -> dict:
     """keep_groups_with_signal's counts of this process -> summed over processes (rounds: the most any took)."""
     dropped, unfilled = world.sum(np.array([counts["dropped_groups"], counts["unfilled_groups"]], dtype=np.float64))
     rounds = world.max(np.array([counts["rounds"]], dtype=np.float64))[0]
-    return {"dynamic_sampling/dropped_groups": int(dropped), "dynamic_sampling/unfilled_groups": int(unfilled), "dynamic_sampling/rounds": int(rounds)}
+    return {
+        "dynamic_sampling/dropped_groups": int(dropped),
+        "dynamic_sampling/unfilled_groups": int(unfilled),
+        "dynamic_sampling/rounds": int(rounds),
+    }

@@ -10,10 +10,6 @@ from alignment.run.config import GRPOConfig
 from alignment.step.records import ScoredBatch
 
 
-class RewardsFailedError(RuntimeError):
-    """Every completion of max_consecutive_skips steps in a row failed to score."""
-
-
 def nothing_scored(scored: ScoredBatch, world: World) -> bool:
     return not world.max(np.array([float(np.isfinite(scored.rewards).any())]))[0]
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from alignment.errors import RolloutWorkerError
 from alignment.parallel.distributed import World
-from alignment.rollout.link import PENDING_FILE, RolloutWorkerError, TrainerLink
+from alignment.rollout.link import PENDING_FILE, TrainerLink
 from alignment.run.build import RunData, RunParts
 from alignment.run.config import GRPOConfig
 from alignment.step.checkpoint import CheckpointContents, Lineage, checkpoint_path, save_checkpoint

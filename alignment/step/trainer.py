@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from alignment.errors import NonFiniteError, RewardServerError, RewardsFailedError
 from alignment.parallel.distributed import init_world
-from alignment.parallel.optim import NonFiniteError
-from alignment.rewards.remote import RewardServerError
 from alignment.rollout.link import RunPlan, TrainerLink, placement, trained_parameters
 from alignment.run.build import actor_sources, build_parts, read_run_data
 from alignment.run.config import GRPOConfig
@@ -21,15 +20,15 @@ from alignment.run.runtime import contiguous_kernels
 from alignment.run.start import nothing_to_train, start_point
 from alignment.step.advantages import step_advantages
 from alignment.step.checkpoint import load_training_state
-from alignment.step.curves import plot_curves
+from alignment.curves import plot_curves
 from alignment.step.evaluation import evaluate
 from alignment.step.logger import RunLogger
 from alignment.step.metrics import completion_rows, step_metrics
 from alignment.step.rollout import Sampler, dynamic_sampling_metrics, keep_groups_with_signal, received_batch, sample_and_score
-from alignment.step.scoring import RewardsFailedError, nothing_scored
+from alignment.step.scoring import nothing_scored
 from alignment.step.state import Progress, Run, save, saved_before_stopping, saved_if_rollout_stops
 from alignment.step.termination import TerminationRequest
-from alignment.step.update import update_policy
+from alignment.step.update import Learner, update_policy
 
 
 def train(config: GRPOConfig) -> Path:
@@ -47,7 +46,8 @@ def train(config: GRPOConfig) -> Path:
 
     # with rollout processes, the training process generates for evaluation only
     parts = build_parts(config, data, world, sources, generates=link is None or bool(data.eval_prompts))
-    state = load_training_state(resume.path, parts.optimizer, config.trust_pickled_checkpoint) if resume else {"step": 0}  # moments, schedule
+    # moments, schedule
+    state = load_training_state(resume.path, parts.optimizer, config.trust_pickled_checkpoint) if resume else {"step": 0}
     first_step = state["step"]
     if link:
         if resume and config.async_generate:
@@ -91,10 +91,13 @@ def announce(run: Run, resume, first_step: int) -> None:
     logger.print(f"compute: {run.parts.compute.reason}")
     rollout = f"rollout with the {type(run.parts.engine).__name__}"
     if run.link:
-        rollout = f"rollout in {config.rollout_workers} rollout process(es)" + (", one step off (async_generate)" if config.async_generate else "")
+        rollout = f"rollout in {config.rollout_workers} rollout process(es)" + (
+            ", one step off (async_generate)" if config.async_generate else ""
+        )
     logger.print(
         f"{len(data.train_prompts)} training prompts ({data.truncated} truncated, {data.dropped} dropped over max_prompt_len), "
-        f"{len(data.eval_prompts)} evaluation prompts; {data.total_steps} steps of {data.schedule.global_batch} prompts x {config.rollout_n}; "
+        f"{len(data.eval_prompts)} evaluation prompts; "
+        f"{data.total_steps} steps of {data.schedule.global_batch} prompts x {config.rollout_n}; "
         + rollout
         + (f"; AdamW state sharded over {world.sharding_degree} processes (stage1)" if world.sharding_degree > 1 else "")
         + (f"; resuming from {resume.path} after step {first_step}" if resume else "")
@@ -119,7 +122,9 @@ def collect_batch(run: Run, progress: Progress, step: int) -> tuple:
             scored, counts = keep_groups_with_signal(run.sampler, scored, data.train_prompts, step, timings)
     except RewardServerError as error:
         failure = error
-    elsewhere = RewardServerError("another process's reward scoring failed: its log (<log_dir>/workerlog.<rank>) names the server and the cause")
+    elsewhere = RewardServerError(
+        "another process's reward scoring failed: its log (<log_dir>/workerlog.<rank>) names the server and the cause"
+    )
     if failure := world.first_failure(failure, elsewhere):
         raise saved_before_stopping(run, progress, failure, step - 1, "once the reward server answers again") from None
     sampling_metrics = dynamic_sampling_metrics(counts, world) if counts else {}
@@ -134,16 +139,17 @@ def train_on(run: Run, progress: Progress, step: int, scored, timings: dict, ext
     rewarded = time.perf_counter()
     learning_rate = parts.scheduler.get_lr()
     with contiguous_kernels():
-        update = update_policy(parts.model, parts.ref_model, parts.optimizer, scored, config, world, run.data.tokenizer.pad_token_id, step)
+        learner = Learner(parts.model, parts.ref_model, parts.optimizer)
+        update = update_policy(learner, scored, config, world, run.data.tokenizer.pad_token_id, step)
     parts.scheduler.step()
     updated = time.perf_counter()
     sync_gap = None if run.link else parts.engine.sync()  # the fused engine refreshes its weights and checks them against the actor
     finished = time.perf_counter()
 
-    skipped = update.pop("skipped_phase")
+    skipped = update.skipped_phase
     progress.count_skip(skipped)
     timings.update(train=updated - rewarded, sync=finished - updated)
-    metrics = step_metrics(scored, update, learning_rate, timings, world)
+    metrics = step_metrics(scored, update.metrics, learning_rate, timings, world)
     if sync_gap is not None:  # each process checks its own engine
         extra_metrics["rollout/weight_sync_gap"] = float(world.max(np.array([sync_gap]))[0])
     step_flags = {"step_skipped": int(bool(skipped)), "skipped_steps": progress.skipped_steps}
@@ -197,5 +203,7 @@ def finish_step(run: Run, progress: Progress, step: int, terminate: TerminationR
         with saved_if_rollout_stops(run, progress, step):
             link.send_word(step, trained_parameters(run.parts.model), stopping)  # go with the new weights, or stop
     if stopping:
-        run.logger.print(f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto")
+        run.logger.print(
+            f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto"
+        )
     return not stopping

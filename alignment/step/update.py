@@ -3,20 +3,17 @@
 import contextlib
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 import paddle
 
-from alignment.algo.core import (
-    LossSettings,
-    aggregation_counts,
-    chunked_token_logprobs,
-    entropy_bonus,
-    entropy_threshold,
-    loss_token_weights,
-    policy_loss,
-    rollout_correction,
-)
+from alignment.algo.aggregation import aggregation_counts, loss_token_weights
+from alignment.algo.corrections import rollout_correction
+from alignment.algo.logprobs import chunked_token_logprobs
+from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.objectives import FLAG_METRICS, SHARED_FLAGS
 from alignment.models.fused_train import groups_prompts, head_kernels, weights_changed
 from alignment.models.lora import adapters_disabled
 from alignment.models.modeling import (
@@ -32,7 +29,65 @@ from alignment.step.metrics import _finite_or_none
 from alignment.step.records import ScoredBatch, loss_mask
 
 
-def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, step: int) -> dict:
+@dataclass(frozen=True)
+class Learner:
+    """What update_policy trains: the policy, its reference model (None: the policy with its LoRA adapters off, or no
+    KL term) and the optimizer."""
+
+    model: Any
+    ref_model: Any
+    optimizer: Any
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    metrics: dict  # metrics.jsonl's numbers of the update (loss, grad_norm, the clip fractions, ...)
+    skipped_phase: Optional[str]  # None, or what was not finite when the step was skipped
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """The scored batch and what stays fixed while the policy is updated on it, numpy (B, T) arrays."""
+
+    scored: ScoredBatch
+    pad_token_id: int
+    settings: LossSettings
+    trained: np.ndarray  # 1 on the loss tokens
+    old_logprobs: Optional[np.ndarray]  # the old policy's log-probs; None: the current ones, detached (a single optimizer step)
+    ref_logprobs: Optional[np.ndarray]  # None: no KL term
+    selected: Optional[np.ndarray]  # the entropy selection's tokens; None: every loss token
+    global_tokens: float  # loss tokens over all processes
+
+    @property
+    def effective(self) -> np.ndarray:  # the tokens the policy term trains on
+        return self.trained if self.selected is None else self.selected
+
+    def tokens(self, rows: np.ndarray):
+        return token_batch(self.scored, rows, self.pad_token_id)
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One optimizer step's rows, with what was summed over all processes for them."""
+
+    rows: np.ndarray  # (m,) rows of the batch
+    counts: np.ndarray  # aggregation_counts over all processes: loss tokens, live sequences, sequences
+    weights: np.ndarray  # (m, T) loss_token_weights
+    effective_tokens: float  # the policy term's tokens over all processes, the entropy bonus's divisor (0 without it)
+    iteration: int
+
+
+@dataclass
+class Tally:
+    """What the update adds up as it goes, in this process."""
+
+    totals: defaultdict = field(default_factory=lambda: defaultdict(float))  # token sums, loss, grad_norm
+    updates: int = 0  # optimizer steps (and skipped ones)
+    nonfinite: Optional[str] = None  # the first input found not finite where the loss was not
+    skipped_phase: Optional[str] = None
+
+
+def update_policy(learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, step: int) -> UpdateResult:
     """num_iterations passes over the scored batch, each cut into mini-batches of mini_batch_size sequences
     (one optimizer step each), run in micro-batches of per_device_train_batch_size.
 
@@ -40,118 +95,157 @@ def update_policy(model, ref_model, optimizer, scored: ScoredBatch, config: GRPO
     when the batch gets a single optimizer step; otherwise they are computed once, before the first step,
     as are the reference model's. Each mini-batch's loss is normalised over the mini-batch's loss tokens or
     sequences in all processes (loss_type), so the gradient does not depend on the micro-batch size."""
-    rollout = scored.rollout
-    rows_total = len(rollout.prompt_ids)
-    trained = loss_mask(scored, config)  # (B, T)
-    micro, mini = config.per_device_train_batch_size, config.mini_batch_size
-    settings = loss_settings(config)
-
-    def batch_of(rows: np.ndarray):
-        return make_token_batch([rollout.prompt_ids[r] for r in rows], rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
-
-    def fixed_logprobs(source) -> tuple:  # (B, T) log-probs and entropies of a model that does not change during the update
-        with paddle.no_grad():
-            parts = [policy_logprobs(source, batch_of(np.arange(start, min(start + micro, rows_total))), config) for start in range(0, rows_total, micro)]
-        return np.concatenate([p[0].numpy() for p in parts]), np.concatenate([p[1].numpy() for p in parts])
-
-    model.train()
-    several_updates = config.num_iterations > 1 or mini < rows_total
-    selecting = config.top_entropy_quantile < 1  # the entropy selection is fixed before any update
-    old_logprobs, old_entropy = fixed_logprobs(model) if several_updates or selecting else (None, None)
-    old_logprobs = old_logprobs if several_updates else None
-    selected = high_entropy_tokens(old_entropy, trained, config.top_entropy_quantile, world) if selecting else None  # (B, T)
-    ref_logprobs = None
-    if config.kl_loss_coeff > 0:
-        with adapters_disabled(model) if ref_model is None else contextlib.nullcontext():  # LoRA: the base is the reference
-            ref_logprobs = fixed_logprobs(ref_model or model)[0]
-    effective = trained if selected is None else selected  # (B, T) the tokens the policy term trains on
-    totals, updates, nonfinite, skipped_phase = defaultdict(float), 0, None, None
-    global_tokens = float(world.sum(np.array([trained.sum()]))[0])
+    learner.model.train()
+    batch = update_batch(learner, scored, config, world, pad_token_id)
+    rows_total, tally = len(batch.trained), Tally()
     for iteration in range(config.num_iterations):
-        if skipped_phase:
-            break
         order = np.arange(rows_total)
         if config.shuffle_minibatch:
             order = np.random.default_rng(seed_phase(config, step, world.rank, "shuffle", iteration + 1)).permutation(rows_total)
-        for mini_start in range(0, rows_total, mini):
-            rows = order[mini_start : mini_start + mini]
-            counts = world.sum(aggregation_counts(trained[rows]))  # global tokens, live sequences, sequences
-            weights = loss_token_weights(trained[rows], config.loss_type, config.max_dec_len, counts)  # (m, T)
-            effective_tokens = float(world.sum(np.array([effective[rows].sum()]))[0]) if config.entropy_coeff else 0.0
-            for start in range(0, len(rows), micro):
-                chunk = rows[start : start + micro]
-                mask = paddle.to_tensor(trained[chunk].astype(np.float32))
-                # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
-                logprobs, entropy = policy_logprobs(model, batch_of(chunk), config, entropy_grad=config.entropy_coeff > 0)
-                old = logprobs.detach() if old_logprobs is None else paddle.to_tensor(old_logprobs[chunk])
-                importance = None
-                if config.importance_sampling_correction:
-                    rollout_logprobs = paddle.to_tensor(rollout.logprobs[chunk])  # (b, T) the engine's
-                    importance, outside = rollout_correction(
-                        old, rollout_logprobs, mask, config.importance_sampling_mode, config.importance_sampling_cap, config.importance_sampling_min
-                    )
-                    if iteration == 0:  # the weights depend only on the batch: count them once
-                        totals["is_weight"] += float((importance * mask).sum())
-                        totals["is_capped"] += float((outside.astype("float32") * mask).sum())
-                        totals["is_logprob_gap_max"] = max(totals["is_logprob_gap_max"], float(((old - rollout_logprobs).abs() * mask).max()))
-                loss, sums = policy_loss(
-                    logprobs,
-                    old,
-                    paddle.to_tensor(scored.advantages[chunk]),
-                    paddle.to_tensor(weights[start : start + micro]),
-                    mask,
-                    settings,
-                    importance,
-                    None if ref_logprobs is None else paddle.to_tensor(ref_logprobs[chunk]),
-                    None if selected is None else paddle.to_tensor(selected[chunk]),
-                )
-                if config.entropy_coeff:
-                    loss = loss + entropy_bonus(entropy, effective[chunk], effective_tokens, config.entropy_coeff)
-                if counts[0] > 0:
-                    loss.backward()
-                if not math.isfinite(float(loss)) and nonfinite is None:  # which input made it so, for the message
-                    nonfinite = next(
-                        (name for name, values in [
-                            ("the policy's log-probs", logprobs.numpy()),
-                            ("the reference model's log-probs", None if ref_logprobs is None else ref_logprobs[chunk]),
-                            ("the importance weights (the rollout engine's log-probs)", None if importance is None else importance.numpy()),
-                        ] if values is not None and not np.isfinite(values).all()),
-                        "the loss",
-                    )
-                totals["entropy"] += float((entropy * mask).sum())
-                totals["loss"] += float(loss)
-                for key, value in sums.items():
-                    totals[key] += value
-            grad_norm = sum_gradients(optimizer, model.parameters(), world)  # every rank decides alike
-            totals["grad_norm"] += grad_norm
-            updates += 1
-            if not math.isfinite(grad_norm):  # no optimizer step on NaN or infinite gradients: the step is skipped
-                optimizer.clear_grad()
-                skipped_phase = nonfinite or "the gradients"
+        for mini_start in range(0, rows_total, config.mini_batch_size):
+            mini = mini_batch(batch, order[mini_start : mini_start + config.mini_batch_size], iteration, config, world)
+            train_mini_batch(learner, batch, mini, config, world, tally)
+            if tally.skipped_phase:
                 break
-            if counts[0] > 0:
-                optimizer.step()
-                weights_changed(model)  # bf16 matmuls remake their weight copies
-            optimizer.clear_grad()
-    gap_max = world.max(np.array([totals.pop("is_logprob_gap_max", 0.0)]))[0]
-    keys = sorted(totals)
-    summed = dict(zip(keys, world.sum(np.array([totals[k] for k in keys]))))
+        if tally.skipped_phase:
+            break
+    return UpdateResult(update_metrics(tally, batch, config, world), tally.skipped_phase)
+
+
+def update_batch(learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int) -> UpdateBatch:
+    """The fixed inputs, in the model's training mode: the old log-probs and entropies where more than one optimizer step
+    or the entropy selection needs them, the reference model's with a KL term."""
+    trained = loss_mask(scored, config)  # (B, T)
+    several_updates = config.num_iterations > 1 or config.mini_batch_size < len(trained)
+    selecting = config.top_entropy_quantile < 1  # the entropy selection is fixed before any update
+    old_logprobs = old_entropy = None
+    if several_updates or selecting:
+        old_logprobs, old_entropy = fixed_logprobs(learner.model, scored, pad_token_id, config)
+    selected = high_entropy_tokens(old_entropy, trained, config.top_entropy_quantile, world) if selecting else None  # (B, T)
+    ref_logprobs = None
+    if config.kl_loss_coeff > 0:
+        with adapters_disabled(learner.model) if learner.ref_model is None else contextlib.nullcontext():  # LoRA: the base is the reference
+            ref_logprobs = fixed_logprobs(learner.ref_model or learner.model, scored, pad_token_id, config)[0]
+    global_tokens = float(world.sum(np.array([trained.sum()]))[0])
+    old_logprobs = old_logprobs if several_updates else None
+    return UpdateBatch(scored, pad_token_id, loss_settings(config), trained, old_logprobs, ref_logprobs, selected, global_tokens)
+
+
+def fixed_logprobs(model, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig) -> tuple:
+    """(B, T) log-probs and entropies, numpy, of a model that does not change during the update."""
+    rows_total, micro = len(scored.rollout.prompt_ids), config.per_device_train_batch_size
+    with paddle.no_grad():
+        parts = [policy_logprobs(model, token_batch(scored, np.arange(start, min(start + micro, rows_total)), pad_token_id), config)
+                 for start in range(0, rows_total, micro)]
+    return np.concatenate([p[0].numpy() for p in parts]), np.concatenate([p[1].numpy() for p in parts])
+
+
+def token_batch(scored: ScoredBatch, rows: np.ndarray, pad_token_id: int):
+    rollout = scored.rollout
+    prompts = [rollout.prompt_ids[r] for r in rows]
+    return make_token_batch(prompts, rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
+
+
+def mini_batch(batch: UpdateBatch, rows: np.ndarray, iteration: int, config: GRPOConfig, world: World) -> MiniBatch:
+    counts = world.sum(aggregation_counts(batch.trained[rows]))
+    weights = loss_token_weights(batch.trained[rows], config.loss_type, config.max_dec_len, counts)  # (m, T)
+    effective_tokens = float(world.sum(np.array([batch.effective[rows].sum()]))[0]) if config.entropy_coeff else 0.0
+    return MiniBatch(rows, counts, weights, effective_tokens, iteration)
+
+
+def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, config: GRPOConfig, world: World, tally: Tally) -> None:
+    """The mini-batch's gradient, micro-batch by micro-batch, then one optimizer step unless the gradients are not
+    finite (then the step is skipped: tally.skipped_phase says what was not finite)."""
+    for start in range(0, len(mini.rows), config.per_device_train_batch_size):
+        backward_micro_batch(learner.model, batch, mini, start, config, tally)
+    grad_norm = sum_gradients(learner.optimizer, learner.model.parameters(), world)  # every rank decides alike
+    tally.totals["grad_norm"] += grad_norm
+    tally.updates += 1
+    if not math.isfinite(grad_norm):  # no optimizer step on NaN or infinite gradients: the step is skipped
+        learner.optimizer.clear_grad()
+        tally.skipped_phase = tally.nonfinite or "the gradients"
+        return
+    if mini.counts[0] > 0:
+        learner.optimizer.step()
+        weights_changed(learner.model)  # bf16 matmuls remake their weight copies
+    learner.optimizer.clear_grad()
+
+
+def backward_micro_batch(model, batch: UpdateBatch, mini: MiniBatch, start: int, config: GRPOConfig, tally: Tally) -> None:
+    """The loss of the micro-batch of mini.rows from `start`, its gradient accumulated and its sums added to tally."""
+    chunk = mini.rows[start : start + config.per_device_train_batch_size]
+    mask = paddle.to_tensor(batch.trained[chunk].astype(np.float32))
+    # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
+    logprobs, entropy = policy_logprobs(model, batch.tokens(chunk), config, entropy_grad=config.entropy_coeff > 0)
+    old = logprobs.detach() if batch.old_logprobs is None else paddle.to_tensor(batch.old_logprobs[chunk])
+    importance = rollout_weights(batch, chunk, old, mask, config, tally if mini.iteration == 0 else None)
+    inputs = LossInputs(
+        old,
+        paddle.to_tensor(batch.scored.advantages[chunk]),
+        paddle.to_tensor(mini.weights[start : start + config.per_device_train_batch_size]),
+        mask,
+        importance,
+        None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
+        None if batch.selected is None else paddle.to_tensor(batch.selected[chunk]),
+    )
+    loss, sums = policy_loss(logprobs, inputs, batch.settings)
+    if config.entropy_coeff:
+        loss = loss + entropy_bonus(entropy, batch.effective[chunk], mini.effective_tokens, config.entropy_coeff)
+    if mini.counts[0] > 0:
+        loss.backward()
+    if not math.isfinite(float(loss)) and tally.nonfinite is None:  # which input made it so, for the message
+        tally.nonfinite = nonfinite_input(logprobs, None if batch.ref_logprobs is None else batch.ref_logprobs[chunk], importance)
+    tally.totals["entropy"] += float((entropy * mask).sum())
+    tally.totals["loss"] += float(loss)
+    for key, value in sums.items():
+        tally.totals[key] += value
+
+
+def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, config: GRPOConfig, tally: Optional[Tally]):
+    """-> (b, T) the rollout correction's weights pi_old / pi_rollout, or None without it; counted into tally where
+    given (the first iteration only: the weights depend only on the batch)."""
+    if not config.importance_sampling_correction:
+        return None
+    rollout_logprobs = paddle.to_tensor(batch.scored.rollout.logprobs[chunk])  # (b, T) the engine's
+    importance, outside = rollout_correction(
+        old, rollout_logprobs, mask, config.importance_sampling_mode, config.importance_sampling_cap, config.importance_sampling_min
+    )
+    if tally is not None:
+        totals = tally.totals
+        totals["is_weight"] += float((importance * mask).sum())
+        totals["is_capped"] += float((outside.astype("float32") * mask).sum())
+        totals["is_logprob_gap_max"] = max(totals["is_logprob_gap_max"], float(((old - rollout_logprobs).abs() * mask).max()))
+    return importance
+
+
+def nonfinite_input(logprobs, ref_logprobs: Optional[np.ndarray], importance) -> str:
+    """The first of the loss's inputs with a NaN or an infinity, else "the loss"."""
+    inputs = [
+        ("the policy's log-probs", logprobs.numpy()),
+        ("the reference model's log-probs", ref_logprobs),
+        ("the importance weights (the rollout engine's log-probs)", None if importance is None else importance.numpy()),
+    ]
+    return next((name for name, values in inputs if values is not None and not np.isfinite(values).all()), "the loss")
+
+
+def update_metrics(tally: Tally, batch: UpdateBatch, config: GRPOConfig, world: World) -> dict:
+    """The tally summed over processes -> the update's metrics (null where not finite)."""
+    gap_max = world.max(np.array([tally.totals.pop("is_logprob_gap_max", 0.0)]))[0]
+    keys = sorted(tally.totals)
+    summed = dict(zip(keys, world.sum(np.array([tally.totals[k] for k in keys]))))
+    global_tokens, updates = batch.global_tokens, tally.updates
     per_token = max(global_tokens, 1.0) * config.num_iterations  # token sums over every update
     metrics = {
-        "skipped_phase": skipped_phase,  # None, or what was not finite when the step was skipped
         "loss": summed["loss"] / updates,
         "entropy": summed["entropy"] / per_token,
-        "clip_fraction": summed["clipped"] / per_token,
-        "clip_low_fraction": summed["clipped_low"] / per_token,
-        "clip_high_fraction": summed["clipped_high"] / per_token,
+        **{FLAG_METRICS[flag]: summed[flag] / per_token for flag in SHARED_FLAGS},
         "kl": summed["kl"] / per_token if "kl" in summed else None,
         "grad_norm": summed["grad_norm"] / world.size / updates,  # every process computed the same all-reduced norm
         "loss_tokens": global_tokens,
         "optimizer_steps": updates,
+        **{name: summed[flag] / per_token for flag, name in FLAG_METRICS.items() if flag not in SHARED_FLAGS and flag in summed},
     }
-    if config.dual_clip_ratio is not None and config.surrogate == "clip":
-        metrics["dual_clip_fraction"] = summed["dual_clipped"] / per_token
-    if selected is not None:
+    if batch.selected is not None:
         metrics["entropy_selected_fraction"] = summed["selected"] / per_token
     if config.importance_sampling_correction:
         metrics["is/weight_mean"] = summed["is_weight"] / max(global_tokens, 1.0)

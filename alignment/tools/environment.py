@@ -79,7 +79,9 @@ class ToolEnvironment:
         calls, most = parse_tool_calls(turn), self.settings.calls_per_turn
         if len(calls) <= most:
             return calls
-        return calls[:most] + [MalformedCall("", f"this turn made {len(calls)} tool calls; only the first {most} ran (max_tool_calls_per_turn)")]
+        return calls[:most] + [
+            MalformedCall("", f"this turn made {len(calls)} tool calls; only the first {most} ran (max_tool_calls_per_turn)")
+        ]
 
     def run(self, call) -> ToolCall:
         started = time.perf_counter()

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
-
 @dataclass(frozen=True)
 class ToolSpec:
     name: str

@@ -37,6 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from alignment.errors import IsolationError
+
 PACKAGE = Path(__file__).resolve().parents[1]  # alignment/: a plugin tool's process imports the registry from it
 WORKDIR = "/sandbox"  # the private folder's path inside the sandbox
 PIDS_CGROUPS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))  # cgroup v1's pids hierarchy, v2's root
@@ -111,10 +113,6 @@ class SandboxResult:
         return f"exited with code {self.exit_code}" + (f": {last}" if last else "")
 
 
-class IsolationError(RuntimeError):
-    """The machine cannot isolate a tool call as the sandbox promises."""
-
-
 @lru_cache(maxsize=1)
 def isolation_missing() -> Optional[str]:
     """None where a tool call can be isolated here, else what is missing, in a sentence that says how to mend it."""
@@ -125,7 +123,8 @@ def isolation_missing() -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"bwrap does not run here ({error})"
     if trial.returncode != 0:
-        return (f"bwrap cannot make its namespaces here ({trial.stderr.strip().splitlines()[-1] if trial.stderr.strip() else trial.returncode}): "
+        return ("bwrap cannot make its namespaces here "
+                f"({trial.stderr.strip().splitlines()[-1] if trial.stderr.strip() else trial.returncode}): "
                 "unprivileged user namespaces may be off (sysctl kernel.unprivileged_userns_clone=1, or a container that forbids them)")
     if os.geteuid() == 0 and _pids_cgroup_root() is None:
         return ("as root the kernel does not apply RLIMIT_NPROC inside the sandbox, and no pids cgroup is writable "
@@ -196,7 +195,9 @@ def _run(job: dict, limits: SandboxLimits) -> SandboxResult:
     else:  # tool_isolation none: a fresh folder and the resource limits, no more
         folder = tempfile.mkdtemp(prefix="grpo-tool-")
         cwd = folder
-        environment = {"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONPATH": str(PACKAGE.parent)}
+        environment = {
+            "PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONPATH": str(PACKAGE.parent)
+        }
     started = time.monotonic()
     try:
         child = subprocess.Popen(command if limits.isolated else python, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

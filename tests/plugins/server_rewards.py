@@ -36,7 +36,10 @@ def exit_on_marker(completion, sample):
     return 1.0
 
 
-@register_reward("traced_gate", "writes the completion and its process id to the item's trace file, waits until its gate file exists (at most 10 minutes); 1.0")
+@register_reward(
+    "traced_gate",
+    "writes the completion and its process id to the item's trace file, waits until its gate file exists (at most 10 minutes); 1.0",
+)
 def traced_gate(completion, sample):
     with open(sample["trace"], "a") as trace:  # which items started, in what order, and in which worker
         trace.write(f"{completion} {os.getpid()}\n")

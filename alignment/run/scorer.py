@@ -8,7 +8,7 @@ import weakref
 
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
 from alignment.rewards.pool import ScoringPool
-from alignment.rewards.remote import score_remote
+from alignment.rewards.remote import RewardServer, score_remote
 from alignment.run.config import GRPOConfig
 from alignment.run.plugins import plugin_sources
 
@@ -24,15 +24,14 @@ def build_scorer(config: GRPOConfig):
     if not config.use_rm_server:
         score_rules = pooled_rules(config, [name for name, _ in rules], settings)
     else:
-        score_rules = functools.partial(
-            score_remote,
+        server = RewardServer(
             url=config.reward_server,
             protocol=config.reward_server_protocol,
             timeout=config.reward_server_timeout,
             retries=config.reward_server_retries,
             api_key=config.reward_server_api_key or os.environ.get("GRPO_REWARD_SERVER_API_KEY"),
-            settings=settings,
         )
+        score_rules = functools.partial(score_remote, server=server, settings=settings)
     reward_model = None
     if config.reward_model_name_or_path:
         from alignment.rewards.reward_model import RewardModel
@@ -46,7 +45,9 @@ def build_scorer(config: GRPOConfig):
         model_scores = reward_model.score(samples, completions).tolist()  # (B,)
         model_weight = weights[names.index(REWARD_MODEL)]
         if table is None:
-            return ScoreTable(totals=[model_weight * v for v in model_scores], columns={REWARD_MODEL: model_scores}, errors=[None] * len(completions))
+            return ScoreTable(
+                totals=[model_weight * v for v in model_scores], columns={REWARD_MODEL: model_scores}, errors=[None] * len(completions)
+            )
         totals = [None if t is None else t + model_weight * v for t, v in zip(table.totals, model_scores)]
         return ScoreTable(totals=totals, columns={**table.columns, REWARD_MODEL: model_scores}, errors=table.errors)
 

@@ -1,4 +1,4 @@
-"""Pictures of a run: `python -m alignment.step.curves OUTPUT_DIR` reads OUTPUT_DIR/metrics.jsonl and writes
+"""Pictures of a run: `python -m alignment.curves OUTPUT_DIR` reads OUTPUT_DIR/metrics.jsonl and writes
 OUTPUT_DIR/curves.png, four panels (reward, accuracy, response length, KL) against the step, training
 and evaluation series together where both exist, and a fifth, each reward function's mean, where the run
 has several."""
@@ -95,7 +95,7 @@ def plot_curves(output_dir: str | Path) -> Path:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="curves", usage="python -m alignment.step.curves [-h] OUTPUT_DIR", description="Plot a run's metrics.jsonl into curves.png."
+        prog="curves", usage="python -m alignment.curves [-h] OUTPUT_DIR", description="Plot a run's metrics.jsonl into curves.png."
     )
     parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output_dir, holding metrics.jsonl")
     args = parser.parse_args(argv)

@@ -1,0 +1,99 @@
+"""Policy objectives (config key surrogate) and the importance ratio they are built on (importance_sampling_level).
+
+An objective takes (ratio (B, T) or (B, 1) from importance_ratio, logprobs (B, T) with their gradient,
+advantages (B,), the LossSettings) and returns (loss (B, T) per token, flags: bool tensors of the loss's shape).
+Every objective sets the flags "clipped", "clipped_low" and "clipped_high"; FLAG_METRICS names each flag's
+metric, the fraction of the step's loss tokens (over every update) where it was set.
+"""
+
+from typing import TYPE_CHECKING
+
+import paddle
+
+from alignment.algo.registry import Registry
+
+if TYPE_CHECKING:
+    from alignment.algo.loss import LossSettings
+
+OBJECTIVES = Registry("surrogate must be {choices}, not {name!r}")
+# name -> f(log pi - log pi_old (B, T), mask (B, T)) -> the ratio pi / pi_old with its gradient
+IMPORTANCE_RATIOS = Registry("importance sampling level must be {choices}, not {name!r}")
+
+SHARED_FLAGS = ("clipped", "clipped_low", "clipped_high")
+# metrics.jsonl logs the shared flags' fractions after the entropy, any other flag's (where the objective sets it) after optimizer_steps
+FLAG_METRICS = {
+    "clipped": "clip_fraction",
+    "clipped_low": "clip_low_fraction",
+    "clipped_high": "clip_high_fraction",
+    "dual_clipped": "dual_clip_fraction",
+}
+
+
+@OBJECTIVES.register("clip")
+def clip(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, settings: "LossSettings") -> tuple:
+    """PPO's clipped ratio x advantage, with clip-higher and the dual clip (flag dual_clipped with dual_clip)."""
+    return clipped_surrogate(ratio, advantages, settings.clip_low, settings.clip_high, settings.dual_clip)
+
+
+@OBJECTIVES.register("cispo")
+def cispo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, settings: "LossSettings") -> tuple:
+    return cispo_surrogate(ratio, logprobs, advantages, settings.clip_low, settings.clip_high)
+
+
+@IMPORTANCE_RATIOS.register("token")
+def token_ratio(log_ratio: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:  # (B, T): PPO, GRPO
+    return paddle.exp(log_ratio)
+
+
+@IMPORTANCE_RATIOS.register("sequence")
+def sequence_ratio(log_ratio: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
+    """GSPO's (Zheng et al. 2025) s_i = exp(mean over i's loss tokens of log pi - log pi_old) (B, 1), the geometric
+    mean of the token ratios, so one sequence is clipped as a whole (TRL's importance_sampling_level)."""
+    return paddle.exp((log_ratio * mask).sum(axis=-1, keepdim=True) / mask.sum(axis=-1, keepdim=True).clip(min=1.0))
+
+
+def importance_ratio(logprobs: paddle.Tensor, old_logprobs: paddle.Tensor, mask: paddle.Tensor, level: str = "token") -> paddle.Tensor:
+    """pi / pi_old with its gradient, per token (B, T) or per sequence (B, 1) as `level` says."""
+    ratio_of = IMPORTANCE_RATIOS.get(level)
+    return ratio_of(logprobs - old_logprobs, mask)
+
+
+def clipped_surrogate(
+    ratio: paddle.Tensor, advantages: paddle.Tensor, clip_low: float, clip_high: float, dual_clip: float | None = None
+) -> tuple:
+    """PPO's clipped objective as a loss: max(-A r, -A clip(r, 1 - low, 1 + high)), with clip_high > clip_low
+    being DAPO's clip-higher. With dual_clip = c > 1 (Ye et al. 2020, verl's clip_ratio_c), a token with A < 0
+    loses at most -A c: a huge ratio on a bad token cannot dominate.
+
+    ratio (B, T) or (B, 1) from importance_ratio; advantages (B,) -> (loss shaped as ratio, flags: bool tensors
+    of that shape "clipped" (the clipped branch is active, so the gradient is zero), "clipped_low" (A < 0 and
+    r < 1 - low), "clipped_high" (A > 0 and r > 1 + high), "dual_clipped" (A < 0 and the -A c bound is active))."""
+    advantages = advantages.unsqueeze(-1)  # (B, 1)
+    unclipped = -advantages * ratio
+    clipped = -advantages * paddle.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = paddle.maximum(unclipped, clipped)
+    negative = paddle.expand_as(advantages < 0, ratio)
+    flags = {
+        "clipped": clipped > unclipped,
+        "clipped_low": negative & (ratio < 1.0 - clip_low),
+        "clipped_high": paddle.expand_as(advantages > 0, ratio) & (ratio > 1.0 + clip_high),
+    }
+    if dual_clip is not None:
+        bound = -advantages * dual_clip  # (B, 1), positive where A < 0
+        flags["dual_clipped"] = negative & (loss > bound)
+        loss = paddle.where(flags["dual_clipped"], paddle.expand_as(bound, loss), loss)
+    return loss, flags
+
+
+def cispo_surrogate(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, clip_low: float, clip_high: float) -> tuple:
+    """CISPO (MiniMax-M1, 2025): -sg(clip(r, 1 - low, 1 + high)) A log pi. The ratio is clipped as an importance
+    weight without a gradient, so no token's gradient is ever zeroed (PPO's clip drops tokens whose ratio left
+    the range, often the rare reflective ones). ratio (B, T) or (B, 1), logprobs (B, T), advantages (B,) ->
+    (loss (B, T), flags "clipped" (the weight was clipped), "clipped_low" (r < 1 - low), "clipped_high"
+    (r > 1 + high), any sign of A)."""
+    weight = paddle.clip(ratio, 1.0 - clip_low, 1.0 + clip_high).detach()
+    loss = -weight * advantages.unsqueeze(-1) * logprobs
+    low, high = ratio < 1.0 - clip_low, ratio > 1.0 + clip_high
+    shape = logprobs.shape
+    return loss, {"clipped": paddle.expand(low | high, shape), "clipped_low": paddle.expand(low, shape),
+                  "clipped_high": paddle.expand(high, shape)}

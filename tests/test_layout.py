@@ -1,0 +1,150 @@
+"""The house plan as checks: no import circles, the layers import downwards only, the rollout process never imports
+the trainer, and the shape limits of ../shared/DESIGN.md (trainer.py at most 400 lines, functions at most 80 lines and
+7 parameters; thin wrappers of compiled operators and autograd forward/backward aside)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "alignment"
+
+# Layers from the top down: a module may import its own layer's modules and those below, never above.
+LAYERS = [
+    ("alignment.step.trainer",),
+    ("alignment.rollout.worker", "alignment.chat", "alignment.export", "alignment.merge_lora", "alignment.curves"),
+    ("alignment.step",),  # the step's phases
+    ("alignment.run",),  # setting a run up: config, preflight, start, the one builder of its parts
+    ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
+     "alignment.gguf", "alignment.step.checkpoint"),
+    ("alignment.run.data", "alignment.run.plugins", "alignment.run.runtime", "alignment.run.output_folders"),
+    ("alignment.errors",),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def executed(node: ast.AST):
+    """Every node under `node` but those under `if TYPE_CHECKING:` (imports for annotations, never run)."""
+    yield node
+    if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+        return
+    for child in ast.iter_child_nodes(node):
+        yield from executed(child)
+
+
+def imports(name: str) -> set:
+    """The alignment modules `name` imports anywhere in its code (a function's own imports count too)."""
+    found = set()
+    for node in executed(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.ImportFrom) and node.level:  # alignment/rewards/__init__.py's `from . import`
+            package = name if MODULES[name].name == "__init__.py" else name.rsplit(".", 1)[0]
+            base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([node.module] if node.module else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {module for module in found if module in MODULES and module != name}
+
+
+def layer_of(name: str) -> int:
+    """The most specific prefix wins: alignment.run.data sits below the rest of alignment.run."""
+    matches = [(len(prefix), index) for index, prefixes in enumerate(LAYERS) for prefix in prefixes
+               if name == prefix or name.startswith(prefix + ".")]
+    assert matches, f"{name} is in no layer: add it to LAYERS in tests/test_layout.py"
+    return max(matches)[1]
+
+
+def test_every_module_imports_only_its_layer_and_those_below():
+    upward = [(name, imported) for name in MODULES for imported in imports(name)
+              if layer_of(imported) < layer_of(name) and imported != "alignment"]
+    assert upward == []
+
+
+def test_no_import_circle():
+    graph = {name: imports(name) for name in MODULES}
+    state, circles = {}, []
+
+    def visit(name: str, path: list) -> None:
+        state[name] = "open"
+        for imported in sorted(graph[name]):
+            if state.get(imported) == "open":
+                circles.append(path[path.index(imported):] + [imported])
+            elif imported not in state:
+                visit(imported, path + [imported])
+        state[name] = "done"
+
+    for name in MODULES:
+        if name not in state:
+            visit(name, [name])
+    assert circles == []
+
+
+def closure(name: str) -> set:
+    seen, todo = set(), [name]
+    while todo:
+        for imported in imports(todo.pop()) - seen:
+            seen.add(imported)
+            todo.append(imported)
+    return seen
+
+
+def test_the_rollout_process_does_not_import_the_trainer():
+    assert "alignment.step.trainer" not in closure("alignment.rollout.worker")
+
+
+def test_the_layers_are_seen_to_work():
+    """The checks above would pass on an empty graph: the import reader must find what the trainer plainly imports."""
+    assert {"alignment.step.update", "alignment.run.build", "alignment.errors"} <= closure("alignment.step.trainer")
+    assert layer_of("alignment.run.config") < layer_of("alignment.run.data")
+
+
+# Thin wrappers of compiled operators, and autograd's forward / backward (and the one call that applies a PyLayer),
+# take the operators' inputs as they are.
+WRAPPERS = {"alignment/rollout/ops.py"}
+AUTOGRAD = {"forward", "backward", "chunked_token_logprobs"}
+
+
+def functions():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        shown = path.relative_to(PACKAGE.parent).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield shown, node
+
+
+def parameter_count(node) -> int:
+    arguments = node.args
+    names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+    return len([n for n in names if n not in ("self", "cls", "ctx")])
+
+
+def test_functions_are_short():
+    long = [f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)" for path, node in functions()
+            if node.end_lineno - node.lineno + 1 > 80]
+    assert long == []
+
+
+def test_functions_take_at_most_seven_parameters():
+    many = [f"{path}:{node.lineno} {node.name} ({parameter_count(node)})" for path, node in functions()
+            if parameter_count(node) > 7 and path not in WRAPPERS and node.name not in AUTOGRAD]
+    assert many == []
+
+
+def test_the_trainer_is_the_loop_only():
+    assert len((PACKAGE / "step" / "trainer.py").read_text().splitlines()) <= 400
+
+
+@pytest.mark.parametrize("name", ["alignment.rollout.link", "alignment.rollout.multi_turn", "alignment.models.cpu_bf16"])
+def test_errors_come_from_one_module(name):
+    """A module that needs only an exception type imports alignment.errors, not the module that raises it."""
+    assert "alignment.run.config" not in imports(name)
