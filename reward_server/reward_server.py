@@ -28,8 +28,8 @@ import uvicorn  # noqa: E402
 from uvicorn.protocols.http.h11_impl import H11Protocol  # noqa: E402
 
 from alignment.rewards import get_reward  # noqa: E402
-from alignment.run.plugins import plugin_sources  # noqa: E402
 from alignment.rewards.pool import ScoringPool  # noqa: E402
+from alignment.run.plugins import plugin_sources  # noqa: E402
 from reward_server.app import Settings, create_app  # noqa: E402
 from reward_server.middleware import access_log  # noqa: E402
 
