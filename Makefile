@@ -1,6 +1,7 @@
 # make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
-# make test:  the same environment -> the test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
+# make test:  the same environment -> ruff (make lint), then the test suite without the end-to-end runs marked slow (under 20
+#             minutes on 2 cores).
 # make test-slow: those slow runs (about 10 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium, bubblewrap),

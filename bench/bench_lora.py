@@ -41,6 +41,7 @@ def measure(mode: str, recompute: bool, shape: str, sequences: int, length: int)
     from alignment.models.lora import apply_lora
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.optim import build_optimizer
+    from alignment.run.build import optimizer_settings
     from alignment.run.config import GRPOConfig, validate
 
     config = validate(dataclasses.replace(
@@ -52,7 +53,7 @@ def measure(mode: str, recompute: bool, shape: str, sequences: int, length: int)
         apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
     if recompute:
         enable_recompute(model, "full")
-    optimizer, _ = build_optimizer(model, config, total_steps=10)
+    optimizer, _ = build_optimizer(model, optimizer_settings(config), total_steps=10)
     loaded, seconds, update = timed_update(model, None, optimizer, scored_batch(model.config.vocab_size, sequences, length), config)
     parameters = sum(int(np.prod(p.shape)) for p in model.parameters())
     trainable = sum(int(np.prod(p.shape)) for p in model.parameters() if not p.stop_gradient)

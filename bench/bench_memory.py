@@ -83,6 +83,7 @@ def measure(shape: str, length: int, recompute: bool, kl: bool) -> dict:
 
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.optim import build_optimizer
+    from alignment.run.build import optimizer_settings
     from alignment.run.config import GRPOConfig, validate
 
     model = build_model(shape, seed=0)
@@ -98,7 +99,7 @@ def measure(shape: str, length: int, recompute: bool, kl: bool) -> dict:
         reference.eval()
         for parameter in reference.parameters():
             parameter.stop_gradient = True
-    optimizer, _ = build_optimizer(model, config, total_steps=10)
+    optimizer, _ = build_optimizer(model, optimizer_settings(config), total_steps=10)
     loaded, seconds, update = timed_update(model, reference, optimizer, scored_batch(model.config.vocab_size, SEQUENCES, length), config)
     parameters = sum(int(np.prod(p.shape)) for p in model.parameters())
     static = parameters * 16 / 2**20

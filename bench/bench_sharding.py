@@ -36,6 +36,7 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.distributed import init_world
     from alignment.parallel.optim import build_optimizer
+    from alignment.run.build import optimizer_settings
     from alignment.run.config import GRPOConfig, validate
     from alignment.step.update import Learner, update_policy
 
@@ -46,7 +47,7 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
         GRPOConfig(), per_device_train_batch_size=sequences, mini_batch_size=sequences, learning_rate=1e-6, recompute=True,
         kl_loss_coeff=0.0, importance_sampling_correction=False, sharding=sharding,
     ))
-    optimizer, _ = build_optimizer(model, config, total_steps=10, world=world)
+    optimizer, _ = build_optimizer(model, optimizer_settings(config), total_steps=10, world=world)
     scored = scored_batch(model.config.vocab_size, sequences, length)
     for _ in range(updates):
         started = time.perf_counter()

@@ -7,8 +7,8 @@ The supervised solutions are right in P_CORRECT of the examples; the others make
 stopping one step early and reporting that intermediate result (data/arith_task.py:
 solution(skip_last_step=True)). The model therefore starts out knowing the format and the arithmetic
 but preferring the slip, so greedy decoding is mostly wrong while sampling is right a fair part of the
-time: the situation where GRPO's group-relative advantage has signal to work with. Everything is seeded; the same machine and thread count give the
-same weights.
+time: the situation where GRPO's group-relative advantage has signal to work with. Everything is
+seeded; the same machine and thread count give the same weights.
 """
 
 import argparse
@@ -92,7 +92,9 @@ def fine_tune(model, examples: list, pad: int, steps: int, batch: int, lr: float
     schedule = paddle.optimizer.lr.LambdaDecay(
         lr, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
     )
-    optimizer = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    optimizer = paddle.optimizer.AdamW(
+        schedule, parameters=model.parameters(), weight_decay=0.01, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0)
+    )
     model.train()
     start = time.time()
     for step in range(steps):
@@ -108,7 +110,10 @@ def fine_tune(model, examples: list, pad: int, steps: int, batch: int, lr: float
         optimizer.clear_grad()
         schedule.step()
         if step % report_every == 0 or step == steps - 1:
-            print(json.dumps({"step": step, "loss": round(float(loss), 4), "lr": schedule.get_lr(), "seconds": round(time.time() - start)}), flush=True)
+            print(
+                json.dumps({"step": step, "loss": round(float(loss), 4), "lr": schedule.get_lr(), "seconds": round(time.time() - start)}),
+                flush=True,
+            )
     model.eval()
 
 

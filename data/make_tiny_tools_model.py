@@ -117,13 +117,22 @@ def multi_turn_accuracy(model, tokenizer, rows: list, samples: int) -> dict:
     prompts = [encode_messages(({"role": "user", "content": r["src"]},), tokenizer, SYSTEM_PROMPT, schemas) for r in rows]
 
     def measure(rollout, group: int) -> tuple:
-        texts = tokenizer.batch_decode([ids[:n].tolist() for ids, n in zip(rollout.completion_ids, rollout.lengths)], skip_special_tokens=True)
+        texts = tokenizer.batch_decode(
+            [ids[:n].tolist() for ids, n in zip(rollout.completion_ids, rollout.lengths)], skip_special_tokens=True
+        )
         correct = [accuracy(text, {"answer": rows[i // group]["tgt"]}) for i, text in enumerate(texts)]
         return float(np.mean(correct)), float(np.mean([bool(episode.calls) for episode in rollout.episodes]))
 
     greedy, greedy_calls = measure(engine.generate(prompts, 1, SamplingParams(max_new_tokens=MAX_DEC_LEN, greedy=True)), 1)
-    sampled, sampled_calls = measure(engine.generate(prompts, samples, SamplingParams(max_new_tokens=MAX_DEC_LEN, temperature=1.0)), samples)
-    return {"greedy_accuracy": greedy, "greedy_tool_call_rate": greedy_calls, "sampled_accuracy": sampled, "sampled_tool_call_rate": sampled_calls}
+    sampled, sampled_calls = measure(
+        engine.generate(prompts, samples, SamplingParams(max_new_tokens=MAX_DEC_LEN, temperature=1.0)), samples
+    )
+    return {
+        "greedy_accuracy": greedy,
+        "greedy_tool_call_rate": greedy_calls,
+        "sampled_accuracy": sampled,
+        "sampled_tool_call_rate": sampled_calls,
+    }
 
 
 def main() -> None:

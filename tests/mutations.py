@@ -46,20 +46,20 @@ MUTATIONS = (
     ),
     Mutation(
         "recompute-ignored",
-        "alignment/step/trainer.py",
+        "alignment/run/build.py",
         (("    if config.recompute:\n        enable_recompute(", "    if False:\n        enable_recompute("),),
         ("tests/test_recompute.py::test_a_run_with_recompute_equals_one_without",),
     ),
     Mutation(
         "reference-model-not-loaded",  # none loads, so the actor (without adapters, as with LoRA) stands in for it
-        "alignment/step/trainer.py",
+        "alignment/run/build.py",
         (("if config.kl_loss_coeff > 0 and not config.lora:", "if False:"),),
         ("tests/test_train_e2e.py::test_kl_penalty_loads_a_reference_model",),
     ),
     Mutation(
         "weights-not-changed",  # the optimizer never steps
-        "alignment/step/trainer.py",
-        (("                optimizer.step()\n", "                pass\n"),),
+        "alignment/step/update.py",
+        (("        learner.optimizer.step()\n", "        pass\n"),),
         ("tests/test_smollm2_recipes.py::test_recipe_trains_and_saves_a_step_of_the_real_model[arith]",),
     ),
     Mutation(
@@ -120,7 +120,7 @@ MUTATIONS = (
     ),
     Mutation(
         "rewards-read-the-tools-words",  # the whole conversation scored, as the last version did
-        "alignment/step/trainer.py",
+        "alignment/step/scoring.py",
         (('        written = ["\\n".join(episode.turns) for episode in rollout.episodes]\n', ""),),
         ("tests/test_multi_turn.py::test_rewards_score_what_the_model_wrote_not_what_a_tool_printed",),
     ),
@@ -136,6 +136,22 @@ MUTATIONS = (
         (("with anyio.fail_after(timeout):", "with anyio.fail_after(None):"),
          ("httpx.AsyncClient(timeout=None,", "httpx.AsyncClient(timeout=timeout,")),
         ("tests/test_faults.py::test_a_trickling_answer_is_held_to_the_timeout_as_a_whole",),
+    ),
+    Mutation(
+        "training-operators-take-the-engines-list",  # a model type the fused engine learns to run switches them on
+        "alignment/models/fused_train.py",
+        (("    if config.model_type not in TRAINING_MODEL_TYPES:",
+          "    from alignment.rollout.fused import SUPPORTED_MODEL_TYPES as TRAINING_MODEL_TYPES\n"
+          "    if config.model_type not in TRAINING_MODEL_TYPES:"),),
+        ("tests/test_train_ops.py::test_the_training_operators_refuse_a_model_type_only_the_rollout_engine_accepts",),
+    ),
+    Mutation(
+        "rollout-process-imports-the-trainer",  # the layering the house plan forbids
+        "alignment/rollout/worker.py",
+        (("from alignment.rollout import generate\n",
+          "from alignment.rollout import generate\nfrom alignment.step.trainer import train  # noqa: F401\n"),),
+        ("tests/test_layout.py::test_the_rollout_process_does_not_import_the_trainer",
+         "tests/test_layout.py::test_every_module_imports_only_its_layer_and_those_below"),
     ),
 )
 

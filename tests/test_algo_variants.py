@@ -1,4 +1,4 @@
-"""Issue 19's variants in alignment/algo/core.py against hand-computed values: GSPO's sequence ratio, CISPO, the
+"""Issue 19's variants in alignment/algo/ against hand-computed values: GSPO's sequence ratio, CISPO, the
 rollout-correction modes, entropy-based token selection and the entropy bonus, TRL's bias-corrected KL,
 and the advantage estimators (RLOO, REINFORCE++ with and without baseline, GDPO's per-function
 normalisation). The micro-batch and process invariance of every loss variant is in tests/test_algo.py."""

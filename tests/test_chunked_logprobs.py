@@ -1,4 +1,4 @@
-"""chunked_token_logprobs (alignment/algo/core.py) against float64 and against the unchunked path's autograd, with
+"""chunked_token_logprobs (alignment/algo/logprobs.py) against float64 and against the unchunked path's autograd, with
 paddle's row kernels and with the compiled ones (grpo_logprob_rows and its gradient, csrc/grpo_ops.cc), and
 completion_hidden + output_head (alignment/models/modeling.py) against completion_logits."""
 
@@ -129,19 +129,26 @@ def test_entropy_gradient_equals_autograd_through_the_whole_logits_in_float64(ch
     through the chunks, against paddle's autograd over the (B, T, V) logits in float64."""
     inputs = random_inputs(with_bias, seed=4)
     entropy_upstream = np.random.default_rng(5).normal(size=(B, T))
-    reference = {name: None if value is None else paddle.to_tensor(value, stop_gradient=name not in ("hidden", "weight", "bias")) for name, value in inputs.items()}
+    reference = {
+        name: None if value is None else paddle.to_tensor(value, stop_gradient=name not in ("hidden", "weight", "bias"))
+        for name, value in inputs.items()
+    }
     logits = paddle.matmul(reference["hidden"], reference["weight"], transpose_y=True) + (reference["bias"] if with_bias else 0.0)
     logp_all = paddle.nn.functional.log_softmax(logits / TEMPERATURE, axis=-1)  # float64
     chosen = paddle.take_along_axis(logp_all, reference["tokens"].unsqueeze(-1), -1).squeeze(-1)
     entropy64 = -(logp_all.exp() * logp_all).sum(-1)
     ((chosen * reference["upstream"]).sum() + (entropy64 * paddle.to_tensor(entropy_upstream)).sum()).backward()
     t = tensors(inputs)
-    logprobs, entropy = chunked_token_logprobs(t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens, row_kernels(), entropy_grad=True)
+    logprobs, entropy = chunked_token_logprobs(
+        t["hidden"], t["weight"], t["bias"], t["tokens"], TEMPERATURE, chunk_tokens, row_kernels(), entropy_grad=True
+    )
     assert not entropy.stop_gradient
     ((logprobs * t["upstream"]).sum() + (entropy * paddle.to_tensor(entropy_upstream.astype(np.float32))).sum()).backward()
     np.testing.assert_allclose(entropy.numpy(), entropy64.numpy(), atol=1e-5)
     for name in ("hidden", "weight") + (("bias",) if with_bias else ()):
-        np.testing.assert_allclose(t[name].grad.numpy(), reference[name].grad.numpy(), rtol=1e-5, atol=2e-5, err_msg=name)  # float32 against float64
+        np.testing.assert_allclose(
+            t[name].grad.numpy(), reference[name].grad.numpy(), rtol=1e-5, atol=2e-5, err_msg=name
+        )  # float32 against float64
 
 
 @pytest.mark.parametrize(
@@ -172,7 +179,12 @@ def real_vocabulary_rows(seed: int) -> dict:
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(7, 49152)) * 3.0
     logits[2, 123] += 40.0  # one near-certain token: p close to 1, log p close to 0
-    return {"logits": logits, "targets": rng.integers(0, 49152, size=(7, 1)), "scale": rng.normal(size=(7, 1)), "entropy_scale": rng.normal(size=(7, 1))}
+    return {
+        "logits": logits,
+        "targets": rng.integers(0, 49152, size=(7, 1)),
+        "scale": rng.normal(size=(7, 1)),
+        "entropy_scale": rng.normal(size=(7, 1)),
+    }
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
@@ -209,7 +221,9 @@ def test_compiled_rows_keep_nan_and_refuse_targets_outside_the_vocabulary():
     logits = paddle.to_tensor(np.random.default_rng(7).normal(size=(3, 50)).astype(np.float32))
     logits[1, 7] = float("nan")
     logprobs, entropy, normaliser = kernels.row_stats(logits, paddle.to_tensor([[0], [1], [2]], dtype="int64"), 1.0)
-    assert np.isnan(logprobs.numpy()[1]) and np.isnan(entropy.numpy()[1]) and np.isnan(normaliser.numpy()[1])  # the trainer's non-finite check sees it
+    assert (
+        np.isnan(logprobs.numpy()[1]) and np.isnan(entropy.numpy()[1]) and np.isnan(normaliser.numpy()[1])
+    )  # the trainer's non-finite check sees it
     assert np.isfinite(logprobs.numpy()[[0, 2]]).all()
     with pytest.raises(Exception, match=r"target token 50 is outside the vocabulary \[0, 50\)"):
         kernels.row_stats(logits, paddle.to_tensor([[0], [50], [2]], dtype="int64"), 1.0)

@@ -60,7 +60,12 @@ def test_alias_and_canonical_key_together_is_an_error(tmp_path):
 
 @pytest.mark.parametrize(
     "bad, suggestion",
-    [("rollout_m", "rollout_n"), ("learnig_rate", "learning_rate"), ("num_generation", "num_generations"), ("lr_sheduler_type", "lr_scheduler_type")],
+    [
+        ("rollout_m", "rollout_n"),
+        ("learnig_rate", "learning_rate"),
+        ("num_generation", "num_generations"),
+        ("lr_sheduler_type", "lr_scheduler_type"),
+    ],
 )
 def test_unknown_key_names_the_closest(tmp_path, bad, suggestion):
     path = write(tmp_path, {bad: 1})
@@ -129,9 +134,18 @@ def test_wrong_types_name_the_key(tmp_path, values, message):
     "values, keys",
     [
         ({"rollout_n": 1}, ["rollout_n"]),
-        ({"rollout_n": 8, "per_device_prompt_batch_size": 3, "per_device_train_batch_size": 16}, ["per_device_prompt_batch_size", "rollout_n", "per_device_train_batch_size"]),
-        ({"rollout_n": 8, "per_device_prompt_batch_size": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}, ["gradient_accumulation_steps", "per_device_prompt_batch_size"]),
-        ({"rollout_n": 8, "per_device_train_batch_size": 6, "gradient_accumulation_steps": 3}, ["per_device_train_batch_size", "gradient_accumulation_steps", "rollout_n"]),
+        (
+            {"rollout_n": 8, "per_device_prompt_batch_size": 3, "per_device_train_batch_size": 16},
+            ["per_device_prompt_batch_size", "rollout_n", "per_device_train_batch_size"],
+        ),
+        (
+            {"rollout_n": 8, "per_device_prompt_batch_size": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+            ["gradient_accumulation_steps", "per_device_prompt_batch_size"],
+        ),
+        (
+            {"rollout_n": 8, "per_device_train_batch_size": 6, "gradient_accumulation_steps": 3},
+            ["per_device_train_batch_size", "gradient_accumulation_steps", "rollout_n"],
+        ),
         ({"max_prompt_len": 800, "max_dec_len": 300}, ["max_prompt_len", "max_dec_len", "max_position_embeddings"]),
         ({"max_prompt_len": 100, "max_dec_len": 100, "max_seq_len": 150}, ["max_prompt_len", "max_dec_len", "max_seq_len"]),
         ({"min_dec_len": 10, "max_dec_len": 5}, ["min_dec_len", "max_dec_len"]),
@@ -154,8 +168,14 @@ def test_wrong_types_name_the_key(tmp_path, values, message):
         ({"max_steps": -1, "num_train_epochs": 0}, ["max_steps", "num_train_epochs"]),
         ({"loss_type": "cispo"}, ["loss_type = cispo is TRL's spelling", "surrogate: cispo", "clip_range_ratio_high 4.0"]),
         ({"advantage_estimator": "rloo", "scale_rewards": "batch"}, ["scale_rewards = batch", "advantage_estimator grpo only"]),
-        ({"multi_objective_aggregation": "normalize_then_sum", "advantage_estimator": "reinforce_plus_plus"}, ["normalize_then_sum", "not reinforce_plus_plus"]),
-        ({"multi_objective_aggregation": "normalize_then_sum", "use_rm_server": True, "reward_server_protocol": "paddlenlp"}, ["normalize_then_sum", "PaddleNLP-protocol", "reward_server_protocol v1"]),
+        (
+            {"multi_objective_aggregation": "normalize_then_sum", "advantage_estimator": "reinforce_plus_plus"},
+            ["normalize_then_sum", "not reinforce_plus_plus"],
+        ),
+        (
+            {"multi_objective_aggregation": "normalize_then_sum", "use_rm_server": True, "reward_server_protocol": "paddlenlp"},
+            ["normalize_then_sum", "PaddleNLP-protocol", "reward_server_protocol v1"],
+        ),
         ({"top_entropy_quantile": 1.5}, ["top_entropy_quantile = 1.5", "[0, 1]"]),
         ({"entropy_coeff": -0.1}, ["entropy_coeff = -0.1"]),
         ({"importance_sampling_min": 1.0}, ["importance_sampling_min = 1.0", "[0, 1)"]),
@@ -235,11 +255,15 @@ def test_a_chat_template_path_that_does_not_exist_is_refused_and_a_file_is_read(
 
 def test_a_long_inline_chat_template_reaches_the_tokenizer():
     # Longer than a file name may be (255 bytes), with no "/": once taken for a path ("File name too long").
-    template = "{% for m in messages %}" + "{{ m['role'] }}: {{ m['content'] }}" * 10 + "{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    template = (
+        "{% for m in messages %}" + "{{ m['role'] }}: {{ m['content'] }}" * 10 + "{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    )
     config = load_config(["config/tiny/grpo_argument.json", "--chat_template", template])
     tokenizer = load_tokenizer("data/tiny-qwen2", config.chat_template)
     assert len(template) > 255 and tokenizer.chat_template == template
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False).endswith("user: hiA:")
+    assert tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    ).endswith("user: hiA:")
 
 
 def test_verl_rollout_is_levels_mean_truncation_and_cispo_may_drop_the_lower_bound(tmp_path):

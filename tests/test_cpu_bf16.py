@@ -168,7 +168,9 @@ def loss_and_gradients(model) -> tuple:
     model.train()
     with contiguous_kernels():
         weight, bias = output_head(model)
-        logprobs, _ = chunked_token_logprobs(completion_hidden(model, tokens), weight, bias, tokens.completion_ids, 1.0, 5, head_kernels(model))
+        logprobs, _ = chunked_token_logprobs(
+            completion_hidden(model, tokens), weight, bias, tokens.completion_ids, 1.0, 5, head_kernels(model)
+        )
         loss = -(logprobs * tokens.completion_mask).sum() / tokens.completion_mask.sum()
         loss.backward()
     return logprobs.numpy(), {name: p.grad.numpy() for name, p in model.named_parameters() if not p.stop_gradient}
@@ -299,7 +301,10 @@ def test_choose_compute(monkeypatch, setting, on_gpu, blocker, flags, bf16, says
 
 @pytest.mark.parametrize(
     "setting, on_gpu, blocker, message",
-    [("on", False, "use_fused_train_ops is false", "cpu_bf16_matmul is on but the bf16 matmuls cannot run"), ("on", True, None, "set bf16 true there")],
+    [
+        ("on", False, "use_fused_train_ops is false", "cpu_bf16_matmul is on but the bf16 matmuls cannot run"),
+        ("on", True, None, "set bf16 true there"),
+    ],
 )
 def test_on_where_it_cannot_run_is_an_error(monkeypatch, setting, on_gpu, blocker, message):
     monkeypatch.setattr("alignment.models.cpu_bf16.cpu_bf16_flags", lambda: ["avx512_bf16"])

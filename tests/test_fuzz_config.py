@@ -96,18 +96,28 @@ def load(path: Path, text, args=()):
     except ConfigError as e:  # any other exception fails the test with its traceback
         outcome = e
     if currently_in_test_context():  # pytest --hypothesis-show-statistics: how the examples ended
-        event("loaded" if isinstance(outcome, GRPOConfig) else re.sub(r"'[^']*'|\"[^\"]*\"|[\d.e+-]+", "_", str(outcome).replace(str(path), "PATH"))[:50])
+        event(
+            "loaded"
+            if isinstance(outcome, GRPOConfig)
+            else re.sub(r"'[^']*'|\"[^\"]*\"|[\d.e+-]+", "_", str(outcome).replace(str(path), "PATH"))[:50]
+        )
     return outcome
 
 
 # ---- values for one key, tagged: ("type", v) a JSON type the key refuses; ("range", v) the key's type, any value,
 # or ("out", v) where that value is past int64 or the key's bound
 
-odd_text = st.one_of(st.text(max_size=12), st.sampled_from(["", "4", "1e-6", "true", "null", "NaN", "-1", "a" * 300, "x\x00y", "../", "auto"]))
+odd_text = st.one_of(
+    st.text(max_size=12), st.sampled_from(["", "4", "1e-6", "true", "null", "NaN", "-1", "a" * 300, "x\x00y", "../", "auto"])
+)
 huge_ints = st.sampled_from([0, -1, 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 10**30, -(10**30), 10**400])
 non_finite = st.sampled_from([math.nan, math.inf, -math.inf])
 specials = non_finite | st.just(10**400)  # 10**400 is past float's range
-nested = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=4), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3), max_leaves=5)
+nested = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+    max_leaves=5,
+)
 
 
 def wrong_type(name: str):
@@ -116,8 +126,17 @@ def wrong_type(name: str):
     common = [objects] + ([] if nullable else [st.none()])
     if typing.get_origin(kind) is list:
         (item,) = typing.get_args(kind)
-        bad_item = st.one_of(st.integers(), st.booleans(), st.none(), objects) if item is str else st.one_of(odd_text, st.booleans(), st.none(), specials)
-        options = [odd_text, st.integers(), st.booleans(), st.lists(bad_item, min_size=1, max_size=3).flatmap(lambda xs: st.permutations(xs + ["format"]))]
+        bad_item = (
+            st.one_of(st.integers(), st.booleans(), st.none(), objects)
+            if item is str
+            else st.one_of(odd_text, st.booleans(), st.none(), specials)
+        )
+        options = [
+            odd_text,
+            st.integers(),
+            st.booleans(),
+            st.lists(bad_item, min_size=1, max_size=3).flatmap(lambda xs: st.permutations(xs + ["format"])),
+        ]
     else:
         scalar_lists = st.lists(st.integers() | st.text(max_size=3), max_size=3)
         options = {
@@ -137,12 +156,22 @@ def right_type(name: str):
         options = [st.sampled_from(CHOICES[name])]
     elif typing.get_origin(kind) is list:
         (item,) = typing.get_args(kind)
-        element = st.sampled_from(["accuracy", "format", "q_proj"]) | st.text(max_size=6) if item is str else st.floats(-1e6, 1e6) | st.integers(-3, 3)
+        element = (
+            st.sampled_from(["accuracy", "format", "q_proj"]) | st.text(max_size=6)
+            if item is str
+            else st.floats(-1e6, 1e6) | st.integers(-3, 3)
+        )
         options = [st.lists(element, max_size=4)]
     else:
         options = {
             int: [st.integers(-3, 300), huge_ints, *plausible],
-            float: [st.floats(allow_nan=False, allow_infinity=False), st.floats(0, 1), st.sampled_from([0.0, -0.0, 1.0, 1e-8, 2.0, -1.0, 1e308]), st.integers(-5, 5), *plausible],
+            float: [
+                st.floats(allow_nan=False, allow_infinity=False),
+                st.floats(0, 1),
+                st.sampled_from([0.0, -0.0, 1.0, 1e-8, 2.0, -1.0, 1e308]),
+                st.integers(-5, 5),
+                *plausible,
+            ],
             bool: [st.booleans()],
             str: [odd_text, *plausible],
         }[kind]
@@ -241,7 +270,13 @@ def broken_json(draw):
         value = draw(st.one_of(st.lists(nested), st.text(), st.integers(), st.floats(), st.booleans(), st.none()))
         return json.dumps(value).encode(), "fails", None
     if how == "bad_literal":  # JavaScript's literals and single quotes
-        return draw(st.sampled_from(["{'rollout_n': 4}", '{"rollout_n": undefined}', '{"bf16": True}', "{rollout_n: 4}", '{"a": 1} {"b": 2}'])).encode(), "at", None
+        return (
+            draw(
+                st.sampled_from(["{'rollout_n': 4}", '{"rollout_n": undefined}', '{"bf16": True}', "{rollout_n: 4}", '{"a": 1} {"b": 2}'])
+            ).encode(),
+            "at",
+            None,
+        )
     return draw(st.binary(max_size=200)), "any", None
 
 
@@ -279,7 +314,10 @@ def expected_from_text(name: str, texts: list):
     for text in texts:
         try:
             if item is bool:
-                value = {"yes": True, "true": True, "t": True, "y": True, "1": True, "no": False, "false": False, "f": False, "n": False, "0": False}[text.lower()]
+                value = {
+                    "yes": True, "true": True, "t": True, "y": True, "1": True,
+                    "no": False, "false": False, "f": False, "n": False, "0": False,
+                }[text.lower()]
             else:
                 value = item(text)
         except (KeyError, ValueError):
@@ -295,7 +333,9 @@ any_text = st.one_of(
     st.text(max_size=8),
     st.integers(-(10**20), 10**20).map(str),
     st.floats().map(str),
-    st.sampled_from(["true", "false", "yes", "no", "maybe", "", "nan", "inf", "1e999", "-5", "-x", "4.0", "1e3", "accuracy", "format", " 7 "]),
+    st.sampled_from(
+        ["true", "false", "yes", "no", "maybe", "", "nan", "inf", "1e999", "-5", "-x", "4.0", "1e3", "accuracy", "format", " 7 "]
+    ),
 ).filter(lambda t: not t.startswith("--"))
 
 
@@ -308,7 +348,8 @@ def cli_text(name: str):
     else:
         default = GRPOConfig.__dataclass_fields__[name].default
         plausible = [st.just(str(default))] if isinstance(default, (int, float, str)) and not isinstance(default, bool) else []
-        typed = st.one_of(*plausible, {int: st.integers(-2, 100).map(str), float: st.floats(-1, 2).map(str), bool: st.sampled_from(["true", "false", "yes", "0", "T"]),
+        typed = st.one_of(*plausible, {int: st.integers(-2, 100).map(str), float: st.floats(-1, 2).map(str),
+                                       bool: st.sampled_from(["true", "false", "yes", "0", "T"]),
                                        str: st.sampled_from(["accuracy", "format", "q_proj", "auto", "-x", ""])}[item])
     return st.one_of(typed, typed, any_text)
 
@@ -357,7 +398,9 @@ def overrides(draw):
             named.append(re.escape(repr(values[0])))
             expected[None] = INVALID
     for name, value in expected.items():  # the value kept is judged: one given before it and replaced is not
-        if any(isinstance(v, float) and not math.isfinite(v) or out_of_range(name, v) for v in (value if isinstance(value, list) else [value])):
+        if any(
+            isinstance(v, float) and not math.isfinite(v) or out_of_range(name, v) for v in (value if isinstance(value, list) else [value])
+        ):
             expected[name] = INVALID
     return args, expected, named
 
@@ -406,9 +449,13 @@ def test_a_value_past_its_bound_is_refused_naming_the_key(config_path, name):
 def test_every_float_key_refuses_nan_and_infinity(config_path, name, text):
     is_list = typing.get_origin(kind_of(name)[0]) is list
     in_file = load(config_path, f'{{"{name}": {f"[{text}]" if is_list else text}}}')
-    assert isinstance(in_file, ConfigError) and str(in_file).startswith(f"{config_path}: key '{name}'") and "finite" in str(in_file), in_file
+    assert (
+        isinstance(in_file, ConfigError) and str(in_file).startswith(f"{config_path}: key '{name}'") and "finite" in str(in_file)
+    ), in_file
     on_command_line = load(config_path, "{}", [f"--{name}", text.lower().replace("infinity", "inf")])
-    assert isinstance(on_command_line, ConfigError) and names_key(str(on_command_line), [name]) and "finite" in str(on_command_line), on_command_line
+    assert (
+        isinstance(on_command_line, ConfigError) and names_key(str(on_command_line), [name]) and "finite" in str(on_command_line)
+    ), on_command_line
 
 
 WRONG_JSON = {  # per type, values of another JSON type

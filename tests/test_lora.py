@@ -19,6 +19,7 @@ from alignment.merge_lora import main as merge_main
 from alignment.models.lora import adapters_disabled, apply_lora, load_adapter, lora_layers
 from alignment.models.modeling import enable_recompute, load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.parallel.optim import build_optimizer
+from alignment.run.build import optimizer_settings
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.ops import load_ops
 from alignment.run.config import GRPOConfig
@@ -56,7 +57,7 @@ def train_steps(model, optimizer, steps=2):
 
 
 def optimizer_for(model):
-    return build_optimizer(model, GRPOConfig(learning_rate=1e-2, lr_scheduler_type="constant"), total_steps=10)[0]
+    return build_optimizer(model, optimizer_settings(GRPOConfig(learning_rate=1e-2, lr_scheduler_type="constant")), total_steps=10)[0]
 
 
 def test_only_the_adapters_get_gradients_and_change():

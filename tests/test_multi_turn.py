@@ -24,7 +24,10 @@ from alignment.tools.sandbox import SandboxLimits
 OPS, WHY_NOT = load_ops()
 PLUGINS = "tests/plugins/tool_plugins.py"
 TEMPLATE = Path("data/tiny_tools/chat_template.jinja")
-QUESTIONS = ["Mia has 12 apples. She buys 7 more. How many apples does Mia have now?", "Tom has 30 coins. He loses 4. Then he loses 9. How many coins does Tom have now?"]
+QUESTIONS = [
+    "Mia has 12 apples. She buys 7 more. How many apples does Mia have now?",
+    "Tom has 30 coins. He loses 4. Then he loses 9. How many coins does Tom have now?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,9 @@ def engines(model, tokenizer) -> dict:
 
 def test_each_turn_follows_the_environments_answer_in_the_chat_template(tiny):
     model, tokenizer = tiny
-    rollout = multi_turn(engines(model, tokenizer)["eager"], tokenizer).generate(prompts(tokenizer), 2, SamplingParams(max_new_tokens=160, greedy=True))
+    rollout = multi_turn(engines(model, tokenizer)["eager"], tokenizer).generate(
+        prompts(tokenizer), 2, SamplingParams(max_new_tokens=160, greedy=True)
+    )
     markup = TemplateMarkup(tokenizer, None)
     for row, episode in enumerate(rollout.episodes):
         assert len(episode.turns) == 3 and rollout.finish_reasons[row] == "max_turns"
@@ -86,7 +91,9 @@ def test_each_turn_follows_the_environments_answer_in_the_chat_template(tiny):
 def test_greedy_tool_turns_are_token_identical_in_both_engines(tiny):
     model, tokenizer = tiny
     greedy = SamplingParams(max_new_tokens=160, greedy=True)
-    found = {name: multi_turn(engine, tokenizer).generate(prompts(tokenizer), 1, greedy) for name, engine in engines(model, tokenizer).items()}
+    found = {
+        name: multi_turn(engine, tokenizer).generate(prompts(tokenizer), 1, greedy) for name, engine in engines(model, tokenizer).items()
+    }
     eager, fused = found["eager"], found["fused"]
     np.testing.assert_array_equal(fused.completion_ids, eager.completion_ids)
     np.testing.assert_array_equal(fused.environment_mask, eager.environment_mask)
@@ -123,7 +130,9 @@ def test_each_limit_ends_the_episode_with_its_reason(tiny, limits, reasons, most
     budget = limits.get("max_total_tokens", 160)
     assert rollout.lengths.max() <= budget
     for row in range(len(rollout.episodes)):  # no turn is longer than its budget
-        turn_lengths = np.diff(np.flatnonzero(np.diff(np.concatenate([[1], rollout.environment_mask[row, : rollout.lengths[row]], [1]]))))[::2]
+        turn_lengths = np.diff(
+            np.flatnonzero(np.diff(np.concatenate([[1], rollout.environment_mask[row, : rollout.lengths[row]], [1]])))
+        )[::2]
         assert max(turn_lengths) <= limits.get("max_turn_tokens", 48)
 
 
@@ -133,7 +142,9 @@ def test_the_environments_tokens_get_no_gradient(tiny):
     model, tokenizer = tiny
     model.train()
     paddle.seed(7)  # the eager engine draws from paddle's generator: the same episodes whatever ran before
-    rollout = multi_turn(engines(model, tokenizer)["eager"], tokenizer).generate(prompts(tokenizer), 2, SamplingParams(max_new_tokens=160, temperature=1.0))
+    rollout = multi_turn(engines(model, tokenizer)["eager"], tokenizer).generate(
+        prompts(tokenizer), 2, SamplingParams(max_new_tokens=160, temperature=1.0)
+    )
     batch = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, tokenizer.pad_token_id)
     advantages = paddle.to_tensor(np.array([1.0, -1.0, 0.5, -0.5], np.float32))
     config = GRPOConfig()
@@ -196,7 +207,8 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
                                              tools=schemas, add_generation_prompt=True, tokenize=True) for row in rows]
     sampling = SamplingParams(max_new_tokens=128, temperature=1.0, seed=3)
     fused = engines(model, tokenizer)["fused"]
-    kept, again = (multi_turn(engine, tokenizer, "tools", ("calculator",), max_total_tokens=128, max_turn_tokens=128).generate(prompts, 4, sampling)
+    kept, again = (multi_turn(engine, tokenizer, "tools", ("calculator",), max_total_tokens=128, max_turn_tokens=128)
+                   .generate(prompts, 4, sampling)
                    for engine in (fused, PrefillAgain(fused)))
     np.testing.assert_array_equal(kept.completion_ids, again.completion_ids)
     np.testing.assert_allclose(kept.logprobs, again.logprobs, atol=1e-4)
@@ -210,14 +222,17 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
         assert call.answer == str(eval(expression))  # the reference: Python on an expression of digits, + - * and parentheses
         n = int(kept.lengths[row])
         ids, environment = kept.completion_ids[row, :n], kept.environment_mask[row, :n].astype(bool)
-        assert ids[environment].tolist() == markup.ids([{"role": "tool", "name": "calculator", "content": call.answer}], tokenizer.eos_token_id)
+        assert ids[environment].tolist() == markup.ids(
+            [{"role": "tool", "name": "calculator", "content": call.answer}], tokenizer.eos_token_id
+        )
 
 
 @pytest.mark.parametrize(
     "turns, tool_answer, reward",
     [
         # the model's code assembles the tags, so only the tool's output holds <answer>19</answer>
-        (['<tool_call>{"name": "python", "arguments": {"code": "print(\'<ans\' + \'wer>\' + str(12 + 7) + \'</ans\' + \'wer>\')"}}</tool_call>', "So."],
+        (['<tool_call>{"name": "python", "arguments": {"code": "print(\'<ans\' + \'wer>\' + str(12 + 7) + '
+          '\'</ans\' + \'wer>\')"}}</tool_call>', "So."],
          "<answer>19</answer>", 0.0),
         (['<tool_call>{"name": "calculator", "arguments": {"expression": "12+7"}}</tool_call>', "<answer>19</answer>"], "19", 1.0),
     ],
@@ -239,7 +254,8 @@ def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns,
     episode = Episode(sample={}, turns=list(turns), calls=[ToolCall("python", {}, tool_answer, None, 0.1)])
     rollout = Rollout(
         prompt_ids=[[1, 2]], completion_ids=completion_ids, completion_mask=np.ones_like(environment_mask),
-        logprobs=np.zeros_like(environment_mask), finish_reasons=["eos"], group_size=1, environment_mask=environment_mask, episodes=[episode],
+        logprobs=np.zeros_like(environment_mask), finish_reasons=["eos"], group_size=1, environment_mask=environment_mask,
+        episodes=[episode],
     )
     config = load_config(["config/tiny_tools/grpo_argument.json"])  # reward: accuracy
     prompts = [EncodedPrompt(PromptRecord(({"role": "user", "content": QUESTIONS[0]},), "19"), (1, 2))]

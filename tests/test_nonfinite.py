@@ -59,7 +59,9 @@ def test_a_reference_model_gone_bad_skips_steps_then_stops_naming_step_and_phase
         "config/tiny/grpo_argument.json", *common, "--max_steps", "6", "--resume_from_checkpoint", "auto",
         "--kl_loss_coeff", "0.01", "--max_consecutive_skips", "2",
     ])
-    with pytest.raises(NonFiniteError, match=r"step 3: the reference model's log-probs not finite for 2 consecutive steps .* weights of step 1"):
+    with pytest.raises(
+        NonFiniteError, match=r"step 3: the reference model's log-probs not finite for 2 consecutive steps .* weights of step 1"
+    ):
         train(resumed)
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["step_skipped"], r["skipped_steps"]) for r in records] == [(1, 0, 0), (2, 1, 1), (3, 1, 2)]

@@ -90,7 +90,9 @@ def test_the_grouped_forward_runs_the_distinct_prompts_once(ops):
         grouped_completion_hidden(model.model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_width)
         assert prompt_rows == [3, 8]  # the prompts, then the completions
         distinct = make_token_batch([[4, 5], [6]], np.ones((2, 3), np.int64), np.ones((2, 3)), PAD)
-        assert grouped_completion_hidden(model.model, distinct.input_ids, distinct.attention_mask, distinct.position_ids, distinct.prompt_width) is None
+        assert grouped_completion_hidden(
+            model.model, distinct.input_ids, distinct.attention_mask, distinct.position_ids, distinct.prompt_width
+        ) is None
 
 
 def test_the_update_groups_prompts_only_where_the_training_attention_runs_without_recompute(ops):

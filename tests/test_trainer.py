@@ -33,13 +33,32 @@ def fails_on_odd_length(completion, sample):
 def setup():
     tokenizer = load_tokenizer("data/tiny-qwen2")
     paddle.seed(4)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-    config = load_config(["config/tiny/grpo_argument.json", "--reward_functions", "test_fails_on_odd_length", "format", "--rollout_n", "4", "--per_device_train_batch_size", "4"])
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+    config = load_config(
+        [
+            "config/tiny/grpo_argument.json", "--reward_functions", "test_fails_on_odd_length", "format", "--rollout_n", "4",
+            "--per_device_train_batch_size", "4",
+        ]
+    )
     prompts = [
-        EncodedPrompt(PromptRecord(({"role": "user", "content": q},), "7"), tuple(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)))
+        EncodedPrompt(
+            PromptRecord(({"role": "user", "content": q},), "7"),
+            tuple(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)),
+        )
         for q in ("Mia has 3 apples.", "Leo has 4 coins. He finds 3 more.")
     ]
-    rollout = EagerEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate([p.ids for p in prompts], 4, SamplingParams(max_new_tokens=9))
+    rollout = EagerEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(
+        [p.ids for p in prompts], 4, SamplingParams(max_new_tokens=9)
+    )
     return tokenizer, model, config, prompts, rollout
 
 
@@ -53,7 +72,9 @@ def test_failed_rewards_are_counted_and_left_out_of_their_group(setup):
     assert (scored.advantages[failed] == 0).all()
     assert all(("odd length" in e) == f for e, f in zip([e or "" for e in scored.errors], failed))
     timings = {"rollout": 1.0, "reward": 0.0, "train": 1.0}
-    metrics = step_metrics(scored, {"kl": None, "clip_fraction": 0.0, "entropy": 0.0, "loss": 0.0, "grad_norm": 0.0}, 0.1, timings, World(0, 1))
+    metrics = step_metrics(
+        scored, {"kl": None, "clip_fraction": 0.0, "entropy": 0.0, "loss": 0.0, "grad_norm": 0.0}, 0.1, timings, World(0, 1)
+    )
     assert metrics["reward_errors"] == int(failed.sum())
     assert metrics["reward_mean"] == pytest.approx(np.nanmean(scored.rewards))
 
@@ -73,7 +94,14 @@ def _sgd_step(model, scored, config, tokenizer) -> list:
     """Parameter change of one plain SGD step with learning rate 1, i.e. minus the gradient."""
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
-    update_policy(Learner(model, None, paddle.optimizer.SGD(1.0, parameters=model.parameters())), scored, config, World(0, 1), tokenizer.pad_token_id, step=1)
+    update_policy(
+        Learner(model, None, paddle.optimizer.SGD(1.0, parameters=model.parameters())),
+        scored,
+        config,
+        World(0, 1),
+        tokenizer.pad_token_id,
+        step=1,
+    )
     return [p.numpy() - b for p, b in zip(model.parameters(), before)]
 
 

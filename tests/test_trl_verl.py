@@ -3,7 +3,7 @@
 tests/trl_verl_side.py runs in GRPO_TORCH_PYTHON's interpreter (.venv-torch: TRL 1.16.0, verl 0.9.1): TRL's
 GRPOTrainer._compute_loss in a real trainer whose forward pass returns this batch's log-probs and entropies,
 verl's policy losses, advantage estimators and rollout correction. Here the same batch goes through
-alignment/algo/core.py in paddle; the losses, their gradients with respect to the log-probs (and the entropies),
+alignment/algo/ in paddle; the losses, their gradients with respect to the log-probs (and the entropies),
 the advantages and the weights must agree to float32 rounding. Where the definitions differ, the comment of
 each case says how the two are set to mean the same thing (README, "GRPO variants").
 """

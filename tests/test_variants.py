@@ -38,7 +38,16 @@ def flat_for_mia(completion, sample):
 def setup():
     tokenizer = load_tokenizer("data/tiny-qwen2")
     paddle.seed(4)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     prompts = []
     for question in QUESTIONS:
         messages = [{"role": "user", "content": question}]
@@ -51,8 +60,8 @@ def setup():
 
 
 def _config(*overrides):
-    return load_config(["config/tiny/grpo_argument.json", "--reward_functions", "test_flat_for_mia", "--reward_function_weights", "1", "--rollout_n", "4",
-                        "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "2", *overrides])
+    return load_config(["config/tiny/grpo_argument.json", "--reward_functions", "test_flat_for_mia", "--reward_function_weights", "1",
+                        "--rollout_n", "4", "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "2", *overrides])
 
 
 def _scored(setup, config, rollout=None):
@@ -66,7 +75,9 @@ def _sgd_delta(model, scored, config, pad_token_id, lr=0.5) -> list:
     """Parameter change of update_policy with plain SGD."""
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
-    update_policy(Learner(model, None, paddle.optimizer.SGD(lr, parameters=model.parameters())), scored, config, World(0, 1), pad_token_id, step=1)
+    update_policy(
+        Learner(model, None, paddle.optimizer.SGD(lr, parameters=model.parameters())), scored, config, World(0, 1), pad_token_id, step=1
+    )
     return [p.numpy() - b for p, b in zip(model.parameters(), before)]
 
 
@@ -82,7 +93,9 @@ def test_several_iterations_and_mini_batches_equal_a_plain_reimplementation(setu
     before = [p.numpy().copy() for p in reference.parameters()]
 
     def logprobs(rows):
-        batch = make_token_batch([rollout.prompt_ids[r] for r in rows], rollout.completion_ids[rows], rollout.completion_mask[rows], tokenizer.pad_token_id)
+        batch = make_token_batch(
+            [rollout.prompt_ids[r] for r in rows], rollout.completion_ids[rows], rollout.completion_mask[rows], tokenizer.pad_token_id
+        )
         return token_logprobs(completion_logits(reference, batch), batch.completion_ids, config.temperature)
 
     with paddle.no_grad():
@@ -141,7 +154,9 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
 
     def refill():
         timings = {"rollout": 0.0, "reward": 0.0}
-        return keep_groups_with_signal(Sampler(engine, build_scorer(config), tokenizer, config, World(0, 1), sampling), first, prompts, 3, timings)
+        return keep_groups_with_signal(
+            Sampler(engine, build_scorer(config), tokenizer, config, World(0, 1), sampling), first, prompts, 3, timings
+        )
 
     kept, counts = refill()
     assert counts["dropped_groups"] >= 1 and counts["unfilled_groups"] == 0
@@ -154,26 +169,47 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
 
     no_rounds = dataclasses.replace(config, max_resample_times=0)
     timings = {"rollout": 0.0, "reward": 0.0}
-    filled, counts = keep_groups_with_signal(Sampler(engine, build_scorer(no_rounds), tokenizer, no_rounds, World(0, 1), sampling), first, prompts, 3, timings)
+    filled, counts = keep_groups_with_signal(
+        Sampler(engine, build_scorer(no_rounds), tokenizer, no_rounds, World(0, 1), sampling), first, prompts, 3, timings
+    )
     assert counts == {"dropped_groups": 1, "unfilled_groups": 1, "rounds": 0}
-    assert filled.completions[:4] == first.completions[4:] and filled.completions[4:] == first.completions[:4]  # kept first, then the filler
+    assert (
+        filled.completions[:4] == first.completions[4:] and filled.completions[4:] == first.completions[:4]
+    )  # kept first, then the filler
 
 
 RUN_OPTIONS = {
     "grpo loss, batch-scaled": ["--loss_type", "grpo", "--scale_rewards", "batch"],
     "dr_grpo loss, unscaled": ["--loss_type", "dr_grpo", "--scale_rewards", "none"],
-    "clip-higher, dual clip, k1": ["--epsilon", "0.2", "--epsilon_high", "0.28", "--dual_clip_ratio", "3", "--kl_loss_coeff", "0.01", "--kl_estimator", "k1"],
-    "iterations, shuffled mini-batches, k2": ["--num_iterations", "2", "--mini_batch_size", "4", "--shuffle_minibatch", "true", "--kl_loss_coeff", "0.01", "--kl_estimator", "k2"],
+    "clip-higher, dual clip, k1": [
+        "--epsilon", "0.2", "--epsilon_high", "0.28", "--dual_clip_ratio", "3", "--kl_loss_coeff", "0.01", "--kl_estimator", "k1"
+    ],
+    "iterations, shuffled mini-batches, k2": [
+        "--num_iterations", "2", "--mini_batch_size", "4", "--shuffle_minibatch", "true", "--kl_loss_coeff", "0.01", "--kl_estimator", "k2"
+    ],
     "dynamic sampling, overlong filter": ["--dynamic_sampling", "true", "--overlong_filter", "true", "--max_dec_len", "12"],
     "no importance sampling": ["--importance_sampling_correction", "false"],
     "LoRA with KL to the base": ["--lora", "true", "--lora_rank", "4", "--kl_loss_coeff", "0.01", "--num_iterations", "2"],
-    "length and repetition rewards": ["--reward_functions", "accuracy", "cosine", "repetition", "soft_overlong", "--reward_function_weights", "1", "0.5", "0.5", "0.5", "--soft_cache_length", "8"],
+    "length and repetition rewards": [
+        "--reward_functions", "accuracy", "cosine", "repetition", "soft_overlong", "--reward_function_weights", "1", "0.5", "0.5", "0.5",
+        "--soft_cache_length", "8",
+    ],
     # issue 19's variants, each with the names users bring
-    "GSPO over two mini-batches": ["--importance_sampling_level", "sequence", "--epsilon", "3e-4", "--epsilon_high", "4e-4", "--loss_type", "grpo", "--mini_batch_size", "4"],
-    "CISPO, TRL's sequence_mask": ["--surrogate", "cispo", "--epsilon_high", "4.0", "--vllm_importance_sampling_mode", "sequence_mask", "--vllm_importance_sampling_clip_max", "3"],
+    "GSPO over two mini-batches": [
+        "--importance_sampling_level", "sequence", "--epsilon", "3e-4", "--epsilon_high", "4e-4", "--loss_type", "grpo",
+        "--mini_batch_size", "4",
+    ],
+    "CISPO, TRL's sequence_mask": [
+        "--surrogate", "cispo", "--epsilon_high", "4.0", "--vllm_importance_sampling_mode", "sequence_mask",
+        "--vllm_importance_sampling_clip_max", "3",
+    ],
     "RLOO, entropy selection and bonus": ["--advantage_estimator", "rloo", "--top_entropy_quantile", "0.2", "--entropy_coef", "0.01"],
-    "REINFORCE++, bias-corrected KL": ["--adv_estimator", "reinforce_plus_plus", "--kl_loss_coeff", "0.01", "--use_bias_correction_kl", "true", "--num_iterations", "2"],
-    "REINFORCE++-baseline, verl's token IS": ["--advantage_estimator", "reinforce_plus_plus_baseline", "--rollout_is", "token", "--importance_sampling_min", "0.5"],
+    "REINFORCE++, bias-corrected KL": [
+        "--adv_estimator", "reinforce_plus_plus", "--kl_loss_coeff", "0.01", "--use_bias_correction_kl", "true", "--num_iterations", "2"
+    ],
+    "REINFORCE++-baseline, verl's token IS": [
+        "--advantage_estimator", "reinforce_plus_plus_baseline", "--rollout_is", "token", "--importance_sampling_min", "0.5"
+    ],
     "GDPO": ["--multi_objective_aggregation", "normalize_then_sum"],
 }
 
@@ -223,7 +259,12 @@ def test_a_plugin_reward_sees_every_dataset_column(tmp_path):
         "def columns(completion, sample):\n"
         "    return len(sample['src']) / 100 + 0 * sample['completion_tokens']\n"
     )
-    metrics, completions = _short_run(tmp_path, "--external_plugins", str(plugin), "--reward_functions", "accuracy", "test_plugin_columns", "--reward_function_weights", "1", "1")
+    metrics, completions = _short_run(
+        tmp_path,
+        "--external_plugins", str(plugin),
+        "--reward_functions", "accuracy", "test_plugin_columns",
+        "--reward_function_weights", "1", "1",
+    )
     for row in completions:
         assert row["rewards"]["test_plugin_columns"] == pytest.approx(len(row["prompt"]) / 100)
     assert math.isfinite(metrics["reward/test_plugin_columns"])
@@ -242,8 +283,15 @@ def test_reward_model_scores_in_the_run_equal_scoring_it_directly(tmp_path):
     from alignment.rewards.reward_model import RewardModel
 
     folder = save(tiny_classifier(), tmp_path / "rm")
-    metrics, completions = _short_run(tmp_path, "--reward_functions", "accuracy", "reward_model", "--reward_function_weights", "1", "0.5", "--reward_model_name_or_path", str(folder))
-    direct = RewardModel.load(str(folder)).score([{"prompt": row["prompt"]} for row in completions], [row["completion"] for row in completions])
+    metrics, completions = _short_run(
+        tmp_path,
+        "--reward_functions", "accuracy", "reward_model",
+        "--reward_function_weights", "1", "0.5",
+        "--reward_model_name_or_path", str(folder),
+    )
+    direct = RewardModel.load(str(folder)).score(
+        [{"prompt": row["prompt"]} for row in completions], [row["completion"] for row in completions]
+    )
     logged = [row["rewards"]["reward_model"] for row in completions]
     np.testing.assert_allclose(logged, direct, rtol=1e-5, atol=1e-6)
     totals = [row["rewards"]["accuracy"] + 0.5 * row["rewards"]["reward_model"] for row in completions]

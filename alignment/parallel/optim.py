@@ -1,6 +1,7 @@
 """AdamW with warmup and a constant, linear or cosine schedule, and gradient-norm clipping."""
 
 import math
+from dataclasses import dataclass
 
 import paddle
 
@@ -8,7 +9,24 @@ from alignment.algo.schedule import learning_rate_factor
 from alignment.parallel.distributed import World, squared_grad_norm
 
 
-def build_optimizer(model, config, total_steps: int, world: World = World(0, 1)):
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The optimizer section of a run's settings (alignment/run/build.py makes it from the config)."""
+
+    learning_rate: float
+    min_learning_rate: float  # the schedule's floor
+    lr_scheduler_type: str  # a name in alignment/algo/schedule.py's SCHEDULES
+    warmup_steps: int
+    warmup_ratio: float  # of the run's steps, where warmup_steps is 0
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    weight_decay: float
+    max_grad_norm: float  # 0: no clipping
+    multi_precision: bool  # fp32 master weights and moments for half-precision weights (bf16, fp16)
+
+
+def build_optimizer(model, config: OptimizerSettings, total_steps: int, world: World = World(0, 1)):
     """-> (optimizer, scheduler) over the model's trainable parameters (with LoRA, the adapters only: no
     moments for frozen weights). Weight decay skips biases and norm weights (the usual convention).
     With sharding, a ShardedOptimizer that keeps this process's share of the moments."""
@@ -30,7 +48,7 @@ def build_optimizer(model, config, total_steps: int, world: World = World(0, 1))
         apply_decay_param_fun=lambda name: name not in no_decay,
         # sharded: ShardedOptimizer clips with the norm over every process's share
         grad_clip=paddle.nn.ClipGradByGlobalNorm(config.max_grad_norm) if config.max_grad_norm > 0 and world.sharding_degree == 1 else None,
-        multi_precision=config.bf16 or config.fp16,  # fp32 master weights and moments for half-precision weights
+        multi_precision=config.multi_precision,
     )
     if world.sharding_degree > 1:
         from alignment.parallel.sharding import ShardedOptimizer

@@ -12,7 +12,7 @@ from alignment.models.fused_train import bf16_unavailable, use_training_ops
 from alignment.models.lora import apply_lora, load_adapter
 from alignment.models.modeling import enable_recompute, load_causal_lm, load_tokenizer, stop_token_ids
 from alignment.parallel.distributed import World
-from alignment.parallel.optim import build_optimizer
+from alignment.parallel.optim import OptimizerSettings, build_optimizer
 from alignment.rewards.registry import reference_readers
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EngineSettings, SamplingParams, build_engine
@@ -52,6 +52,15 @@ def rollout_engine(config: GRPOConfig, model, tokenizer, bf16: bool):
     """The engine that generates (use_fusemt picks the fused one), with the environment of a multi-turn run."""
     engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
     return with_environment(engine, tokenizer, turn_settings(config))
+
+
+def optimizer_settings(config: GRPOConfig) -> OptimizerSettings:
+    return OptimizerSettings(
+        learning_rate=config.learning_rate, min_learning_rate=config.min_learning_rate, lr_scheduler_type=config.lr_scheduler_type,
+        warmup_steps=config.warmup_steps, warmup_ratio=config.warmup_ratio, adam_beta1=config.adam_beta1, adam_beta2=config.adam_beta2,
+        adam_epsilon=config.adam_epsilon, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        multi_precision=config.bf16 or config.fp16,
+    )
 
 
 def engine_settings(config: GRPOConfig) -> EngineSettings:
@@ -163,5 +172,5 @@ def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple,
             parameter.stop_gradient = True
     engine = rollout_engine(config, model, data.tokenizer, compute.bf16) if generates else None
     scorer = build_scorer(config)
-    optimizer, scheduler = build_optimizer(model, config, data.total_steps, world)
+    optimizer, scheduler = build_optimizer(model, optimizer_settings(config), data.total_steps, world)
     return RunParts(model, ref_model, compute, engine, scorer, optimizer, scheduler, sampling_params(config))

@@ -45,8 +45,15 @@ def _key(default, help: str, **kwargs):
 @dataclass(frozen=True)
 class GRPOConfig:
     # Model and data
-    actor_model_name_or_path: str = _key("data/tiny-qwen2", "Policy model: a local Hugging Face-layout folder (config.json, safetensors, tokenizer), or a .gguf file (llama.cpp, Ollama), imported into <output_dir>/imported/<file name without .gguf> and reused while the file is unchanged.")
-    tokenizer_name_or_path: Optional[str] = _key(None, "Tokenizer folder (or .gguf file, imported as the actor's is); default: the actor's.")
+    actor_model_name_or_path: str = _key(
+        "data/tiny-qwen2",
+        "Policy model: a local Hugging Face-layout folder (config.json, safetensors, tokenizer), or a .gguf file (llama.cpp, Ollama), "
+        "imported into <output_dir>/imported/<file name without .gguf> and reused while the file is unchanged.",
+    )
+    tokenizer_name_or_path: Optional[str] = _key(
+        None,
+        "Tokenizer folder (or .gguf file, imported as the actor's is); default: the actor's.",
+    )
     chat_template: Optional[str] = _key(None, "Jinja chat template (text or file) replacing the tokenizer's.")
     train_datasets: str = _key("data/arith/train.jsonl", "Training jsonl file(s), comma-separated.")
     eval_datasets: Optional[str] = _key(None, "Held-out jsonl file(s), comma-separated; none: no evaluation.")
@@ -54,14 +61,21 @@ class GRPOConfig:
     response_key: Optional[str] = _key(None, "Column holding the reference answer; default: detected (tgt, answer, solution).")
     system_prompt: Optional[str] = _key(None, "System prompt (text or a file) put before every prompt without one.")
     max_prompt_len: int = _key(512, "Longest prompt in tokens, chat template included.")
-    skip_bad_rows: bool = _key(False, "Skip malformed data rows (bad JSON, missing or wrong-typed fields, invalid UTF-8), printing each one's file:line and the count, instead of stopping at the first.")
+    skip_bad_rows: bool = _key(
+        False,
+        "Skip malformed data rows (bad JSON, missing or wrong-typed fields, invalid UTF-8), printing each one's file:line and the count, "
+        "instead of stopping at the first.",
+    )
     prompt_truncation: str = _key("left", "Prompts over max_prompt_len: left (cut from the start) or drop.", choices=["left", "drop"])
     max_dec_len: int = _key(256, "Most tokens generated per completion.")
     min_dec_len: int = _key(0, "Fewest tokens generated before an eos token may end a completion.")
     max_seq_len: Optional[int] = _key(None, "Upper bound on max_prompt_len + max_dec_len; default: the model's max_position_embeddings.")
     # Rollout
     rollout_n: int = _key(8, "Completions sampled per prompt (the group size G).")
-    per_device_prompt_batch_size: Optional[int] = _key(None, "Prompts per process per step; default 8, or derived from gradient_accumulation_steps.")
+    per_device_prompt_batch_size: Optional[int] = _key(
+        None,
+        "Prompts per process per step; default 8, or derived from gradient_accumulation_steps.",
+    )
     per_device_train_batch_size: int = _key(8, "Sequences per forward/backward micro-batch.")
     gradient_accumulation_steps: Optional[int] = _key(None, "Micro-batches per optimizer step; derived when not given, checked when given.")
     temperature: float = _key(1.0, "Sampling temperature; log-probs are those of softmax(logits / temperature).")
@@ -70,70 +84,232 @@ class GRPOConfig:
     repetition_penalty: float = _key(1.0, "CTRL-style penalty on tokens already present (1.0: off).")
     min_p: float = _key(0.0, "Drop tokens less likely than min_p x the most likely one (0: off).")
     use_fusemt: bool = _key(False, "Generate with the fused engine built from csrc/ (make ops); eager when the operators are not built.")
-    use_fused_train_ops: bool = _key(False, "Run the actor's forward and backward through the compiled csrc/ training operators (RMSNorm, rotary q|k|v, attention softmax, SwiGLU with backward kernels; CPU, float32 Qwen2 / Llama / Qwen3); paddle's own kernels, with a warning, where they cannot run.")
-    cpu_bf16_matmul: str = _key("auto", "CPU runs: the matmuls of the actor's projections and log-prob head in bfloat16 with float32 accumulation, master weights, gradients and AdamW in float32 (csrc/grpo_bf16.cc, paddle's oneDNN; needs use_fused_train_ops). auto: on where the CPU has AMX or AVX512-BF16 (the run's first line says which); off: float32 as before; on: bf16, an error where it cannot run. GPU runs use the bf16 key instead.", choices=["auto", "on", "off"])
-    rollout_workers: int = _key(0, "Processes that only generate, beside one training process under the same launch (python -m paddle.distributed.launch --nproc_per_node 1+N): each holds its own copy of the weights in its rollout engine and generates its share of every step's completions; after every optimizer step the trainer sends the new weights (a broadcast over the launcher's collective: gloo on CPU, NCCL on GPU) and the engine's weight-sync check runs on the receiving side. 0: the training processes generate (colocated).")
-    async_generate: bool = _key(False, "With rollout_workers: one step off (ms-swift's name): step s+1's completions are generated while step s trains, from weights one optimizer step old (metric rollout/staleness), which the importance-sampling correction accounts for; a checkpoint holds the rollout in flight, so a resume is exact. false: the trainer waits for completions of its current weights, and the run equals a colocated one.")
-    weight_sync_tolerance: Optional[float] = _key(None, "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh; default 1e-4 with float32 matmuls, 0.25 with bf16 ones (cpu_bf16_matmul: the gap is rounding there, 0.039 measured on SmolLM2-135M, and stale bf16 weight copies are caught exactly instead).")
+    use_fused_train_ops: bool = _key(
+        False,
+        "Run the actor's forward and backward through the compiled csrc/ training operators (RMSNorm, rotary q|k|v, attention softmax, "
+        "SwiGLU with backward kernels; CPU, float32 Qwen2 / Llama / Qwen3); paddle's own kernels, with a warning, where they cannot run.",
+    )
+    cpu_bf16_matmul: str = _key(
+        "auto",
+        "CPU runs: the matmuls of the actor's projections and log-prob head in bfloat16 with float32 accumulation, master weights, "
+        "gradients and AdamW in float32 (csrc/grpo_bf16.cc, paddle's oneDNN; needs use_fused_train_ops). auto: on where the CPU has AMX or "
+        "AVX512-BF16 (the run's first line says which); off: float32 as before; on: bf16, an error where it cannot run. GPU runs use the "
+        "bf16 key instead.",
+        choices=["auto", "on", "off"],
+    )
+    rollout_workers: int = _key(
+        0,
+        "Processes that only generate, beside one training process under the same launch (python -m paddle.distributed.launch "
+        "--nproc_per_node 1+N): each holds its own copy of the weights in its rollout engine and generates its share of every step's "
+        "completions; after every optimizer step the trainer sends the new weights (a broadcast over the launcher's collective: gloo on "
+        "CPU, NCCL on GPU) and the engine's weight-sync check runs on the receiving side. 0: the training processes generate (colocated).",
+    )
+    async_generate: bool = _key(
+        False,
+        "With rollout_workers: one step off (ms-swift's name): step s+1's completions are generated while step s trains, from weights one "
+        "optimizer step old (metric rollout/staleness), which the importance-sampling correction accounts for; a checkpoint holds the "
+        "rollout in flight, so a resume is exact. false: the trainer waits for completions of its current weights, and the run equals a "
+        "colocated one.",
+    )
+    weight_sync_tolerance: Optional[float] = _key(
+        None,
+        "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh; default 1e-4 "
+        "with float32 matmuls, 0.25 with bf16 ones (cpu_bf16_matmul: the gap is rounding there, 0.039 measured on SmolLM2-135M, and stale "
+        "bf16 weight copies are caught exactly instead).",
+    )
     # Algorithm
-    loss_type: str = _key("dapo", "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).", choices=[*LOSS_AGGREGATIONS.names(), "cispo"])  # cispo: TRL's spelling, refused naming surrogate
-    advantage_estimator: str = _key("grpo", "How rewards become advantages: grpo (reward - group mean, scaled by scale_rewards), rloo (reward - the mean of the group's other members, unscaled), reinforce_plus_plus (the reward whitened over the step's loss tokens, no group baseline), reinforce_plus_plus_baseline (reward - group mean, then whitened over the step's loss tokens).", choices=ADVANTAGE_ESTIMATORS.names())
-    scale_rewards: str = _key("group", "advantage_estimator grpo: reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing (none: Dr.GRPO).", choices=REWARD_SCALES.names())
-    multi_objective_aggregation: str = _key("sum_then_normalize", "Several reward functions: sum_then_normalize (the weighted sum is the reward) or normalize_then_sum (GDPO: each function's values normalised within their group first, the weighted sum then whitened over the step; advantage_estimator grpo).", choices=REWARD_AGGREGATIONS.names())
-    importance_sampling_level: str = _key("token", "The ratio pi / pi_old per token (PPO, GRPO) or per sequence (GSPO: the geometric mean of its tokens' ratios, clipped as a whole; the GSPO paper clips at clip_range_ratio_low 3e-4, clip_range_ratio_high 4e-4).", choices=IMPORTANCE_RATIOS.names())
-    surrogate: str = _key("clip", "Per-token policy objective: clip (PPO's clipped ratio x advantage) or cispo (MiniMax-M1: the ratio clipped to [1 - clip_range_ratio_low, 1 + clip_range_ratio_high] as a weight without gradient, times advantage x log pi; no token's gradient is dropped).", choices=OBJECTIVES.names())
-    top_entropy_quantile: float = _key(1.0, "Train the policy term on this fraction of each step's loss tokens with the highest entropy under the policy before the update (\"Beyond the 80/20 rule\": 0.2); 1.0: all tokens.")
-    entropy_coeff: float = _key(0.0, "Entropy bonus: entropy_coeff x the mean entropy (with its gradient) of the tokens the policy term trains on is subtracted from the loss, whatever loss_type (TRL's entropy_coef); 0: off.")
+    loss_type: str = _key(
+        "dapo",
+        "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's "
+        "tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).",
+        choices=[*LOSS_AGGREGATIONS.names(), "cispo"],
+    )  # cispo: TRL's spelling, refused naming surrogate
+    advantage_estimator: str = _key(
+        "grpo",
+        "How rewards become advantages: grpo (reward - group mean, scaled by scale_rewards), rloo (reward - the mean of the group's other "
+        "members, unscaled), reinforce_plus_plus (the reward whitened over the step's loss tokens, no group baseline), "
+        "reinforce_plus_plus_baseline (reward - group mean, then whitened over the step's loss tokens).",
+        choices=ADVANTAGE_ESTIMATORS.names(),
+    )
+    scale_rewards: str = _key(
+        "group",
+        "advantage_estimator grpo: reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing "
+        "(none: Dr.GRPO).",
+        choices=REWARD_SCALES.names(),
+    )
+    multi_objective_aggregation: str = _key(
+        "sum_then_normalize",
+        "Several reward functions: sum_then_normalize (the weighted sum is the reward) or normalize_then_sum (GDPO: each function's values "
+        "normalised within their group first, the weighted sum then whitened over the step; advantage_estimator grpo).",
+        choices=REWARD_AGGREGATIONS.names(),
+    )
+    importance_sampling_level: str = _key(
+        "token",
+        "The ratio pi / pi_old per token (PPO, GRPO) or per sequence (GSPO: the geometric mean of its tokens' ratios, clipped as a whole; "
+        "the GSPO paper clips at clip_range_ratio_low 3e-4, clip_range_ratio_high 4e-4).",
+        choices=IMPORTANCE_RATIOS.names(),
+    )
+    surrogate: str = _key(
+        "clip",
+        "Per-token policy objective: clip (PPO's clipped ratio x advantage) or cispo (MiniMax-M1: the ratio clipped to [1 - "
+        "clip_range_ratio_low, 1 + clip_range_ratio_high] as a weight without gradient, times advantage x log pi; no token's gradient is "
+        "dropped).",
+        choices=OBJECTIVES.names(),
+    )
+    top_entropy_quantile: float = _key(
+        1.0,
+        "Train the policy term on this fraction of each step's loss tokens with the highest entropy under the policy before the update "
+        "(\"Beyond the 80/20 rule\": 0.2); 1.0: all tokens.",
+    )
+    entropy_coeff: float = _key(
+        0.0,
+        "Entropy bonus: entropy_coeff x the mean entropy (with its gradient) of the tokens the policy term trains on is subtracted from "
+        "the loss, whatever loss_type (TRL's entropy_coef); 0: off.",
+    )
     clip_range_ratio: float = _key(0.2, "PPO clip: the ratio is clipped to [1 - c, 1 + c] (both sides unless the next two keys are given).")
     clip_range_ratio_low: Optional[float] = _key(None, "Lower clip: the ratio is kept above 1 - low; default: clip_range_ratio.")
-    clip_range_ratio_high: Optional[float] = _key(None, "Upper clip (DAPO's clip-higher, e.g. 0.28): the ratio is kept below 1 + high; default: clip_range_ratio.")
-    dual_clip_ratio: Optional[float] = _key(None, "Dual-clip constant c > 1: a token with negative advantage loses at most -A x c however large its ratio (null: off).")
+    clip_range_ratio_high: Optional[float] = _key(
+        None,
+        "Upper clip (DAPO's clip-higher, e.g. 0.28): the ratio is kept below 1 + high; default: clip_range_ratio.",
+    )
+    dual_clip_ratio: Optional[float] = _key(
+        None,
+        "Dual-clip constant c > 1: a token with negative advantage loses at most -A x c however large its ratio (null: off).",
+    )
     num_iterations: int = _key(1, "Policy updates over each rollout batch (the old log-probs are computed once per batch).")
-    mini_batch_size: Optional[int] = _key(None, "Sequences per process per optimizer step; default: the whole step's sequences (one optimizer step per iteration).")
+    mini_batch_size: Optional[int] = _key(
+        None,
+        "Sequences per process per optimizer step; default: the whole step's sequences (one optimizer step per iteration).",
+    )
     shuffle_minibatch: bool = _key(False, "Shuffle the sequences (seeded per step and iteration) before cutting mini-batches.")
-    importance_sampling_correction: bool = _key(True, "Weight each token's policy loss by pi_old / pi_rollout, the rollout engine's numerical gap to the trainer, as importance_sampling_mode says.")
-    importance_sampling_mode: str = _key("token_truncate", "token_truncate (each token's ratio clipped to [importance_sampling_min, importance_sampling_cap]), token_mask (a token's weight 0 outside that range), sequence_truncate / sequence_mask (the same with one ratio per sequence, the product of its tokens'); verl's token and sequence mean the truncating ones.", choices=[*ROLLOUT_CORRECTIONS.names(), "token", "sequence"])  # and verl's synonyms, IMPORTANCE_SAMPLING_SYNONYMS
+    importance_sampling_correction: bool = _key(
+        True,
+        "Weight each token's policy loss by pi_old / pi_rollout, the rollout engine's numerical gap to the trainer, as "
+        "importance_sampling_mode says.",
+    )
+    importance_sampling_mode: str = _key(
+        "token_truncate",
+        "token_truncate (each token's ratio clipped to [importance_sampling_min, importance_sampling_cap]), token_mask (a token's weight 0 "
+        "outside that range), sequence_truncate / sequence_mask (the same with one ratio per sequence, the product of its tokens'); verl's "
+        "token and sequence mean the truncating ones.",
+        choices=[*ROLLOUT_CORRECTIONS.names(), "token", "sequence"],
+    )  # and verl's synonyms, IMPORTANCE_SAMPLING_SYNONYMS
     importance_sampling_cap: float = _key(2.0, "Upper bound of the importance-sampling weight (truncated to it, or masked above it).")
     importance_sampling_min: Optional[float] = _key(None, "Lower bound of the importance-sampling weight (null: none).")
     kl_loss_coeff: float = _key(0.0, "Weight of the KL penalty to the reference model; 0 loads no reference model.")
-    kl_estimator: str = _key("k3", "Per-token KL estimator with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1).", choices=KL_ESTIMATORS.names())
-    use_bias_correction_kl: bool = _key(False, "Multiply each token's KL term by the ratio pi / pi_old (TRL's option, DeepSeek-V3.2's unbiased KL estimate under off-policy samples).")
-    dynamic_sampling: bool = _key(False, "DAPO's dynamic sampling: drop groups whose reward std is below dynamic_sampling_min_std and refill with groups of freshly sampled prompts.")
-    dynamic_sampling_min_std: float = _key(1e-4, "A group whose reward sample std is below this carries no signal (not exact equality: rewards can differ by rounding).")
-    max_resample_times: int = _key(3, "Refill rounds per step at most; groups still missing are filled with dropped ones (their advantage is 0) and counted.")
+    kl_estimator: str = _key(
+        "k3",
+        "Per-token KL estimator with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1).",
+        choices=KL_ESTIMATORS.names(),
+    )
+    use_bias_correction_kl: bool = _key(
+        False,
+        "Multiply each token's KL term by the ratio pi / pi_old (TRL's option, DeepSeek-V3.2's unbiased KL estimate under off-policy "
+        "samples).",
+    )
+    dynamic_sampling: bool = _key(
+        False,
+        "DAPO's dynamic sampling: drop groups whose reward std is below dynamic_sampling_min_std and refill with groups of freshly sampled "
+        "prompts.",
+    )
+    dynamic_sampling_min_std: float = _key(
+        1e-4,
+        "A group whose reward sample std is below this carries no signal (not exact equality: rewards can differ by rounding).",
+    )
+    max_resample_times: int = _key(
+        3,
+        "Refill rounds per step at most; groups still missing are filled with dropped ones (their advantage is 0) and counted.",
+    )
     overlong_filter: bool = _key(False, "Leave completions cut off at max_dec_len out of the loss (DAPO's overlong filtering).")
-    reward_functions: list[str] = _key(["accuracy", "format"], "Reward functions by name (alignment/rewards; reward_model: the model at reward_model_name_or_path).")
+    reward_functions: list[str] = _key(
+        ["accuracy", "format"],
+        "Reward functions by name (alignment/rewards; reward_model: the model at reward_model_name_or_path).",
+    )
     reward_function_weights: Optional[list[float]] = _key(None, "One weight per reward function; default: all 1.0.")
     accuracy_function: str = _key("accuracy", "Reward function whose positive value counts as a correct answer for the accuracy metrics.")
-    external_plugins: list[str] = _key([], "Python files whose @register_reward functions become reward functions (they receive every dataset column); give the reward server the same files with --plugins.")
-    reward_model_name_or_path: Optional[str] = _key(None, "Sequence-classification reward model folder (one label), scored in process as the reward function reward_model.")
+    external_plugins: list[str] = _key(
+        [],
+        "Python files whose @register_reward functions become reward functions (they receive every dataset column); give the reward server "
+        "the same files with --plugins.",
+    )
+    reward_model_name_or_path: Optional[str] = _key(
+        None,
+        "Sequence-classification reward model folder (one label), scored in process as the reward function reward_model.",
+    )
     cosine_min_len_value_wrong: float = _key(-0.5, "cosine reward of a wrong answer of length 0.")
     cosine_max_len_value_wrong: float = _key(0.0, "cosine reward of a wrong answer of length cosine_max_len.")
     cosine_min_len_value_correct: float = _key(1.0, "cosine reward of a correct answer of length 0.")
     cosine_max_len_value_correct: float = _key(0.5, "cosine reward of a correct answer of length cosine_max_len.")
-    cosine_max_len: Optional[int] = _key(None, "Length (tokens) at which the cosine reward reaches its max-length values; default: max_dec_len.")
+    cosine_max_len: Optional[int] = _key(
+        None,
+        "Length (tokens) at which the cosine reward reaches its max-length values; default: max_dec_len.",
+    )
     repetition_n_grams: int = _key(3, "n of the n-grams the repetition reward counts.")
     repetition_max_penalty: float = _key(-1.0, "repetition reward of a completion made of one repeated n-gram (<= 0).")
-    soft_max_length: Optional[int] = _key(None, "soft_overlong reward: the length L_max (tokens) beyond which it is -1; default: max_dec_len.")
-    soft_cache_length: Optional[int] = _key(None, "soft_overlong reward: the interval L_cache before L_max over which the penalty grows linearly from 0 to -1 (required with soft_overlong).")
-    reward_item_timeout: float = _key(10.0, "Scoring in process: seconds one item may take; a slower one is an error (its reward NaN, never 0) and its worker process is replaced (the reward server's --item_timeout).")
+    soft_max_length: Optional[int] = _key(
+        None,
+        "soft_overlong reward: the length L_max (tokens) beyond which it is -1; default: max_dec_len.",
+    )
+    soft_cache_length: Optional[int] = _key(
+        None,
+        "soft_overlong reward: the interval L_cache before L_max over which the penalty grows linearly from 0 to -1 (required with "
+        "soft_overlong).",
+    )
+    reward_item_timeout: float = _key(
+        10.0,
+        "Scoring in process: seconds one item may take; a slower one is an error (its reward NaN, never 0) and its worker process is "
+        "replaced (the reward server's --item_timeout).",
+    )
     use_rm_server: bool = _key(False, "Score through the HTTP reward server at reward_server instead of in process.")
     reward_server: Optional[str] = _key(None, "Reward server address, http://host:port.")
-    reward_server_protocol: str = _key("v1", "v1 (POST /v1/score: per-function scores and per-item errors) or paddlenlp (POST /: totals only).", choices=["v1", "paddlenlp"])
+    reward_server_protocol: str = _key(
+        "v1",
+        "v1 (POST /v1/score: per-function scores and per-item errors) or paddlenlp (POST /: totals only).",
+        choices=["v1", "paddlenlp"],
+    )
     reward_server_timeout: float = _key(60.0, "Seconds to wait for one scoring request.")
     reward_server_retries: int = _key(3, "Retries of a failed request (with exponential backoff) before the run stops.")
     reward_server_api_key: Optional[str] = _key(None, "Bearer token for the reward server; default: $GRPO_REWARD_SERVER_API_KEY.")
     # Multi-turn rollouts with tools
-    tools: list[str] = _key([], "Tools the model may call, by name: calculator, python (built in), or @register_tool functions of external_plugins; shown to the model through the chat template's tools=. Given: rollouts are multi-turn (environment tools).")
-    environment: Optional[str] = _key(None, "What answers each model turn: a registered environment (built in: tools, which runs the turn's tool calls and ends the episode at a turn without one; more from external_plugins' @register_environment); default: tools when tools are given, else single-turn rollouts.")
-    max_turns: int = _key(4, "Model turns per episode at most; a turn that still calls a tool at the last one ends the episode unanswered (finish reason max_turns).")
-    max_turn_tokens: Optional[int] = _key(None, "Tokens the model may generate in one turn; a turn that reaches it ends the episode (finish reason length). Default: max_dec_len, which bounds the whole trajectory after the prompt, tool answers included.")
-    tool_timeout: float = _key(10.0, "Seconds one tool call may take (wall clock); a slower one is killed and answered with an error, and the episode goes on.")
+    tools: list[str] = _key(
+        [],
+        "Tools the model may call, by name: calculator, python (built in), or @register_tool functions of external_plugins; shown to the "
+        "model through the chat template's tools=. Given: rollouts are multi-turn (environment tools).",
+    )
+    environment: Optional[str] = _key(
+        None,
+        "What answers each model turn: a registered environment (built in: tools, which runs the turn's tool calls and ends the episode at "
+        "a turn without one; more from external_plugins' @register_environment); default: tools when tools are given, else single-turn "
+        "rollouts.",
+    )
+    max_turns: int = _key(
+        4,
+        "Model turns per episode at most; a turn that still calls a tool at the last one ends the episode unanswered (finish reason "
+        "max_turns).",
+    )
+    max_turn_tokens: Optional[int] = _key(
+        None,
+        "Tokens the model may generate in one turn; a turn that reaches it ends the episode (finish reason length). Default: max_dec_len, "
+        "which bounds the whole trajectory after the prompt, tool answers included.",
+    )
+    tool_timeout: float = _key(
+        10.0,
+        "Seconds one tool call may take (wall clock); a slower one is killed and answered with an error, and the episode goes on.",
+    )
     tool_memory_mb: int = _key(512, "Address-space limit (MB) of a tool's process (python and plugin tools).")
     tool_output_bytes: int = _key(4096, "Bytes of a tool's output kept; a tool that prints more is stopped and its answer says so.")
     tool_workers: int = _key(8, "Tool calls running at once.")
-    max_tool_calls_per_turn: int = _key(4, "Tool calls one model turn may make; the ones after are not run, and each is answered with an error that says so.")
-    tool_isolation: str = _key("bwrap", "How python and plugin tools are isolated: bwrap (each call in bubblewrap's namespaces: a read-only view of /usr and the Python installation only, no network, its own processes, a private folder; the run refuses to start where bubblewrap cannot run) or none (no isolation, only the limits below: for code you trust; a warning at start). README: Security.", choices=["bwrap", "none"])
+    max_tool_calls_per_turn: int = _key(
+        4,
+        "Tool calls one model turn may make; the ones after are not run, and each is answered with an error that says so.",
+    )
+    tool_isolation: str = _key(
+        "bwrap",
+        "How python and plugin tools are isolated: bwrap (each call in bubblewrap's namespaces: a read-only view of /usr and the Python "
+        "installation only, no network, its own processes, a private folder; the run refuses to start where bubblewrap cannot run) or none "
+        "(no isolation, only the limits below: for code you trust; a warning at start). README: Security.",
+        choices=["bwrap", "none"],
+    )
     tool_disk_mb: int = _key(64, "Size (MB) of a python or plugin tool call's private folder (a tmpfs): all the call may write.")
     tool_processes: int = _key(16, "Processes and threads a python or plugin tool call may have at once.")
     # Optimisation
@@ -147,29 +323,78 @@ class GRPOConfig:
     adam_beta2: float = _key(0.999, "AdamW beta2.")
     adam_epsilon: float = _key(1e-8, "AdamW epsilon.")
     max_grad_norm: float = _key(1.0, "Clip the global gradient norm to this (0: no clipping).")
-    max_consecutive_skips: int = _key(3, "A step whose loss or gradients are not finite is skipped (no optimizer step) and counted; this many skipped in a row stop the run, naming the step and the phase.")
+    max_consecutive_skips: int = _key(
+        3,
+        "A step whose loss or gradients are not finite is skipped (no optimizer step) and counted; this many skipped in a row stop the "
+        "run, naming the step and the phase.",
+    )
     max_steps: int = _key(-1, "Optimizer steps to run; -1: num_train_epochs over train_datasets.")
     num_train_epochs: float = _key(1.0, "Passes over the training prompts when max_steps is -1.")
     seed: int = _key(42, "Seed for data order, sampling and initialisation.")
-    use_prefix_grouper: bool = _key(True, "The policy update's forward runs each prompt once per micro-batch and its completions attend to its keys and values, instead of running it again with every completion (verl's key; the same log-probs and gradients up to float32 rounding, and a prompt shared by n completions costs 1/n). Where the training operators run (use_fused_train_ops) and recompute is off; elsewhere whole rows are run.")
-    logprob_chunk_tokens: int = _key(512, "Tokens whose full-vocabulary logits exist at once when computing log-probs for the update (backward recomputes each chunk); smaller uses less memory for the same result.")
-    lora: bool = _key(False, "Train LoRA adapters (paddleformers.peft) instead of all the actor's weights; checkpoints hold the adapter in Hugging Face peft's layout (python -m alignment.merge_lora merges it into the base).")
+    use_prefix_grouper: bool = _key(
+        True,
+        "The policy update's forward runs each prompt once per micro-batch and its completions attend to its keys and values, instead of "
+        "running it again with every completion (verl's key; the same log-probs and gradients up to float32 rounding, and a prompt shared "
+        "by n completions costs 1/n). Where the training operators run (use_fused_train_ops) and recompute is off; elsewhere whole rows "
+        "are run.",
+    )
+    logprob_chunk_tokens: int = _key(
+        512,
+        "Tokens whose full-vocabulary logits exist at once when computing log-probs for the update (backward recomputes each chunk); "
+        "smaller uses less memory for the same result.",
+    )
+    lora: bool = _key(
+        False,
+        "Train LoRA adapters (paddleformers.peft) instead of all the actor's weights; checkpoints hold the adapter in Hugging Face peft's "
+        "layout (python -m alignment.merge_lora merges it into the base).",
+    )
     lora_rank: int = _key(8, "Rank r of each adapter (A is in x r, B is r x out).")
     lora_alpha: float = _key(32.0, "Adapter scale numerator: the update is A B (lora_alpha / lora_rank).")
-    lora_dropout: float = _key(0.0, "Dropout on the adapters' input during the update (off in rollout and evaluation); 0 by default, as TRL disables dropout for GRPO: it makes pi_old and the importance weights noisy.")
-    target_modules: list[str] = _key(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "Linear layers that get adapters: a module matches when its dotted name equals a listed name or ends in .name.")
-    recompute: bool = _key(False, "Recompute each decoder layer's activations in the backward pass instead of storing them (less memory; measured: the update took about as long).")
-    recompute_granularity: str = _key("full", "What is recomputed: full (each decoder layer); core_attn and full_attn exist only for paddleformers' MoE models.", choices=["full", "full_attn", "core_attn"])
-    sharding: str = _key("", "stage1: each process keeps the AdamW state of its share of the parameters only (paddle's DygraphShardingOptimizer, ZeRO-1), with the same update as plain data parallel; empty: every process keeps all of it. stage2 and stage3 are refused (paddle runs them in GPU builds only; not run here).", choices=["", "stage1", "stage2", "stage3"])
-    sharding_parallel_degree: int = _key(-1, "With sharding: the processes that share one copy of the optimizer state; -1 (or the number of processes): all of them; 1: no sharding. Groups of fewer processes are refused (paddle's sub-groups for them fail over gloo; not run on GPUs).")
-    tensor_parallel_degree: int = _key(1, "Processes splitting each weight matrix: 1 only (paddle's tensor parallel layers run in GPU builds only; not run here).")
+    lora_dropout: float = _key(
+        0.0,
+        "Dropout on the adapters' input during the update (off in rollout and evaluation); 0 by default, as TRL disables dropout for GRPO: "
+        "it makes pi_old and the importance weights noisy.",
+    )
+    target_modules: list[str] = _key(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Linear layers that get adapters: a module matches when its dotted name equals a listed name or ends in .name.",
+    )
+    recompute: bool = _key(
+        False,
+        "Recompute each decoder layer's activations in the backward pass instead of storing them (less memory; measured: the update took "
+        "about as long).",
+    )
+    recompute_granularity: str = _key(
+        "full",
+        "What is recomputed: full (each decoder layer); core_attn and full_attn exist only for paddleformers' MoE models.",
+        choices=["full", "full_attn", "core_attn"],
+    )
+    sharding: str = _key(
+        "",
+        "stage1: each process keeps the AdamW state of its share of the parameters only (paddle's DygraphShardingOptimizer, ZeRO-1), with "
+        "the same update as plain data parallel; empty: every process keeps all of it. stage2 and stage3 are refused (paddle runs them in "
+        "GPU builds only; not run here).",
+        choices=["", "stage1", "stage2", "stage3"],
+    )
+    sharding_parallel_degree: int = _key(
+        -1,
+        "With sharding: the processes that share one copy of the optimizer state; -1 (or the number of processes): all of them; 1: no "
+        "sharding. Groups of fewer processes are refused (paddle's sub-groups for them fail over gloo; not run on GPUs).",
+    )
+    tensor_parallel_degree: int = _key(
+        1,
+        "Processes splitting each weight matrix: 1 only (paddle's tensor parallel layers run in GPU builds only; not run here).",
+    )
     bf16: bool = _key(False, "bfloat16 weights and compute (GPU only).")
     fp16: bool = _key(False, "float16 weights and compute (GPU only).")
     # Evaluation, logging, checkpoints
     eval_steps: int = _key(0, "Evaluate every this many steps (0: only before the first and after the last step).")
     eval_on_start: bool = _key(True, "Evaluate before the first step.")
     per_device_eval_batch_size: int = _key(64, "Prompts per evaluation batch.")
-    eval_rollout_n: int = _key(0, "Samples per evaluation prompt at the training sampling settings, for eval_mean@k and eval_pass@k (0: greedy only).")
+    eval_rollout_n: int = _key(
+        0,
+        "Samples per evaluation prompt at the training sampling settings, for eval_mean@k and eval_pass@k (0: greedy only).",
+    )
     max_evaluate_steps: int = _key(-1, "Evaluation batches per process at most (-1: the whole eval_datasets).")
     output_dir: str = _key("output", "Run folder: checkpoints, metrics.jsonl, completions.jsonl, the resolved config.")
     logging_dir: Optional[str] = _key(None, "VisualDL log folder; default: <output_dir>/vdl_log.")
@@ -177,10 +402,27 @@ class GRPOConfig:
     log_completions_per_step: int = _key(4, "Completions written to completions.jsonl per step (0: none).")
     save_steps: int = _key(0, "Save a checkpoint every this many steps (0: only at the end).")
     save_total_limit: Optional[int] = _key(None, "Keep at most this many checkpoints (oldest removed first).")
-    resume_from_checkpoint: Optional[str] = _key(None, "Continue a run from a checkpoint folder, or auto: the newest intact checkpoint of this run's lineage in output_dir (a fresh start when there is none).")
-    overwrite_output_dir: bool = _key(False, "Start a new run in an output_dir that holds another run's files (they are removed first); without it such a folder is refused unless resume_from_checkpoint is set.")
-    allow_config_change: bool = _key(False, "On resume, accept changes to keys that change what a step trains on (rollout_n, batch sizes, seed, datasets, max_dec_len, ...); without it they are refused, naming the old and new values.")
-    trust_pickled_checkpoint: bool = _key(False, "Resume from a checkpoint of an earlier version, whose optimizer.pdopt and pending_rollout.pkl are pickle (loading them runs any code their writer put in them): only for checkpoints you or someone you trust wrote. Without it such a checkpoint is refused; its next save writes safetensors and JSON.")
+    resume_from_checkpoint: Optional[str] = _key(
+        None,
+        "Continue a run from a checkpoint folder, or auto: the newest intact checkpoint of this run's lineage in output_dir (a fresh start "
+        "when there is none).",
+    )
+    overwrite_output_dir: bool = _key(
+        False,
+        "Start a new run in an output_dir that holds another run's files (they are removed first); without it such a folder is refused "
+        "unless resume_from_checkpoint is set.",
+    )
+    allow_config_change: bool = _key(
+        False,
+        "On resume, accept changes to keys that change what a step trains on (rollout_n, batch sizes, seed, datasets, max_dec_len, ...); "
+        "without it they are refused, naming the old and new values.",
+    )
+    trust_pickled_checkpoint: bool = _key(
+        False,
+        "Resume from a checkpoint of an earlier version, whose optimizer.pdopt and pending_rollout.pkl are pickle (loading them runs any "
+        "code their writer put in them): only for checkpoints you or someone you trust wrote. Without it such a checkpoint is refused; its "
+        "next save writes safetensors and JSON.",
+    )
 
     @property
     def resolved_logging_dir(self) -> str:
@@ -483,7 +725,9 @@ def load_config(argv: list) -> GRPOConfig:
     """argv = [CONFIG.json, --key, value, ...] -> validated, frozen config (no model is loaded). Any mistake
     raises ConfigError naming the key and where it was given (the file, or the command line)."""
     if not argv or not argv[0].endswith(".json"):
-        raise ConfigError("usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file; --help lists the keys)")
+        raise ConfigError(
+            "usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file; --help lists the keys)"
+        )
     file_values = read_json_config(argv[0])
     overrides, lists = _canonical_cli(argv[1:])
     parser = _Parser()
