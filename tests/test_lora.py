@@ -19,7 +19,7 @@ from alignment.merge_lora import main as merge_main
 from alignment.models.lora import adapters_disabled, apply_lora, load_adapter, lora_layers
 from alignment.models.modeling import enable_recompute, load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.parallel.optim import build_optimizer
-from alignment.run.build import optimizer_settings
+from alignment.run.build import load_actor, optimizer_settings
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.ops import load_ops
 from alignment.run.config import GRPOConfig
@@ -276,3 +276,17 @@ def test_chat_answers_from_a_lora_checkpoint_with_the_adapter(tmp_path):
                           input=question + "\n", capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == f"> {question}\n{answers[0]}\n\n"  # the piped prompt echoed, then the answer
+
+
+def test_the_adapters_start_from_the_runs_seed_in_every_process():
+    """load_actor draws LoRA's A from `seed`: each process of a run (data-parallel ranks, rollout processes) starts from
+    the same adapters, and so does every run with that seed. Unseeded, two runs of one config trained differently."""
+    def initial_adapters(seed: int, process_state: int) -> dict:
+        paddle.seed(process_state)  # whatever the process's generator held before: the run's seed decides
+        model = load_actor(GRPOConfig(lora=True, lora_rank=4, seed=seed), "data/tiny-qwen2", None)
+        return {name: p.numpy() for name, p in model.named_parameters() if "lora_A" in name}
+
+    first, again, other = initial_adapters(42, 1), initial_adapters(42, 2), initial_adapters(43, 1)
+    assert first and first.keys() == again.keys() == other.keys()
+    assert all(np.array_equal(first[name], again[name]) for name in first)
+    assert not any(np.array_equal(first[name], other[name]) for name in first)

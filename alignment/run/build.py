@@ -7,6 +7,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import paddle
+
 from alignment.models.cpu_bf16 import choose_compute
 from alignment.models.fused_train import bf16_unavailable, use_training_ops
 from alignment.models.lora import apply_lora, load_adapter
@@ -36,6 +38,9 @@ def load_actor(config: GRPOConfig, weights_folder: str, adapter_folder):
     """The policy as the training process and the rollout processes hold it: the model, with LoRA adapters."""
     model = load_causal_lm(weights_folder, model_dtype(config))
     if config.lora:
+        # The adapters' random A from `seed`: the same in every process of the run (data-parallel ranks, rollout
+        # processes) and in every run with that seed. Unseeded, paddle drew them afresh in each process.
+        paddle.seed(config.seed)
         apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout, config.target_modules)
         if adapter_folder:
             load_adapter(model, adapter_folder)
