@@ -161,7 +161,7 @@ def test_bias_corrected_kl_is_the_kl_times_the_ratio():
     ([np.nan, np.nan, np.nan, 2], [0, 0, 0, 0]),  # one valid member: nothing to compare with
 ])
 def test_rloo_hand_values(rewards, expected):
-    advantages, _ = rloo_advantages(np.array(rewards, dtype=np.float64), 4)
+    advantages = rloo_advantages(np.array(rewards, dtype=np.float64), 4)
     np.testing.assert_allclose(advantages, expected, rtol=1e-6, atol=1e-7)
 
 
@@ -174,18 +174,18 @@ def test_rloo_equals_a_float64_loop_and_is_grpo_unscaled_times_n_over_n_minus_1(
         valid = [r for r in rows if np.isfinite(rewards[r])]
         for r in valid:
             loop[r] = rewards[r] - np.mean([rewards[o] for o in valid if o != r])
-    np.testing.assert_allclose(rloo_advantages(rewards, 6)[0], loop, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rloo_advantages(rewards, 6), loop, rtol=1e-5, atol=1e-6)
     full = np.random.default_rng(4).normal(size=12)
-    np.testing.assert_allclose(rloo_advantages(full, 4)[0], group_advantages(full, 4, "none")[0] * 4 / 3, rtol=1e-5)
+    np.testing.assert_allclose(rloo_advantages(full, 4), group_advantages(full, 4, "none") * 4 / 3, rtol=1e-5)
 
 
 def test_reinforce_plus_plus_whitens_over_the_loss_tokens():
     # rewards 1, 0, 1, 1 on 2, 1, 1 and 0 tokens: token mean 0.75, unbiased token variance 0.75 / 3, std 0.5
     rewards, tokens = np.array([1.0, 0.0, 1.0, 1.0]), np.array([2, 1, 1, 0])
-    advantages, _ = whiten(rewards, whitening_sums(rewards, tokens))
+    advantages = whiten(rewards, whitening_sums(rewards, tokens))
     np.testing.assert_allclose(advantages, [0.5, -1.5, 0.5, 0.5], rtol=1e-5)
     with_nan = np.array([1.0, 0.0, 1.0, 1.0, np.nan])
-    advantages, _ = whiten(with_nan, whitening_sums(with_nan, np.array([2, 1, 1, 0, 5])))
+    advantages = whiten(with_nan, whitening_sums(with_nan, np.array([2, 1, 1, 0, 5])))
     np.testing.assert_allclose(advantages, [0.5, -1.5, 0.5, 0.5, 0.0], rtol=1e-5)  # a failed reward: 0, out of the statistics
 
 
@@ -195,17 +195,17 @@ def test_reinforce_plus_plus_baseline_subtracts_the_group_mean_then_whitens():
     np.testing.assert_allclose(centred, [0.5, -0.5, 0.0, 0.0])
     values = np.repeat(centred, tokens)  # every loss token carries its sequence's value (verl's masked_whiten)
     expected = (centred - values.mean()) / values.std(ddof=1)
-    np.testing.assert_allclose(whiten(centred, whitening_sums(centred, tokens))[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(whiten(centred, whitening_sums(centred, tokens)), expected, rtol=1e-5)
 
 
 def test_whitening_over_processes_equals_whitening_the_whole_batch():
     rng = np.random.default_rng(5)
     values, tokens = rng.normal(size=12), rng.integers(0, 9, size=12)
-    whole = whiten(values, whitening_sums(values, tokens))[0]
+    whole = whiten(values, whitening_sums(values, tokens))
     slices = [slice(0, 4), slice(4, 8), slice(8, 12)]
     summed = sum(whitening_sums(values[s], tokens[s]) for s in slices)
     for s in slices:
-        np.testing.assert_allclose(whiten(values[s], summed)[0], whole[s], rtol=1e-6)
+        np.testing.assert_allclose(whiten(values[s], summed), whole[s], rtol=1e-6)
 
 
 def test_gdpo_normalises_each_function_in_its_group_before_the_sum():
@@ -214,7 +214,7 @@ def test_gdpo_normalises_each_function_in_its_group_before_the_sum():
     combined = normalized_per_function([np.array(answer), np.array(format_)], [1.0, 0.5], 2)
     half = 1 / math.sqrt(2)
     np.testing.assert_allclose(combined, [half + 0.5 * half, -half - 0.5 * half, -0.5 * half, 0.5 * half], rtol=1e-5)
-    advantages, _ = whiten(combined, whitening_sums(combined, np.ones(4)))
+    advantages = whiten(combined, whitening_sums(combined, np.ones(4)))
     np.testing.assert_allclose(advantages, combined / math.sqrt((combined**2).sum() / 3), rtol=1e-5)  # mean 0 already
 
 

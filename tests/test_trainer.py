@@ -65,7 +65,7 @@ def setup():
 def test_failed_rewards_are_counted_and_left_out_of_their_group(setup):
     tokenizer, _, config, prompts, rollout = setup
     scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
-    scored.advantages = group_advantages(scored.rewards, rollout.group_size)[0]
+    scored.advantages = group_advantages(scored.rewards, rollout.group_size)
     failed = np.array([len(c) % 2 == 1 for c in scored.completions])
     assert failed.any() and not failed.all(), "the seeded rollout should mix odd and even lengths"
     assert np.isnan(scored.rewards[failed]).all() and np.isfinite(scored.rewards[~failed]).all()
@@ -108,7 +108,7 @@ def _sgd_step(model, scored, config, tokenizer) -> list:
 def test_update_equals_one_without_the_failed_completions(setup):
     tokenizer, model, config, prompts, rollout = setup
     scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
-    scored.advantages = group_advantages(scored.rewards, rollout.group_size)[0]
+    scored.advantages = group_advantages(scored.rewards, rollout.group_size)
     keep = np.isfinite(scored.rewards)
     # The same batch with the failed rows removed outright, keeping the advantages computed above.
     reduced = copy.copy(scored)

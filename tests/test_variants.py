@@ -67,7 +67,7 @@ def _config(*overrides):
 def _scored(setup, config, rollout=None):
     tokenizer, _, _, prompts, default_rollout = setup
     scored = score_rollout(prompts[:2], rollout or default_rollout, build_scorer(config), tokenizer, config)
-    scored.advantages = group_advantages(scored.rewards, 4)[0]
+    scored.advantages = group_advantages(scored.rewards, 4)
     return scored
 
 

@@ -37,25 +37,25 @@ class AdvantageInputs:
 def grpo(batch: AdvantageInputs) -> np.ndarray:
     """r_i - its group's mean, divided as scale_rewards says (batch: the std of every valid reward of the step, all processes)."""
     batch_std = sample_std(batch.global_sum(whitening_sums(batch.rewards, np.ones(len(batch.rewards))))) if batch.scale == "batch" else None
-    return group_advantages(batch.rewards, batch.group_size, batch.scale, batch_std)[0]
+    return group_advantages(batch.rewards, batch.group_size, batch.scale, batch_std)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 def rloo(batch: AdvantageInputs) -> np.ndarray:
-    return rloo_advantages(batch.rewards, batch.group_size)[0]
+    return rloo_advantages(batch.rewards, batch.group_size)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
 def reinforce_plus_plus(batch: AdvantageInputs) -> np.ndarray:
     """Every loss token carries its sequence's reward, whitened over all of them (no group baseline)."""
-    return whiten(batch.rewards, batch.global_sum(whitening_sums(batch.rewards, batch.loss_tokens)))[0]
+    return whiten(batch.rewards, batch.global_sum(whitening_sums(batch.rewards, batch.loss_tokens)))
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(batch: AdvantageInputs) -> np.ndarray:
     """As reinforce_plus_plus, with r_i - its group's mean as each sequence's value."""
     values = baseline_subtracted(batch.rewards, batch.group_size)
-    return whiten(values, batch.global_sum(whitening_sums(values, batch.loss_tokens)))[0]
+    return whiten(values, batch.global_sum(whitening_sums(values, batch.loss_tokens)))
 
 
 @REWARD_AGGREGATIONS.register("sum_then_normalize")
@@ -69,7 +69,7 @@ def normalize_then_sum(batch: AdvantageInputs, estimator: str) -> np.ndarray:
     """GDPO: each function's values normalised within their group, the weighted sum whitened over the step (estimator grpo)."""
     columns = [batch.reward_columns[name] for name in batch.reward_functions]
     combined = normalized_per_function(columns, batch.reward_weights, batch.group_size)
-    return whiten(combined, batch.global_sum(whitening_sums(combined, np.ones(len(combined)))))[0]
+    return whiten(combined, batch.global_sum(whitening_sums(combined, np.ones(len(combined)))))
 
 
 @REWARD_SCALES.register("group")
@@ -91,8 +91,8 @@ def no_scale(groups: RewardGroups, mean: np.ndarray, batch_std: float | None, ep
 
 def group_advantages(
     rewards: np.ndarray, group_size: int, scale: str = "group", batch_std: float | None = None, eps: float = 1e-6
-) -> tuple:
-    """rewards (B,), NaN where a reward could not be computed -> (advantages (B,) float32, metrics).
+) -> np.ndarray:
+    """rewards (B,), NaN where a reward could not be computed -> advantages (B,) float32.
 
     A_i = r_i - mean(r) over the valid members of i's group, divided by
     - scale "group": the group's std (GRPO), the sample standard deviation (ddof=1, as torch.std in TRL
@@ -114,18 +114,18 @@ def group_advantages(
     # equality of the raw rewards, not std > 0: the mean of identical floats can be off by an ulp
     has_signal = (groups.counts >= 2) & (groups.spread() > 0)
     advantages = np.divide(groups.filled - mean, denominator, out=np.zeros_like(groups.filled), where=groups.valid & has_signal)
-    return advantages.reshape(-1).astype(np.float32), _advantage_metrics(advantages, groups.valid, has_signal)
+    return advantages.reshape(-1).astype(np.float32)
 
 
-def rloo_advantages(rewards: np.ndarray, group_size: int) -> tuple:
+def rloo_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
     """RLOO (Ahmadian et al. 2024; verl's and ms-swift's rloo): A_i = r_i - the mean of the other valid members
     of i's group = n / (n - 1) (r_i - mean), n the group's valid members; no division by a std. rewards (B,),
-    NaN where failed -> (advantages (B,) float32, metrics). As in group_advantages, a failed member gets 0 and
+    NaN where failed -> advantages (B,) float32. As in group_advantages, a failed member gets 0 and
     a group with fewer than two valid members gets 0 throughout (verl would pass a lone reward through)."""
     groups = reward_groups(rewards, group_size)
     others_mean = (groups.filled.sum(axis=1, keepdims=True) - groups.filled) / np.maximum(groups.counts - 1, 1)
     advantages = np.where(groups.valid & (groups.counts >= 2), groups.filled - others_mean, 0.0)
-    return advantages.reshape(-1).astype(np.float32), _advantage_metrics(advantages, groups.valid, groups.counts >= 2)
+    return advantages.reshape(-1).astype(np.float32)
 
 
 def baseline_subtracted(rewards: np.ndarray, group_size: int) -> np.ndarray:
@@ -135,16 +135,16 @@ def baseline_subtracted(rewards: np.ndarray, group_size: int) -> np.ndarray:
     return (groups.values - groups.mean()).reshape(-1)
 
 
-def whiten(values: np.ndarray, sums: np.ndarray, eps: float = 1e-6) -> tuple:
+def whiten(values: np.ndarray, sums: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """(v - mean) / (std + eps) with the weighted mean and the unbiased std of the global sums from
     whitening_sums: weights = each sequence's loss tokens gives verl's masked_whiten over the batch's tokens
     (REINFORCE++, where every token of a sequence carries its reward), weights = 1 a per-sequence one (GDPO's
-    batch normalisation in TRL). NaN values get 0. -> (advantages (B,) float32, metrics)."""
+    batch normalisation in TRL). NaN values get 0. -> advantages (B,) float32."""
     count, total, _ = sums
     mean = total / count if count > 0 else 0.0
     finite = np.isfinite(values)
     advantages = np.where(finite, (np.where(finite, values, 0.0) - mean) / (sample_std(sums) + eps), 0.0)
-    return advantages.astype(np.float32), {"advantage_abs_mean": float(np.abs(advantages[finite]).mean()) if finite.any() else 0.0}
+    return advantages.astype(np.float32)
 
 
 def normalized_per_function(columns: list, weights: list, group_size: int, eps: float = 1e-6) -> np.ndarray:
@@ -158,14 +158,7 @@ def normalized_per_function(columns: list, weights: list, group_size: int, eps: 
     table[failed] = np.nan
     total = np.zeros(len(table))
     for column, weight in zip(table.T, weights):
-        normalised, _ = group_advantages(column, group_size, "group", eps=eps)
+        normalised = group_advantages(column, group_size, "group", eps=eps)
         total += weight * normalised.astype(np.float64)
     total[failed] = np.nan
     return total
-
-
-def _advantage_metrics(advantages: np.ndarray, valid: np.ndarray, has_signal: np.ndarray) -> dict:
-    return {
-        "advantage_abs_mean": float(np.abs(advantages[valid]).mean()) if valid.any() else 0.0,
-        "groups_without_signal": float(1.0 - has_signal.mean()),
-    }

@@ -34,6 +34,11 @@ class World:
     def max(self, values: np.ndarray) -> np.ndarray:
         return self._all_reduce(values, dist.ReduceOp.MAX)
 
+    def sum_named(self, values: dict) -> dict:
+        """{name: this process's number} -> {name: the sum over all processes}, in one all-reduce."""
+        names = list(values)
+        return dict(zip(names, self.sum(np.array([values[name] for name in names], dtype=np.float64))))
+
     def gather(self, values: np.ndarray) -> np.ndarray:
         """A 1-D float64 array of any length on each rank -> their concatenation in rank order, on every rank:
         each rank writes its values at its offset into zeros and the all-reduce sums them (x + 0 is exact)."""

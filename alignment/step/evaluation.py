@@ -28,9 +28,9 @@ def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
     starts = starts[: config.max_evaluate_steps] if config.max_evaluate_steps > 0 else starts
     greedy = SamplingParams(max_new_tokens=config.max_dec_len, greedy=True)
     columns = reported_reward_functions(config)
-    # count, correct, length, truncated, reward sum, valid rewards, mean@k, pass@k, failed processes, per function,
-    # then tool_use's two counts
-    sums, failure = np.zeros(9 + len(columns) + 2), None
+    names = ["count", "correct", "length", "truncated", "reward_sum", "valid", "mean@k", "pass@k", "failed"]
+    names += [f"reward/{c}" for c in columns] + ["called_tools", "useful_calls"]
+    sums, failure = dict.fromkeys(names, 0.0), None  # this process's, summed over the chunks
     for start in starts:
         chunk = prompts[start : min(start + size, end)]
         mean_at_k = pass_at_k = np.zeros(len(chunk))
@@ -42,28 +42,30 @@ def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
                 mean_at_k, pass_at_k = mean_and_pass_at_k(sampled.correct.reshape(len(chunk), k))
         except RewardServerError as error:
             failure = error
-            sums[8] = 1
+            sums["failed"] = 1.0
             break
-        sums[:8] += [
-            len(chunk), scored.correct.sum(), scored.rollout.lengths.sum(),
-            sum(r == "length" for r in scored.rollout.finish_reasons),
-            np.nansum(scored.rewards), np.isfinite(scored.rewards).sum(),
-            mean_at_k.sum(), pass_at_k.sum(),
-        ]
-        sums[9 : 9 + len(columns)] += [np.nansum(scored.reward_columns[c]) for c in columns]
-        if scored.rollout.episodes is not None:
-            sums[-2:] += list(tool_use(scored.rollout.episodes, scored.correct).values())
-    count, correct, length, truncated, reward_sum, valid, mean_at_k, pass_at_k, failed, *per_function, called, useful = world.sum(sums)
-    if failed:
+        chunk_sums = {
+            "count": len(chunk), "correct": scored.correct.sum(), "length": scored.rollout.lengths.sum(),
+            "truncated": sum(r == "length" for r in scored.rollout.finish_reasons),
+            "reward_sum": np.nansum(scored.rewards), "valid": np.isfinite(scored.rewards).sum(),
+            "mean@k": mean_at_k.sum(), "pass@k": pass_at_k.sum(),
+            **{f"reward/{c}": np.nansum(scored.reward_columns[c]) for c in columns},
+            **(tool_use(scored.rollout.episodes, scored.correct) if scored.rollout.episodes is not None else {}),
+        }
+        for name, value in chunk_sums.items():
+            sums[name] += value
+    total = world.sum_named(sums)
+    if total["failed"]:
         return None, failure or RewardServerError("another process's reward scoring failed during evaluation: its log names the cause")
-    count = max(count, 1)
+    count = max(total["count"], 1)
     return {
-        "eval_accuracy": correct / count,
-        **({f"eval_mean@{k}": mean_at_k / count, f"eval_pass@{k}": pass_at_k / count} if k else {}),
-        "eval_reward_mean": reward_sum / max(valid, 1),
-        **{f"eval_reward/{c}": per_function[i] / count for i, c in enumerate(columns)},
-        "eval_response_length_mean": length / count,
-        "eval_truncated_fraction": truncated / count,
-        **({"eval_tool_call_rate": called / count, "eval_useful_call_rate": useful / count} if config.resolved_environment else {}),
+        "eval_accuracy": total["correct"] / count,
+        **({f"eval_mean@{k}": total["mean@k"] / count, f"eval_pass@{k}": total["pass@k"] / count} if k else {}),
+        "eval_reward_mean": total["reward_sum"] / max(total["valid"], 1),
+        **{f"eval_reward/{c}": total[f"reward/{c}"] / count for c in columns},
+        "eval_response_length_mean": total["length"] / count,
+        "eval_truncated_fraction": total["truncated"] / count,
+        **({"eval_tool_call_rate": total["called_tools"] / count, "eval_useful_call_rate": total["useful_calls"] / count}
+           if config.resolved_environment else {}),
         "eval_samples": int(count),
     }, None

@@ -15,32 +15,31 @@ def step_metrics(scored: ScoredBatch, update: dict, learning_rate: float, timing
     lengths = rollout.lengths.astype(np.float64)
     rewards = scored.rewards[valid]
     columns = list(scored.reward_columns)
-    local = [
-        len(lengths), valid.sum(), rewards.sum(), (rewards**2).sum(), scored.correct.sum(), lengths.sum(),
-        sum(r == "length" for r in rollout.finish_reasons), np.abs(scored.advantages[valid]).sum(),
-        *[np.nansum(scored.reward_columns[c]) for c in columns], *[np.isfinite(scored.reward_columns[c]).sum() for c in columns],
-    ]
-    (count, n_valid, reward_sum, reward_squares, correct, length_sum, truncated, advantage_sum, *rest) = world.sum(
-        np.array(local, dtype=np.float64)
-    )
-    reward_mean = reward_sum / max(n_valid, 1)
+    total = world.sum_named({
+        "count": len(lengths), "valid": valid.sum(), "reward_sum": rewards.sum(), "reward_squares": (rewards**2).sum(),
+        "correct": scored.correct.sum(), "length": lengths.sum(), "truncated": sum(r == "length" for r in rollout.finish_reasons),
+        "advantage_abs": np.abs(scored.advantages[valid]).sum(),
+        **{f"reward/{c}": np.nansum(scored.reward_columns[c]) for c in columns},
+        **{f"scored/{c}": np.isfinite(scored.reward_columns[c]).sum() for c in columns},
+    })
+    count, n_valid, length_sum = total["count"], total["valid"], total["length"]
+    reward_mean = total["reward_sum"] / max(n_valid, 1)
     seconds = sum(timings.values())
     tools = {}
     if rollout.episodes is not None:
-        sums = episode_sums(rollout, scored.correct)
-        summed = dict(zip(sums, world.sum(np.array(list(sums.values()), dtype=np.float64))))
+        summed = world.sum_named(episode_sums(rollout, scored.correct))
         tools = {f"tools/{name}": value if name == "tool_seconds" else value / count for name, value in summed.items()}
     return {
         "reward_mean": reward_mean,
-        "reward_std": math.sqrt(max(reward_squares / max(n_valid, 1) - reward_mean**2, 0.0)),
-        **{f"reward/{c}": rest[i] / max(rest[len(columns) + i], 1) for i, c in enumerate(columns)},
+        "reward_std": math.sqrt(max(total["reward_squares"] / max(n_valid, 1) - reward_mean**2, 0.0)),
+        **{f"reward/{c}": total[f"reward/{c}"] / max(total[f"scored/{c}"], 1) for c in columns},
         "reward_errors": int(count - n_valid),
-        "accuracy": correct / count,
-        "advantage_abs_mean": advantage_sum / max(n_valid, 1),
+        "accuracy": total["correct"] / count,
+        "advantage_abs_mean": total["advantage_abs"] / max(n_valid, 1),
         **{key: value for key, value in update.items() if key not in ("loss", "grad_norm", "loss_tokens")},
         "response_length_mean": length_sum / count,
         "response_length_max": int(world.max(np.array([lengths.max()]))[0]),
-        "truncated_fraction": truncated / count,
+        "truncated_fraction": total["truncated"] / count,
         "loss": update["loss"],
         "lr": learning_rate,
         "grad_norm": update["grad_norm"],
