@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -271,3 +272,11 @@ def test_verl_rollout_is_levels_mean_truncation_and_cispo_may_drop_the_lower_bou
     assert load_config([write(tmp_path, {"rollout_is": "token"})]).importance_sampling_mode == "token_truncate"
     config = load_config([write(tmp_path, {"surrogate": "cispo", "clip_range_ratio_low": 1.0, "clip_range_ratio_high": 4.0})])
     assert (config.clip_range_ratio_low, config.clip_range_ratio_high) == (1.0, 4.0)
+
+
+def test_the_help_is_the_one_users_know():
+    """`run_grpo.py --help` at 100 columns, as tests/run_grpo_help.txt keeps it: every key, alias, default, choice and
+    help line. A change to any of them is a change users see; it updates that file in the same commit, on purpose."""
+    from alignment.run.config import help_text
+
+    assert help_text(100) + "\n" == (Path(__file__).parent / "run_grpo_help.txt").read_text()
