@@ -28,12 +28,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-# What transformers reads from a model folder; the rest of a checkpoint (optimizer, trainer state, run config) stays.
+# gguf_export first: importing it sets paddle's runtime up before paddle loads, so the command prints no library notices
+from alignment.models.gguf_export import OUTTYPES, write_gguf_file  # isort: skip
 from alignment.errors import ExportError
 from alignment.merge_lora import merge_lora
-from alignment.models.gguf_export import OUTTYPES, write_gguf_file
 from alignment.run.output_folders import TOKENIZER_FILES, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
 
+# What transformers reads from a model folder; the rest of a checkpoint (optimizer, trainer state, run config) stays.
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
 
 def export(source: Path, output: Path, overwrite: bool = False, system_prompt: str | None = None) -> list:
