@@ -62,8 +62,8 @@ def completion_rows(scored: ScoredBatch, limit: int) -> list:
             "prompt": prompt.question,
             "answer": prompt.answer,
             "completion": scored.completions[row],
-            "reward": _finite_or_none(scored.rewards[row]),
-            "rewards": {name: _finite_or_none(values[row]) for name, values in scored.reward_columns.items()},
+            "reward": finite_or_none(scored.rewards[row]),
+            "rewards": {name: finite_or_none(values[row]) for name, values in scored.reward_columns.items()},
             "advantage": float(scored.advantages[row]),
             "finish_reason": scored.rollout.finish_reasons[row],
             "error": scored.errors[row],
@@ -74,5 +74,5 @@ def completion_rows(scored: ScoredBatch, limit: int) -> list:
     return rows
 
 
-def _finite_or_none(value: float):
+def finite_or_none(value: float):
     return float(value) if np.isfinite(value) else None  # a failed reward is null in the logs, never NaN

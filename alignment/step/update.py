@@ -16,16 +16,12 @@ from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy
 from alignment.algo.objectives import FLAG_METRICS, SHARED_FLAGS
 from alignment.models.fused_train import groups_prompts, head_kernels, weights_changed
 from alignment.models.lora import adapters_disabled
-from alignment.models.modeling import (
-    completion_hidden,
-    make_token_batch,
-    output_head,
-)
+from alignment.models.modeling import completion_hidden, make_token_batch, output_head
 from alignment.parallel.distributed import World
 from alignment.parallel.optim import sum_gradients
 from alignment.run.config import GRPOConfig
 from alignment.run.seeding import seed_phase
-from alignment.step.metrics import _finite_or_none
+from alignment.step.metrics import finite_or_none
 from alignment.step.records import ScoredBatch, loss_mask
 
 
@@ -251,7 +247,7 @@ def update_metrics(tally: Tally, batch: UpdateBatch, config: GRPOConfig, world: 
         metrics["is/weight_mean"] = summed["is_weight"] / max(global_tokens, 1.0)
         metrics["is/capped_fraction"] = summed["is_capped"] / max(global_tokens, 1.0)
         metrics["is/logprob_gap_max"] = gap_max
-    return {key: _finite_or_none(value) if isinstance(value, float) else value for key, value in metrics.items()}
+    return {key: finite_or_none(value) if isinstance(value, float) else value for key, value in metrics.items()}
 
 
 def high_entropy_tokens(entropy: np.ndarray, trained: np.ndarray, top_quantile: float, world: World) -> np.ndarray:
