@@ -24,6 +24,7 @@ from paddle import nn
 from alignment.algo.logprobs import HeadKernels
 from alignment.models.cpu_bf16 import Bf16Matmuls
 from alignment.models.lora import lora_update
+from alignment.models.modeling import layout_unsupported
 from alignment.rollout.ops import load_ops
 
 
@@ -39,14 +40,9 @@ def unsupported_reason(model) -> Optional[str]:
     config = model.config
     if config.model_type not in TRAINING_MODEL_TYPES:
         return f"model_type {config.model_type!r} (the fused engine runs {', '.join(TRAINING_MODEL_TYPES)})"
-    if model.lm_head.weight.dtype != paddle.float32:
-        return f"{model.lm_head.weight.dtype} weights (the CPU operators are float32)"
-    if getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False):
-        return "fuse_attention_qkv / fuse_attention_ffn layouts"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
-        return "sliding-window attention"
-    if any(layer.self_attn.o_proj.bias is not None for layer in model.model.layers):
-        return "a bias on o_proj (attention_bias on a Llama or Qwen3)"
+    reason = layout_unsupported(model)
+    if reason:
+        return reason
     if not model.lm_head.weight.place.is_cpu_place():
         return "weights on a GPU (the training operators have CPU kernels only)"
     if config.hidden_act != "silu":

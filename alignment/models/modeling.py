@@ -3,6 +3,7 @@
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import paddle
@@ -273,3 +274,19 @@ def output_head(model) -> tuple:
     """-> (weight (V, H), bias (V,) or None) of the model's lm_head, which computes hidden @ weight^T + bias;
     paddleformers holds the weight as (V, H) whether it is tied to the embedding (the same Parameter) or not."""
     return model.lm_head.weight, model.lm_head.bias
+
+
+
+def layout_unsupported(model) -> Optional[str]:
+    """Why the compiled operators (the fused engine's and the training modules') cannot take this model's layout, whatever
+    its model type (None: they can): float32, separate q/k/v and gate/up projections, no sliding window, no bias on o_proj."""
+    config = model.config
+    if model.lm_head.weight.dtype != paddle.float32:
+        return f"{model.lm_head.weight.dtype} weights (the CPU operators are float32)"
+    if getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False):
+        return "fuse_attention_qkv / fuse_attention_ffn layouts"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    if any(layer.self_attn.o_proj.bias is not None for layer in model.model.layers):
+        return "a bias on o_proj (attention_bias on a Llama or Qwen3)"
+    return None

@@ -40,6 +40,7 @@ import paddle.nn.functional as F
 from alignment.algo.logprobs import token_logprobs
 from alignment.errors import WeightSyncError
 from alignment.models.lora import effective_weight
+from alignment.models.modeling import layout_unsupported
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
 from alignment.rollout.eager import left_pad
 from alignment.run.runtime import contiguous_kernels
@@ -54,20 +55,12 @@ BF16_TOLERANCE = 0.25
 
 
 def unsupported_reason(model) -> Optional[str]:
-    """Why the fused engine cannot run this model (None: it can); alignment/models/fused_train.py's modules share the check.
-    Both apply Qwen3's per-head q/k RMSNorms."""
+    """Why the fused engine cannot run this model (None: it can). The training operators (alignment/models/fused_train.py)
+    share the layout checks but keep their own model types. Both apply Qwen3's per-head q/k RMSNorms."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {config.model_type!r} (the fused engine runs {', '.join(SUPPORTED_MODEL_TYPES)})"
-    if model.lm_head.weight.dtype != paddle.float32:
-        return f"{model.lm_head.weight.dtype} weights (the CPU operators are float32)"
-    if getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False):
-        return "fuse_attention_qkv / fuse_attention_ffn layouts"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
-        return "sliding-window attention"
-    if any(layer.self_attn.o_proj.bias is not None for layer in model.model.layers):
-        return "a bias on o_proj (attention_bias on a Llama or Qwen3)"
-    return None
+    return layout_unsupported(model)
 
 
 class Projection:
