@@ -84,7 +84,7 @@ def test_kl_estimators_hand_values():
     np.testing.assert_allclose(kl_estimate(logp, ref, "k1").numpy(), [[0.0, -1.0, 1.0]], rtol=1e-6)
     np.testing.assert_allclose(kl_estimate(logp, ref, "k2").numpy(), [[0.0, 0.5, 0.5]], rtol=1e-6)
     np.testing.assert_allclose(kl_estimate(logp, ref, "k3").numpy(), [[0.0, math.e - 2, math.exp(-1)]], rtol=1e-6)
-    with pytest.raises(ValueError, match="k1, k2 or k3"):
+    with pytest.raises(ValueError, match=r"k1, k2, k3, low_var_kl, abs, k1\+, k3\+ or low_var_kl\+, not .k4."):
         kl_estimate(logp, ref, "k4")
 
 
@@ -210,6 +210,11 @@ LOSS_VARIANTS = {
     "bias_corrected_kl": ({"kl_bias_correction": True}, "token_truncate", False, 0.0),
     "entropy_bonus": ({}, "token_truncate", False, 0.02),
     "entropy_selection_and_bonus": ({}, "token_truncate", True, 0.02),
+    "sapo": ({"surrogate": "sapo"}, "token_truncate", False, 0.0),
+    "gmpo": ({"surrogate": "gmpo", "clip_low": 0.4, "clip_high": 0.4}, "token_truncate", False, 0.0),
+    "off_policy_mask": ({"off_policy_mask_threshold": 0.05}, "token_truncate", False, 0.0),
+    "low_var_kl": ({"kl_estimator": "low_var_kl"}, "token_truncate", False, 0.0),
+    "k3_straight_through": ({"kl_estimator": "k3+"}, "token_truncate", False, 0.0),
 }
 
 
@@ -218,7 +223,7 @@ def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff, loss
     the rows are split into contiguous slices, each weighted from its own mask and the summed counts, as
     the trainer does across ranks. Clip-higher, dual clip and importance weights are on."""
     extra, mode, select, bonus = LOSS_VARIANTS[variant]
-    settings = LossSettings(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coeff=kl_coeff, **extra)
+    settings = LossSettings(**{"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_coeff": kl_coeff, **extra})
     rows_total = tokens.shape[0]
     rng = np.random.default_rng(1)
     ref = paddle.nn.functional.log_softmax(paddle.to_tensor(rng.normal(size=(6, 5, 11)).astype("float32")), -1)
@@ -239,7 +244,7 @@ def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff, loss
         importance, _ = rollout_correction(old, old - rollout_gap[rows], mask[rows], mode, 2.0, 0.5)
         inputs = LossInputs(
             old, advantages[rows], paddle.to_tensor(weights[rows]), mask[rows], importance, ref_logp[rows],
-            None if selected is None else selected[rows],
+            None if selected is None else selected[rows], old - rollout_gap[rows],
         )
         loss, _ = policy_loss(logp, inputs, settings)
         if bonus:

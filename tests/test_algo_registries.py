@@ -9,22 +9,23 @@ import pytest
 from alignment.algo.advantages import ADVANTAGE_ESTIMATORS, REWARD_AGGREGATIONS, REWARD_SCALES, AdvantageInputs
 from alignment.algo.aggregation import LOSS_AGGREGATIONS
 from alignment.algo.corrections import ROLLOUT_CORRECTIONS
-from alignment.algo.kl import KL_ESTIMATORS
+from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS, KL_ESTIMATORS
 from alignment.algo.loss import LossInputs, LossSettings, policy_loss
 from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES, SHARED_FLAGS
 from alignment.algo.registry import Registry
 from alignment.algo.schedule import SCHEDULES
-from alignment.run.config import IMPORTANCE_SAMPLING_SYNONYMS, GRPOConfig
+from alignment.run.config import IMPORTANCE_SAMPLING_SYNONYMS, SURROGATE_SYNONYMS, GRPOConfig
 
 # config key -> (its registry, the choices the config adds: spellings that validate() maps or refuses)
 KEYS = {
     "advantage_estimator": (ADVANTAGE_ESTIMATORS, []),
     "scale_rewards": (REWARD_SCALES, []),
     "multi_objective_aggregation": (REWARD_AGGREGATIONS, []),
-    "surrogate": (OBJECTIVES, []),
+    "surrogate": (OBJECTIVES, list(SURROGATE_SYNONYMS)),  # verl's vanilla and geo_mean
     "importance_sampling_level": (IMPORTANCE_RATIOS, []),
-    "loss_type": (LOSS_AGGREGATIONS, ["cispo"]),  # TRL's spelling, refused with a pointer to surrogate
-    "kl_estimator": (KL_ESTIMATORS, []),
+    "loss_type": (LOSS_AGGREGATIONS, ["cispo", "sapo"]),  # TRL's spellings: cispo refused with a pointer to surrogate, sapo read
+    "kl_estimator": (KL_ESTIMATORS, list(KL_ESTIMATOR_SYNONYMS)),  # verl's kl and mse
+    "kl_in_reward_estimator": (KL_ESTIMATORS, list(KL_ESTIMATOR_SYNONYMS)),
     "importance_sampling_mode": (ROLLOUT_CORRECTIONS, list(IMPORTANCE_SAMPLING_SYNONYMS)),
     "lr_scheduler_type": (SCHEDULES, []),
 }
@@ -38,17 +39,17 @@ def test_each_config_key_offers_its_registry_names(key):
 
 
 def test_registration_order_is_the_choice_order():
-    assert ADVANTAGE_ESTIMATORS.names() == ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
-    assert OBJECTIVES.names() == ["clip", "cispo"]
-    assert LOSS_AGGREGATIONS.names() == ["dapo", "grpo", "dr_grpo"]
-    assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
+    assert ADVANTAGE_ESTIMATORS.names() == ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk", "opo"]
+    assert OBJECTIVES.names() == ["clip", "cispo", "sapo", "gmpo"]
+    assert LOSS_AGGREGATIONS.names() == ["dapo", "grpo", "dr_grpo", "bnpo"]
+    assert KL_ESTIMATORS.names() == ["k1", "k2", "k3", "low_var_kl", "abs", "k1+", "k3+", "low_var_kl+"]
     assert ROLLOUT_CORRECTIONS.names() == ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
 def test_an_unknown_name_is_an_error_naming_the_choices():
-    with pytest.raises(ValueError, match=r"^surrogate must be clip or cispo, not 'ppo'$"):
+    with pytest.raises(ValueError, match=r"^surrogate must be clip, cispo, sapo or gmpo, not 'ppo'$"):
         OBJECTIVES.get("ppo")
-    with pytest.raises(ValueError, match=r"^loss_type must be dapo, grpo or dr_grpo, not 'cispo'$"):
+    with pytest.raises(ValueError, match=r"^loss_type must be dapo, grpo, dr_grpo or bnpo, not 'cispo'$"):
         LOSS_AGGREGATIONS.get("cispo")
     with pytest.raises(ValueError, match="must be one of token_truncate, token_mask, sequence_truncate, sequence_mask, not 'token'"):
         ROLLOUT_CORRECTIONS.get("token")
@@ -66,7 +67,7 @@ def test_a_name_registers_once():
 
 
 def test_a_registered_objective_is_what_policy_loss_runs(monkeypatch):
-    def plain(ratio, logprobs, advantages, settings):  # -A r, never clipped
+    def plain(ratio, logprobs, advantages, mask, settings):  # -A r, never clipped
         never = paddle.zeros(ratio.shape, "bool")
         return -advantages.unsqueeze(-1) * ratio, {flag: never for flag in SHARED_FLAGS}
 

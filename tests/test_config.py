@@ -168,7 +168,7 @@ def test_wrong_types_name_the_key(tmp_path, values, message):
         ({"top_p": 0}, ["top_p"]),
         ({"max_steps": -1, "num_train_epochs": 0}, ["max_steps", "num_train_epochs"]),
         ({"loss_type": "cispo"}, ["loss_type = cispo is TRL's spelling", "surrogate: cispo", "clip_range_ratio_high 4.0"]),
-        ({"advantage_estimator": "rloo", "scale_rewards": "batch"}, ["scale_rewards = batch", "advantage_estimator grpo only"]),
+        ({"advantage_estimator": "rloo", "scale_rewards": "batch"}, ["scale_rewards = batch", "advantage_estimator grpo (and none to"]),
         (
             {"multi_objective_aggregation": "normalize_then_sum", "advantage_estimator": "reinforce_plus_plus"},
             ["normalize_then_sum", "not reinforce_plus_plus"],

@@ -211,6 +211,22 @@ RUN_OPTIONS = {
         "--advantage_estimator", "reinforce_plus_plus_baseline", "--rollout_is", "token", "--importance_sampling_min", "0.5"
     ],
     "GDPO": ["--multi_objective_aggregation", "normalize_then_sum"],
+    # issue 34's, each with the names users bring (tests/test_variant_names.py reads every spelling)
+    "SAPO as TRL spells it, two iterations": ["--loss_type", "sapo", "--num_iterations", "2"],
+    "GMPO as verl spells it": [
+        "--loss_mode", "geo_mean", "--clip_ratio_low", "0.4", "--clip_ratio_high", "0.4", "--loss_type", "grpo", "--mini_batch_size", "4"
+    ],
+    "BNPO over micro-batches of 2": ["--loss_type", "bnpo", "--per_device_train_batch_size", "2"],
+    "off-policy sequence mask, two iterations": ["--off_policy_mask_threshold", "0.0", "--num_iterations", "2"],
+    "low_var_kl loss and verl's KL in the reward": [
+        "--kl_loss_type", "low_var_kl", "--beta", "0.01", "--use_kl_in_reward", "true", "--kl_penalty", "kl", "--kl_coef", "0.01"
+    ],
+    "KL in the reward alone, k3+, REINFORCE++-baseline": [
+        "--use_kl_in_reward", "true", "--kl_penalty", "k3+", "--adv_estimator", "reinforce_plus_plus_baseline"
+    ],
+    "verl's rejection sampling, two options": ["--rollout_rs", "geometric,token_k2", "--rollout_rs_threshold", "0.999_1.001,0.5"],
+    "pass@k advantages": ["--adv_estimator", "grpo_passk"],
+    "OPO advantages": ["--adv_estimator", "opo"],
 }
 
 
@@ -231,6 +247,10 @@ def test_a_short_run_with_each_option(tmp_path, name):
         assert ("is/weight_mean" in record) == config.importance_sampling_correction
         assert ("dynamic_sampling/dropped_groups" in record) == config.dynamic_sampling
         assert ("entropy_selected_fraction" in record) == (config.top_entropy_quantile < 1)
+        assert ("kl_in_reward/kl" in record) == config.use_kl_in_reward
+        assert ("rs/masked_fraction" in record) == (config.rejection_sampling is not None)
+        assert ("off_policy_masked_fraction" in record) == (config.off_policy_mask_threshold is not None)
+        assert ("is/eff_sample_size" in record) == config.importance_sampling_correction
         if config.top_entropy_quantile < 1:  # at least the fraction asked for (ties at the threshold are kept)
             assert config.top_entropy_quantile <= record["entropy_selected_fraction"] < config.top_entropy_quantile + 0.05
         for reward in config.reward_functions:

@@ -58,6 +58,16 @@ def reinforce_plus_plus_baseline(batch: AdvantageInputs) -> np.ndarray:
     return whiten(values, batch.global_sum(whitening_sums(values, batch.loss_tokens)))
 
 
+@ADVANTAGE_ESTIMATORS.register("grpo_passk")
+def grpo_passk(batch: AdvantageInputs) -> np.ndarray:
+    return passk_advantages(batch.rewards, batch.group_size, batch.scale)
+
+
+@ADVANTAGE_ESTIMATORS.register("opo")
+def opo(batch: AdvantageInputs) -> np.ndarray:
+    return opo_advantages(batch.rewards, batch.group_size, batch.loss_tokens)
+
+
 @REWARD_AGGREGATIONS.register("sum_then_normalize")
 def sum_then_normalize(batch: AdvantageInputs, estimator: str) -> np.ndarray:
     """The weighted sum of the reward functions is the reward: the estimator's advantages of it."""
@@ -126,6 +136,39 @@ def rloo_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
     others_mean = (groups.filled.sum(axis=1, keepdims=True) - groups.filled) / np.maximum(groups.counts - 1, 1)
     advantages = np.where(groups.valid & (groups.counts >= 2), groups.filled - others_mean, 0.0)
     return advantages.reshape(-1).astype(np.float32)
+
+
+def passk_advantages(rewards: np.ndarray, group_size: int, scale: str = "group", eps: float = 1e-6) -> np.ndarray:
+    """Pass@k training (Chen et al. 2025, arXiv 2503.19595; verl's grpo_passk): a group of k is rewarded for its best
+    answer, so only the best member gets an advantage, r_max - r_second (the reward the group would lose without it),
+    divided by the group's std under scale "group" (verl's norm_adv_by_std_in_grpo); every other member gets 0, so a
+    wrong exploratory answer beside a right one is not pushed down. rewards (B,) NaN where failed -> (B,) float32;
+    among equal best rewards the first is the best (torch.topk's pick), and then r_max - r_second = 0. A group with
+    fewer than two valid members gets 0 (verl refuses it)."""
+    groups = reward_groups(rewards, group_size)
+    ranked = np.where(groups.valid, groups.values, -np.inf)  # (P, G)
+    best = ranked.argmax(axis=1)  # the first of equal maxima
+    top_two = -np.sort(-ranked, axis=1)[:, :2]  # (P, 2)
+    gap = top_two[:, 0] - top_two[:, 1]
+    if scale == "group":
+        gap = gap / (groups.std(groups.mean())[:, 0] + eps)
+    advantages = np.zeros_like(groups.filled)
+    live = groups.counts[:, 0] >= 2
+    advantages[np.nonzero(live)[0], best[live]] = gap[live]
+    return advantages.reshape(-1).astype(np.float32)
+
+
+def opo_advantages(rewards: np.ndarray, group_size: int, lengths: np.ndarray) -> np.ndarray:
+    """OPO (Hao et al. 2025, arXiv 2505.23585; verl's opo): r_i - the group's length-weighted mean reward
+    sum_j |y_j| r_j / sum_j |y_j|, the baseline that minimises the gradient's variance when every token carries its
+    sequence's reward (the optimal baseline under exact on-policy training). rewards (B,) NaN where failed, lengths (B,)
+    the loss tokens -> (B,) float32; a failed member gets 0 and is left out of the baseline; a group with one valid
+    member keeps its reward (baseline 0, as verl's)."""
+    groups = reward_groups(rewards, group_size)
+    weights = np.where(groups.valid, np.asarray(lengths, dtype=np.float64).reshape(groups.values.shape), 0.0)  # (P, G)
+    weighted = (weights * groups.filled).sum(axis=1, keepdims=True) / np.maximum(weights.sum(axis=1, keepdims=True), 1e-12)
+    baseline = np.where(groups.counts >= 2, weighted, 0.0)  # (P, 1)
+    return np.where(groups.valid, groups.filled - baseline, 0.0).reshape(-1).astype(np.float32)
 
 
 def baseline_subtracted(rewards: np.ndarray, group_size: int) -> np.ndarray:

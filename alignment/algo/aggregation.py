@@ -1,7 +1,10 @@
 """How token losses become the step's loss (config key loss_type): a weight per token, fixed for the global
 batch before any micro-batch runs, so the gradient does not depend on how the batch is cut into micro-batches
-and processes. A loss type takes the mask (B, T) float64, the global aggregation_counts and max_dec_len, and
-returns the (B, T) float64 weights w with loss = sum w * token loss."""
+and processes (bnpo excepted: TRL defines it per micro-batch). A loss type takes the mask (B, T) float64 of this
+process's mini-batch, the global aggregation_counts and the BatchCut, and returns the (B, T) float64 weights w
+with loss = sum w * token loss."""
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -10,8 +13,17 @@ from alignment.algo.registry import Registry
 LOSS_AGGREGATIONS = Registry("loss_type must be {choices}, not {name!r}")
 
 
+@dataclass(frozen=True)
+class BatchCut:
+    """How the mini-batch is run: what the loss types that do not count tokens divide by."""
+
+    max_dec_len: int
+    micro_batch_size: int  # rows of the mask per micro-batch (the last may be shorter)
+    processes: int
+
+
 @LOSS_AGGREGATIONS.register("dapo")
-def dapo_weights(mask: np.ndarray, counts: np.ndarray, max_dec_len: int) -> np.ndarray:
+def dapo_weights(mask: np.ndarray, counts: np.ndarray, cut: BatchCut) -> np.ndarray:
     """1 / (loss tokens in the global batch): every token counts the same, so long completions are not
     down-weighted (DAPO's token-level mean; the default)."""
     tokens, _, _ = counts
@@ -19,7 +31,7 @@ def dapo_weights(mask: np.ndarray, counts: np.ndarray, max_dec_len: int) -> np.n
 
 
 @LOSS_AGGREGATIONS.register("grpo")
-def grpo_weights(mask: np.ndarray, counts: np.ndarray, max_dec_len: int) -> np.ndarray:
+def grpo_weights(mask: np.ndarray, counts: np.ndarray, cut: BatchCut) -> np.ndarray:
     """1 / (its sequence's loss tokens x sequences with loss tokens): the mean over each sequence's tokens, then
     over sequences (the GRPO paper's; a long wrong answer is penalised less per token)."""
     _, live_sequences, _ = counts
@@ -27,10 +39,24 @@ def grpo_weights(mask: np.ndarray, counts: np.ndarray, max_dec_len: int) -> np.n
 
 
 @LOSS_AGGREGATIONS.register("dr_grpo")
-def dr_grpo_weights(mask: np.ndarray, counts: np.ndarray, max_dec_len: int) -> np.ndarray:
+def dr_grpo_weights(mask: np.ndarray, counts: np.ndarray, cut: BatchCut) -> np.ndarray:
     """1 / (sequences x max_dec_len), a constant (Dr.GRPO: no length normalisation at all)."""
     _, _, sequences = counts
-    return mask / (max(sequences, 1.0) * max_dec_len)
+    return mask / (max(sequences, 1.0) * cut.max_dec_len)
+
+
+@LOSS_AGGREGATIONS.register("bnpo")
+def bnpo_weights(mask: np.ndarray, counts: np.ndarray, cut: BatchCut) -> np.ndarray:
+    """TRL's and ms-swift's bnpo: the token mean over each micro-batch's loss tokens (the "local batch"), then the mean
+    over the micro-batches and processes (gradient accumulation and data parallelism average them). So, unlike dapo,
+    it depends on per_device_train_batch_size: a short micro-batch's tokens weigh more. With one micro-batch in one
+    process it is dapo."""
+    weights = np.zeros_like(mask)
+    starts = range(0, len(mask), cut.micro_batch_size)
+    for start in starts:
+        block = mask[start : start + cut.micro_batch_size]
+        weights[start : start + cut.micro_batch_size] = block / max(block.sum(), 1.0)
+    return weights / (len(starts) * cut.processes)
 
 
 def aggregation_counts(mask: np.ndarray) -> np.ndarray:
@@ -39,7 +65,11 @@ def aggregation_counts(mask: np.ndarray) -> np.ndarray:
     return np.array([mask.sum(), (mask.sum(axis=1) > 0).sum(), mask.shape[0]], dtype=np.float64)
 
 
-def loss_token_weights(mask: np.ndarray, loss_type: str, max_dec_len: int, counts: np.ndarray) -> np.ndarray:
-    """mask (B, T), the global aggregation_counts -> (B, T) float32 weights, by loss_type."""
+def loss_token_weights(
+    mask: np.ndarray, loss_type: str, max_dec_len: int, counts: np.ndarray, micro_batch_size: int | None = None, processes: int = 1
+) -> np.ndarray:
+    """mask (B, T), the global aggregation_counts -> (B, T) float32 weights, by loss_type; micro_batch_size None: the
+    mask is one micro-batch."""
     weigh = LOSS_AGGREGATIONS.get(loss_type)
-    return weigh(mask.astype(np.float64), counts, max_dec_len).astype(np.float32)
+    cut = BatchCut(max_dec_len, micro_batch_size or max(len(mask), 1), processes)
+    return weigh(mask.astype(np.float64), counts, cut).astype(np.float32)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from alignment.algo.corrections import off_policy_sequence_mask
 from alignment.algo.kl import kl_estimate
 from alignment.algo.objectives import OBJECTIVES, importance_ratio
 
@@ -20,7 +21,10 @@ class LossSettings:
     clip_high: float = 0.2
     dual_clip: float | None = None
     level: str = "token"  # importance_sampling_level: token, or sequence (GSPO)
-    surrogate: str = "clip"  # clip (PPO), or cispo
+    surrogate: str = "clip"  # clip (PPO), cispo, sapo or gmpo
+    sapo_temperature_pos: float = 1.0  # SAPO's gate temperatures for A > 0 and A <= 0
+    sapo_temperature_neg: float = 1.05
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2's off-policy sequence mask; None: off
     kl_coeff: float = 0.0
     kl_estimator: str = "k3"
     kl_bias_correction: bool = False  # TRL's use_bias_correction_kl: the KL term times the ratio pi / pi_old
@@ -37,6 +41,7 @@ class LossInputs:
     importance_weights: paddle.Tensor | None = None  # the rollout correction's; None: off
     ref_logprobs: paddle.Tensor | None = None  # needed with kl_coeff > 0
     selected: paddle.Tensor | None = None  # 1 on the tokens the entropy selection keeps; None: all
+    sampling_logprobs: paddle.Tensor | None = None  # the rollout engine's, needed with off_policy_mask_threshold
 
 
 def policy_loss(logprobs: paddle.Tensor, inputs: LossInputs, settings: LossSettings) -> tuple:
@@ -49,7 +54,12 @@ def policy_loss(logprobs: paddle.Tensor, inputs: LossInputs, settings: LossSetti
     caller divides by the global token count once all micro-batches are in."""
     mask = inputs.mask
     ratio = importance_ratio(logprobs, inputs.old_logprobs, mask, settings.level)  # (B, T) or (B, 1)
-    per_token, flags = OBJECTIVES.get(settings.surrogate)(ratio, logprobs, inputs.advantages, settings)
+    per_token, flags = OBJECTIVES.get(settings.surrogate)(ratio, logprobs, inputs.advantages, mask, settings)
+    if settings.off_policy_mask_threshold is not None:
+        threshold = settings.off_policy_mask_threshold
+        kept = off_policy_sequence_mask(inputs.advantages, logprobs.detach(), inputs.sampling_logprobs, mask, threshold)
+        per_token = per_token * kept  # (B, 1): the policy term of a dropped sequence, never its KL
+        flags["off_policy_masked"] = paddle.expand(kept == 0, mask.shape)
     sums = {name: float((flag.astype("float32") * mask).sum()) for name, flag in flags.items()}
     if inputs.selected is not None:
         per_token = per_token * inputs.selected

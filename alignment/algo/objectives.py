@@ -1,7 +1,8 @@
 """Policy objectives (config key surrogate) and the importance ratio they are built on (importance_sampling_level).
 
 An objective takes (ratio (B, T) or (B, 1) from importance_ratio, logprobs (B, T) with their gradient,
-advantages (B,), the LossSettings) and returns (loss (B, T) per token, flags: bool tensors of the loss's shape).
+advantages (B,), the loss mask (B, T), the LossSettings) and returns (loss (B, T) per token, or (B, 1) per
+sequence, flags: bool tensors (B, T) or (B, 1)).
 Every objective sets the flags "clipped", "clipped_low" and "clipped_high"; FLAG_METRICS names each flag's
 metric, the fraction of the step's loss tokens (over every update) where it was set.
 """
@@ -26,18 +27,31 @@ FLAG_METRICS = {
     "clipped_low": "clip_low_fraction",
     "clipped_high": "clip_high_fraction",
     "dual_clipped": "dual_clip_fraction",
+    "off_policy_masked": "off_policy_masked_fraction",
 }
 
 
 @OBJECTIVES.register("clip")
-def clip(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, settings: "LossSettings") -> tuple:
+def clip(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
     """PPO's clipped ratio x advantage, with clip-higher and the dual clip (flag dual_clipped with dual_clip)."""
     return clipped_surrogate(ratio, advantages, settings.clip_low, settings.clip_high, settings.dual_clip)
 
 
 @OBJECTIVES.register("cispo")
-def cispo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, settings: "LossSettings") -> tuple:
+def cispo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
     return cispo_surrogate(ratio, logprobs, advantages, settings.clip_low, settings.clip_high)
+
+
+@OBJECTIVES.register("sapo")
+def sapo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
+    return sapo_surrogate(ratio, advantages, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
+
+
+@OBJECTIVES.register("gmpo")
+def gmpo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
+    """GMPO takes the token ratios (importance_sampling_level token; the config refuses sequence): it makes its own
+    per-sequence geometric mean, from log r, after clipping each token's."""
+    return gmpo_surrogate(paddle.log(ratio), mask, advantages, settings.clip_low, settings.clip_high)
 
 
 @IMPORTANCE_RATIOS.register("token")
@@ -97,3 +111,36 @@ def cispo_surrogate(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: p
     shape = logprobs.shape
     return loss, {"clipped": paddle.expand(low | high, shape), "clipped_low": paddle.expand(low, shape),
                   "clipped_high": paddle.expand(high, shape)}
+
+
+def sapo_surrogate(ratio: paddle.Tensor, advantages: paddle.Tensor, temperature_pos: float, temperature_neg: float) -> tuple:
+    """SAPO (Gao et al. 2025, arXiv 2511.20347; TRL's loss_type sapo, verl's loss_mode sapo): -f(r) A with the smooth gate
+    f(r) = sigmoid(tau (r - 1)) 4 / tau in place of the hard clip, tau = temperature_pos where A > 0, else temperature_neg.
+    f(1) = 2 / tau and f'(1) = 1, so on-policy the gradient is GRPO's; away from r = 1 the gradient f'(r) = 4 s (1 - s)
+    (s the sigmoid) fades smoothly instead of dropping to zero at the clip. ratio (B, T) or (B, 1), advantages (B,) ->
+    (loss shaped as ratio, flags: SAPO clips nothing, so "clipped", "clipped_low" and "clipped_high" are all False, as
+    verl logs its clip fractions as 0)."""
+    advantages = advantages.unsqueeze(-1)  # (B, 1)
+    temperature = paddle.where(advantages > 0, paddle.full_like(advantages, temperature_pos), paddle.full_like(advantages, temperature_neg))
+    gate = paddle.nn.functional.sigmoid(temperature * (ratio - 1.0)) * 4.0 / temperature
+    loss = -gate * advantages
+    unclipped = paddle.zeros(loss.shape, dtype="bool")
+    return loss, {"clipped": unclipped, "clipped_low": unclipped, "clipped_high": unclipped}
+
+
+def gmpo_surrogate(log_ratio: paddle.Tensor, mask: paddle.Tensor, advantages: paddle.Tensor, clip_low: float, clip_high: float) -> tuple:
+    """GMPO (Zhao et al. 2025, arXiv 2507.20673; verl's loss_mode geo_mean): the geometric mean of the token ratios in
+    place of their arithmetic mean, each token's log-ratio clipped in log space first, PPO-style by the sign of A:
+    -A exp(mean over the loss tokens of sgn(A) min(sgn(A) log r, sgn(A) clip(log r, -low, high))). One outlier token
+    moves the geometric mean far less than the arithmetic one, so the paper clips wider: low = high = 0.4 (e^-0.4,
+    e^0.4). log_ratio, mask (B, T), advantages (B,) -> (loss (B, 1) per sequence, flags (B, T): "clipped" (the
+    clipped log-ratio is the one used: no gradient through that token), "clipped_high" (A > 0 and log r > high),
+    "clipped_low" (A < 0 and log r < -low))."""
+    sign = paddle.sign(advantages).unsqueeze(-1)  # (B, 1)
+    bounded = paddle.clip(log_ratio, -clip_low, clip_high)
+    kept = sign * paddle.minimum(sign * log_ratio, sign * bounded)  # (B, T)
+    mean_log_ratio = (kept * mask).sum(axis=-1, keepdim=True) / mask.sum(axis=-1, keepdim=True).clip(min=1.0)
+    loss = -advantages.unsqueeze(-1) * paddle.exp(mean_log_ratio)  # (B, 1)
+    high = paddle.expand_as(sign > 0, log_ratio) & (log_ratio > clip_high)
+    low = paddle.expand_as(sign < 0, log_ratio) & (log_ratio < -clip_low)
+    return loss, {"clipped": high | low, "clipped_low": low, "clipped_high": high}

@@ -137,7 +137,7 @@ class RunParts:
     """The training process's parts, built once by build_parts."""
 
     model: Any  # the actor, with LoRA adapters and the training operators where they apply
-    ref_model: Optional[Any]  # None at kl_loss_coeff 0, and with LoRA (the actor without adapters is the reference)
+    ref_model: Optional[Any]  # None without a KL term (kl_loss_coeff 0, no use_kl_in_reward), and with LoRA (the actor without adapters)
     compute: Any  # cpu_bf16's choice (alignment/models/cpu_bf16.py)
     engine: Optional[Any]  # None in a training process beside rollout processes with nothing to evaluate
     scorer: Any
@@ -170,7 +170,8 @@ def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple,
         if why_not:
             warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
     ref_model = None
-    if config.kl_loss_coeff > 0 and not config.lora:  # no reference model at kl_loss_coeff 0; with LoRA it is the actor without adapters
+    needs_reference = config.kl_loss_coeff > 0 or config.use_kl_in_reward
+    if needs_reference and not config.lora:  # no reference model without a KL term; with LoRA it is the actor without adapters
         ref_model = load_causal_lm(data.actor_folder, model_dtype(config))
         ref_model.eval()
         for parameter in ref_model.parameters():

@@ -28,12 +28,19 @@ from paddleformers.trainer import PdArgumentParser
 
 from alignment.algo.advantages import ADVANTAGE_ESTIMATORS, REWARD_AGGREGATIONS, REWARD_SCALES
 from alignment.algo.aggregation import LOSS_AGGREGATIONS
-from alignment.algo.corrections import ROLLOUT_CORRECTIONS
-from alignment.algo.kl import KL_ESTIMATORS
+from alignment.algo.corrections import ROLLOUT_CORRECTIONS, rejection_rules
+from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS, KL_ESTIMATORS
 from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES
 from alignment.algo.schedule import SCHEDULES
 from alignment.errors import ConfigError
 from alignment.run.checks import check, show
+
+
+# verl's loss_mode values, stored as the surrogates they are
+SURROGATE_SYNONYMS = {"vanilla": "clip", "geo_mean": "gmpo"}
+# TRL's loss_type values that name an objective: cispo is refused (its clip keys mean another thing there), sapo is read as
+# surrogate sapo with the per-sequence mean TRL gives it
+TRL_LOSS_TYPES = {"cispo": None, "sapo": ("sapo", "grpo")}
 
 
 def _key(default, help: str, **kwargs):
@@ -121,20 +128,24 @@ class GRPOConfig:
     loss_type: str = _key(
         "dapo",
         "How token losses become the step's loss: dapo (sum over the global batch's tokens / their count), grpo (mean over each sequence's "
-        "tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)).",
-        choices=[*LOSS_AGGREGATIONS.names(), "cispo"],
-    )  # cispo: TRL's spelling, refused naming surrogate
+        "tokens, then over sequences), dr_grpo (sum / (sequences x max_dec_len)), bnpo (TRL's: the token mean of each micro-batch, then "
+        "the mean over micro-batches and processes; it depends on per_device_train_batch_size). TRL's sapo means surrogate sapo with "
+        "loss_type grpo.",
+        choices=[*LOSS_AGGREGATIONS.names(), *TRL_LOSS_TYPES],
+    )  # cispo: TRL's spelling, refused naming surrogate; sapo: TRL's, read as surrogate sapo
     advantage_estimator: str = _key(
         "grpo",
         "How rewards become advantages: grpo (reward - group mean, scaled by scale_rewards), rloo (reward - the mean of the group's other "
         "members, unscaled), reinforce_plus_plus (the reward whitened over the step's loss tokens, no group baseline), "
-        "reinforce_plus_plus_baseline (reward - group mean, then whitened over the step's loss tokens).",
+        "reinforce_plus_plus_baseline (reward - group mean, then whitened over the step's loss tokens), grpo_passk (pass@k: only the "
+        "group's best member gets an advantage, best - second best, divided by the group's std under scale_rewards group), opo (reward - "
+        "the group's length-weighted mean reward, OPO's optimal baseline).",
         choices=ADVANTAGE_ESTIMATORS.names(),
     )
     scale_rewards: str = _key(
         "group",
         "advantage_estimator grpo: reward - group mean, divided by the group's std (group), the whole batch's std (batch) or nothing "
-        "(none: Dr.GRPO).",
+        "(none: Dr.GRPO); grpo_passk: group or none.",
         choices=REWARD_SCALES.names(),
     )
     multi_objective_aggregation: str = _key(
@@ -151,10 +162,23 @@ class GRPOConfig:
     )
     surrogate: str = _key(
         "clip",
-        "Per-token policy objective: clip (PPO's clipped ratio x advantage) or cispo (MiniMax-M1: the ratio clipped to [1 - "
+        "Per-token policy objective: clip (PPO's clipped ratio x advantage), cispo (MiniMax-M1: the ratio clipped to [1 - "
         "clip_range_ratio_low, 1 + clip_range_ratio_high] as a weight without gradient, times advantage x log pi; no token's gradient is "
-        "dropped).",
-        choices=OBJECTIVES.names(),
+        "dropped), sapo (a smooth sigmoid gate of the ratio in place of the clip, temperatures sapo_temperature_pos / _neg), gmpo (the "
+        "geometric mean of each sequence's token ratios, each clipped in log space to [-clip_range_ratio_low, clip_range_ratio_high]: the "
+        "paper uses 0.4 and 0.4). verl's vanilla and geo_mean are clip and gmpo.",
+        choices=[*OBJECTIVES.names(), *SURROGATE_SYNONYMS],
+    )
+    sapo_temperature_pos: float = _key(1.0, "surrogate sapo: the gate's temperature for tokens with positive advantage (TRL, verl: 1.0).")
+    sapo_temperature_neg: float = _key(
+        1.05,
+        "surrogate sapo: the gate's temperature for tokens with advantage <= 0; higher than the positive one, so negative updates fade "
+        "sooner off-policy (TRL's and verl's 1.05).",
+    )
+    off_policy_mask_threshold: Optional[float] = _key(
+        None,
+        "DeepSeek-V3.2's off-policy sequence masking: a sequence with negative advantage whose mean over its loss tokens of log "
+        "pi_rollout - log pi exceeds this is left out of the policy term (not the KL); null: off (TRL's key; the paper's delta, e.g. 0.5).",
     )
     top_entropy_quantile: float = _key(
         1.0,
@@ -199,13 +223,39 @@ class GRPOConfig:
     kl_loss_coeff: float = _key(0.0, "Weight of the KL penalty to the reference model; 0 loads no reference model.")
     kl_estimator: str = _key(
         "k3",
-        "Per-token KL estimator with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1).",
-        choices=KL_ESTIMATORS.names(),
+        "Per-token KL estimator of the KL loss with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1), low_var_kl "
+        "(verl's: k3 with d clamped to [-20, 20], the estimate to [-10, 10]), abs (|d|); a trailing + (k1+, k3+, low_var_kl+) keeps the "
+        "value and takes k2's gradient (verl's straight-through). verl's kl and mse are k1 and k2.",
+        choices=[*KL_ESTIMATORS.names(), *KL_ESTIMATOR_SYNONYMS],
     )
     use_bias_correction_kl: bool = _key(
         False,
         "Multiply each token's KL term by the ratio pi / pi_old (TRL's option, DeepSeek-V3.2's unbiased KL estimate under off-policy "
         "samples).",
+    )
+    use_kl_in_reward: bool = _key(
+        False,
+        "The KL to the reference model as a penalty in the reward instead of (or beside) the loss (verl's, REINFORCE++'s place for it): "
+        "each sequence's reward less kl_in_reward_coeff x the sum over its loss tokens of kl_in_reward_estimator's KL, before the "
+        "advantages. Loads the reference model.",
+    )
+    kl_in_reward_coeff: float = _key(0.001, "Weight of the KL in the reward (verl's algorithm.kl_ctrl.kl_coef).")
+    kl_in_reward_estimator: str = _key(
+        "k1",
+        "Estimator of the KL in the reward, as kl_estimator (verl's algorithm.kl_penalty; its default kl is k1).",
+        choices=[*KL_ESTIMATORS.names(), *KL_ESTIMATOR_SYNONYMS],
+    )
+    rejection_sampling: Optional[str] = _key(
+        None,
+        "Rejection sampling of rollout tokens by the gap between the trainer's pi_old and the engine's pi_rollout (verl's rollout_rs): "
+        "comma-separated options, all of which must pass: token_k1, token_k2, token_k3 (per token), seq_sum_k1/k2/k3, seq_mean_k1/k2/k3, "
+        "seq_max_k2/k3 (per sequence: the sum, mean or max of the token divergences); token, sequence and geometric are token_k1, "
+        "seq_sum_k1 and seq_mean_k1. Rejected tokens leave the loss mask. null: off.",
+    )
+    rejection_sampling_threshold: Optional[str] = _key(
+        None,
+        "rejection_sampling's bounds, one shared or one per option, comma-separated: an upper bound, or for a k1 option lower_upper "
+        "ratios (one number u means 1/u_u), e.g. \"0.5_2.0\" (verl's rollout_rs_threshold).",
     )
     dynamic_sampling: bool = _key(
         False,
@@ -475,6 +525,13 @@ ALIASES = {
     "rollout_is": "importance_sampling_mode",  # verl (token, sequence)
     "rollout_is_threshold": "importance_sampling_cap",  # verl (a number: truncation)
     "adv_estimator": "advantage_estimator",  # verl
+    "loss_mode": "surrogate",  # verl's actor.policy_loss.loss_mode
+    "tau_pos": "sapo_temperature_pos",  # verl, ms-swift
+    "tau_neg": "sapo_temperature_neg",  # verl, ms-swift
+    "kl_penalty": "kl_in_reward_estimator",  # verl's algorithm.kl_penalty
+    "kl_coef": "kl_in_reward_coeff",  # verl's algorithm.kl_ctrl.kl_coef
+    "rollout_rs": "rejection_sampling",  # verl
+    "rollout_rs_threshold": "rejection_sampling_threshold",  # verl
     "entropy_coef": "entropy_coeff",  # TRL
     "vllm_importance_sampling_cap": "importance_sampling_cap",  # TRL, deprecated there
     "delta": "dual_clip_ratio",  # TRL's two-sided GRPO clipping (INTELLECT-2): the same bound for A < 0
@@ -752,8 +809,10 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check_lengths(c)
     preflight.check_lengths_fit_model(c)
     _check_sampling(c)
+    surrogate, loss_type = _objective(c)
     clip_low, clip_high = _clip_range(c)
     _check_policy_update(c)
+    _check_objective_variants(c, surrogate)
     _check_advantages_and_penalties(c)
     _check_rollout_processes(c, prompt_batch)
     _check_reward_functions_named(c)
@@ -783,6 +842,10 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         clip_range_ratio_low=clip_low,
         clip_range_ratio_high=clip_high,
         importance_sampling_mode=IMPORTANCE_SAMPLING_SYNONYMS.get(c.importance_sampling_mode, c.importance_sampling_mode),
+        surrogate=surrogate,
+        loss_type=loss_type,
+        kl_estimator=KL_ESTIMATOR_SYNONYMS.get(c.kl_estimator, c.kl_estimator),
+        kl_in_reward_estimator=KL_ESTIMATOR_SYNONYMS.get(c.kl_in_reward_estimator, c.kl_in_reward_estimator),
         cosine_max_len=reward_settings.cosine_max_len,
         soft_max_length=reward_settings.soft_max_length,
         reward_function_weights=[float(w) for w in weights],
@@ -892,6 +955,44 @@ def _clip_range(c: GRPOConfig) -> tuple:
     return clip_low, clip_high
 
 
+def _objective(c: GRPOConfig) -> tuple:
+    """-> (surrogate, loss_type) as stored: verl's loss_mode names and TRL's loss_type sapo read as what they are."""
+    surrogate = SURROGATE_SYNONYMS.get(c.surrogate, c.surrogate)
+    if TRL_LOSS_TYPES.get(c.loss_type) is None:
+        return surrogate, c.loss_type
+    trl_surrogate, loss_type = TRL_LOSS_TYPES[c.loss_type]
+    check(
+        surrogate in ("clip", trl_surrogate),
+        f"loss_type = {c.loss_type} is TRL's spelling of surrogate {trl_surrogate} with loss_type {loss_type}, but surrogate is "
+        f"{c.surrogate}: give one of them",
+    )
+    return trl_surrogate, loss_type
+
+
+def _check_objective_variants(c: GRPOConfig, surrogate: str) -> None:
+    for key in ("sapo_temperature_pos", "sapo_temperature_neg"):
+        check(getattr(c, key) > 0, f"{key} = {getattr(c, key)}: must be > 0")
+    check(
+        surrogate != "gmpo" or c.importance_sampling_level == "token",
+        "surrogate gmpo makes its own geometric mean of each sequence's token ratios: importance_sampling_level must be token",
+    )
+    check(
+        c.off_policy_mask_threshold is None or c.off_policy_mask_threshold >= 0,
+        f"off_policy_mask_threshold = {c.off_policy_mask_threshold}: must be >= 0 (null: off)",
+    )
+    check(
+        (c.rejection_sampling is None) == (c.rejection_sampling_threshold is None),
+        f"rejection_sampling is {c.rejection_sampling or 'not set'} and rejection_sampling_threshold is "
+        f"{c.rejection_sampling_threshold or 'not set'}: give both or neither",
+    )
+    if c.rejection_sampling is not None:
+        try:
+            rejection_rules(c.rejection_sampling, c.rejection_sampling_threshold)
+        except ValueError as e:
+            raise ConfigError(f"rejection_sampling = {c.rejection_sampling!r}, rejection_sampling_threshold = "
+                              f"{c.rejection_sampling_threshold!r}: {e}") from None
+
+
 def _check_policy_update(c: GRPOConfig) -> None:
     check(c.num_iterations >= 1, f"num_iterations = {c.num_iterations}: must be at least 1")
     check(c.importance_sampling_cap >= 1, f"importance_sampling_cap = {c.importance_sampling_cap}: must be >= 1")
@@ -905,8 +1006,15 @@ def _check_policy_update(c: GRPOConfig) -> None:
 
 def _check_advantages_and_penalties(c: GRPOConfig) -> None:
     check(
-        c.advantage_estimator == "grpo" or c.scale_rewards == "group",
-        f"scale_rewards = {c.scale_rewards} applies to advantage_estimator grpo only; {c.advantage_estimator} scales its own way",
+        c.advantage_estimator == "grpo" or c.scale_rewards == "group" or (c.advantage_estimator, c.scale_rewards) == ("grpo_passk", "none"),
+        f"scale_rewards = {c.scale_rewards} applies to advantage_estimator grpo (and none to grpo_passk); {c.advantage_estimator} "
+        f"scales its own way",
+    )
+    check(c.kl_in_reward_coeff >= 0, f"kl_in_reward_coeff = {c.kl_in_reward_coeff}: must be >= 0")
+    check(
+        not (c.use_kl_in_reward and c.multi_objective_aggregation == "normalize_then_sum"),
+        "use_kl_in_reward subtracts the KL from the summed reward, which multi_objective_aggregation normalize_then_sum does not "
+        "use (it normalises each function's values): use sum_then_normalize, or the KL loss (kl_loss_coeff)",
     )
     if c.multi_objective_aggregation == "normalize_then_sum":
         check(

@@ -20,6 +20,7 @@ class ScoredBatch:
     errors: list  # B entries: None or "name: error" of the first failing function
     correct: np.ndarray  # (B,) bool: config.accuracy_function gave a positive value
     advantages: np.ndarray | None = None  # (B,) float32, set once the step's batch is final
+    ref_logprobs: np.ndarray | None = None  # (B, T) the reference model's, where the KL in the reward needed them first
 
     def groups(self, indices: list) -> "ScoredBatch":
         """The groups at `indices` (prompt positions), in that order."""

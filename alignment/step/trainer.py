@@ -28,7 +28,7 @@ from alignment.step.rollout import Sampler, dynamic_sampling_metrics, keep_group
 from alignment.step.scoring import nothing_scored
 from alignment.step.state import Progress, Run, save, saved_before_stopping, saved_if_rollout_stops
 from alignment.step.termination import TerminationRequest
-from alignment.step.update import Learner, update_policy
+from alignment.step.update import Learner, reference_logprobs, update_policy
 
 
 def train(config: GRPOConfig) -> Path:
@@ -135,11 +135,14 @@ def train_on(run: Run, progress: Progress, step: int, scored, timings: dict, ext
     """Advantages, the policy update, the engine's weight refresh, then the step's log lines -> what was not finite
     when the step was skipped, or None."""
     config, world, parts = run.config, run.world, run.parts
-    scored.advantages = step_advantages(scored, config, world)
+    learner = Learner(parts.model, parts.ref_model, parts.optimizer)
+    if config.use_kl_in_reward:  # the KL in the reward needs the reference model's log-probs before the advantages
+        with contiguous_kernels():
+            scored.ref_logprobs = reference_logprobs(learner, scored, run.data.tokenizer.pad_token_id, config)
+    scored.advantages, advantage_metrics = step_advantages(scored, config, world)
     rewarded = time.perf_counter()
     learning_rate = parts.scheduler.get_lr()
     with contiguous_kernels():
-        learner = Learner(parts.model, parts.ref_model, parts.optimizer)
         update = update_policy(learner, scored, config, world, run.data.tokenizer.pad_token_id, step)
     parts.scheduler.step()
     updated = time.perf_counter()
@@ -153,7 +156,7 @@ def train_on(run: Run, progress: Progress, step: int, scored, timings: dict, ext
     if sync_gap is not None:  # each process checks its own engine
         extra_metrics["rollout/weight_sync_gap"] = float(world.max(np.array([sync_gap]))[0])
     step_flags = {"step_skipped": int(bool(skipped)), "skipped_steps": progress.skipped_steps}
-    run.logger.log_step(step, {**metrics, **extra_metrics, **step_flags})
+    run.logger.log_step(step, {**metrics, **advantage_metrics, **extra_metrics, **step_flags})
     run.logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
     return skipped
 

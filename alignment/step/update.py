@@ -10,7 +10,14 @@ import numpy as np
 import paddle
 
 from alignment.algo.aggregation import aggregation_counts, loss_token_weights
-from alignment.algo.corrections import rollout_correction
+from alignment.algo.corrections import (
+    off_policy_diagnostics,
+    off_policy_sums,
+    rejection_counts,
+    rejection_keep,
+    rejection_rules,
+    rollout_correction,
+)
 from alignment.algo.logprobs import chunked_token_logprobs
 from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
 from alignment.algo.objectives import FLAG_METRICS, SHARED_FLAGS
@@ -52,7 +59,8 @@ class UpdateBatch:
     old_logprobs: Optional[np.ndarray]  # the old policy's log-probs; None: the current ones, detached (a single optimizer step)
     ref_logprobs: Optional[np.ndarray]  # None: no KL term
     selected: Optional[np.ndarray]  # the entropy selection's tokens; None: every loss token
-    global_tokens: float  # loss tokens over all processes
+    global_tokens: float  # loss tokens over all processes (after rejection sampling)
+    rejection: Optional[np.ndarray] = None  # rejection sampling's global [tokens, rejected, sequences, rejected]; None: off
 
     @property
     def effective(self) -> np.ndarray:  # the tokens the policy term trains on
@@ -109,22 +117,41 @@ def update_policy(learner: Learner, scored: ScoredBatch, config: GRPOConfig, wor
 
 
 def update_batch(learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int) -> UpdateBatch:
-    """The fixed inputs, in the model's training mode: the old log-probs and entropies where more than one optimizer step
-    or the entropy selection needs them, the reference model's with a KL term."""
+    """The fixed inputs, in the model's training mode: the old log-probs and entropies where more than one optimizer step,
+    the entropy selection or rejection sampling needs them, the reference model's with a KL term; rejection sampling's
+    rejected tokens leave the loss mask."""
     trained = loss_mask(scored, config)  # (B, T)
     several_updates = config.num_iterations > 1 or config.mini_batch_size < len(trained)
     selecting = config.top_entropy_quantile < 1  # the entropy selection is fixed before any update
-    old_logprobs = old_entropy = None
-    if several_updates or selecting:
+    rejecting = config.rejection_sampling is not None
+    old_logprobs = old_entropy = rejection = None
+    if several_updates or selecting or rejecting:
         old_logprobs, old_entropy = fixed_logprobs(learner.model, scored, pad_token_id, config)
+    if rejecting:
+        trained, rejection = rejected_tokens(trained, old_logprobs, scored.rollout.logprobs, config, world)
     selected = high_entropy_tokens(old_entropy, trained, config.top_entropy_quantile, world) if selecting else None  # (B, T)
     ref_logprobs = None
-    if config.kl_loss_coeff > 0:
-        with adapters_disabled(learner.model) if learner.ref_model is None else contextlib.nullcontext():  # LoRA: the base is the reference
-            ref_logprobs = fixed_logprobs(learner.ref_model or learner.model, scored, pad_token_id, config)[0]
+    if config.kl_loss_coeff > 0:  # the KL in the reward may have needed them first
+        ref_logprobs = scored.ref_logprobs if scored.ref_logprobs is not None else reference_logprobs(learner, scored, pad_token_id, config)
     global_tokens = float(world.sum(np.array([trained.sum()]))[0])
     old_logprobs = old_logprobs if several_updates else None
-    return UpdateBatch(scored, pad_token_id, loss_settings(config), trained, old_logprobs, ref_logprobs, selected, global_tokens)
+    return UpdateBatch(
+        scored, pad_token_id, loss_settings(config), trained, old_logprobs, ref_logprobs, selected, global_tokens, rejection
+    )
+
+
+def reference_logprobs(learner: Learner, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig) -> np.ndarray:
+    """(B, T) the reference model's log-probs of the completions (with LoRA: the policy with its adapters off)."""
+    with adapters_disabled(learner.model) if learner.ref_model is None else contextlib.nullcontext():
+        return fixed_logprobs(learner.ref_model or learner.model, scored, pad_token_id, config)[0]
+
+
+def rejected_tokens(trained: np.ndarray, old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, config: GRPOConfig, world: World):
+    """-> (the loss mask without the tokens rejection sampling rejects, the global [tokens, rejected tokens, sequences,
+    rejected sequences] over the sequences with loss tokens)."""
+    rules = rejection_rules(config.rejection_sampling, config.rejection_sampling_threshold)
+    keep = rejection_keep(old_logprobs, rollout_logprobs, trained, rules)
+    return trained * keep, world.sum(rejection_counts(trained, keep))
 
 
 def fixed_logprobs(model, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig) -> tuple:
@@ -144,7 +171,9 @@ def token_batch(scored: ScoredBatch, rows: np.ndarray, pad_token_id: int):
 
 def mini_batch(batch: UpdateBatch, rows: np.ndarray, iteration: int, config: GRPOConfig, world: World) -> MiniBatch:
     counts = world.sum(aggregation_counts(batch.trained[rows]))
-    weights = loss_token_weights(batch.trained[rows], config.loss_type, config.max_dec_len, counts)  # (m, T)
+    weights = loss_token_weights(  # (m, T)
+        batch.trained[rows], config.loss_type, config.max_dec_len, counts, config.per_device_train_batch_size, world.size
+    )
     effective_tokens = float(world.sum(np.array([batch.effective[rows].sum()]))[0]) if config.entropy_coeff else 0.0
     return MiniBatch(rows, counts, weights, effective_tokens, iteration)
 
@@ -183,6 +212,7 @@ def backward_micro_batch(model, batch: UpdateBatch, mini: MiniBatch, start: int,
         importance,
         None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
         None if batch.selected is None else paddle.to_tensor(batch.selected[chunk]),
+        None if config.off_policy_mask_threshold is None else paddle.to_tensor(batch.scored.rollout.logprobs[chunk]),
     )
     loss, sums = policy_loss(logprobs, inputs, batch.settings)
     if config.entropy_coeff:
@@ -211,6 +241,8 @@ def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, config: GR
         totals["is_weight"] += float((importance * mask).sum())
         totals["is_capped"] += float((outside.astype("float32") * mask).sum())
         totals["is_logprob_gap_max"] = max(totals["is_logprob_gap_max"], float(((old - rollout_logprobs).abs() * mask).max()))
+        for key, value in off_policy_sums(old.numpy(), rollout_logprobs.numpy(), importance.numpy(), mask.numpy()).items():
+            totals[f"gap_{key}"] += value
     return importance
 
 
@@ -247,6 +279,12 @@ def update_metrics(tally: Tally, batch: UpdateBatch, config: GRPOConfig, world: 
         metrics["is/weight_mean"] = summed["is_weight"] / max(global_tokens, 1.0)
         metrics["is/capped_fraction"] = summed["is_capped"] / max(global_tokens, 1.0)
         metrics["is/logprob_gap_max"] = gap_max
+        sums = {key.removeprefix("gap_"): value for key, value in summed.items() if key.startswith("gap_")}
+        metrics.update({f"is/{name}": value for name, value in off_policy_diagnostics(sums).items()})
+    if batch.rejection is not None:
+        tokens, rejected, sequences, rejected_sequences = batch.rejection
+        metrics["rs/masked_fraction"] = rejected / max(tokens, 1.0)
+        metrics["rs/seq_masked_fraction"] = rejected_sequences / max(sequences, 1.0)
     return {key: finite_or_none(value) if isinstance(value, float) else value for key, value in metrics.items()}
 
 
@@ -267,6 +305,9 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
         kl_coeff=config.kl_loss_coeff,
         kl_estimator=config.kl_estimator,
         kl_bias_correction=config.use_bias_correction_kl,
+        sapo_temperature_pos=config.sapo_temperature_pos,
+        sapo_temperature_neg=config.sapo_temperature_neg,
+        off_policy_mask_threshold=config.off_policy_mask_threshold,
     )
 
 
