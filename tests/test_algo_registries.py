@@ -24,7 +24,7 @@ KEYS = {
     "surrogate": (OBJECTIVES, list(SURROGATE_SYNONYMS)),  # verl's vanilla and geo_mean
     "importance_sampling_level": (IMPORTANCE_RATIOS, []),
     "loss_type": (LOSS_AGGREGATIONS, ["cispo", "sapo"]),  # TRL's spellings: cispo refused with a pointer to surrogate, sapo read
-    "kl_estimator": (KL_ESTIMATORS, list(KL_ESTIMATOR_SYNONYMS)),  # verl's kl and mse
+    "kl_estimator": (KL_ESTIMATORS, ["full", *KL_ESTIMATOR_SYNONYMS]),  # the exact KL (not an estimator); verl's kl and mse
     "kl_in_reward_estimator": (KL_ESTIMATORS, list(KL_ESTIMATOR_SYNONYMS)),
     "importance_sampling_mode": (ROLLOUT_CORRECTIONS, list(IMPORTANCE_SAMPLING_SYNONYMS)),
     "lr_scheduler_type": (SCHEDULES, []),

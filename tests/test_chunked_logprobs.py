@@ -10,7 +10,15 @@ import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama_untied, qwen2_tied
 
-from alignment.algo.logprobs import HeadKernels, chunked_token_logprobs, paddle_row_grad, paddle_row_stats, token_logprobs
+from alignment.algo.logprobs import (
+    HeadKernels,
+    ReferenceHead,
+    chunked_full_kl,
+    chunked_token_logprobs,
+    paddle_row_grad,
+    paddle_row_stats,
+    token_logprobs,
+)
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout.ops import load_ops
 from alignment.run.runtime import contiguous_kernels
@@ -291,3 +299,48 @@ def test_model_gradients_equal_the_unchunked_path(build):
     assert got.keys() == expected.keys()
     for name in expected:  # float32 rounding, relative to each tensor's largest gradient (about 6e-7 seen)
         np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-5 * np.abs(expected[name]).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 3, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_full_kl_and_its_gradient_equal_autograd_through_both_models_logits_in_float64(chunk_tokens, with_bias):
+    """kl_estimator full: KL(pi || pi_ref) over the whole vocabulary, through the chunks, against paddle's autograd over
+    the (B, T, V) logits of both heads in float64; the reference side gets no gradient."""
+    inputs, ref_inputs = random_inputs(with_bias, seed=6), random_inputs(with_bias, seed=7)
+    reference = {name: paddle.to_tensor(inputs[name], stop_gradient=False) for name in ("hidden", "weight") + (("bias",) * with_bias)}
+    reference.setdefault("bias", None)
+
+    def logp64(side: dict) -> paddle.Tensor:
+        logits = paddle.matmul(side["hidden"], side["weight"], transpose_y=True) + (side["bias"] if with_bias else 0.0)
+        return paddle.nn.functional.log_softmax(logits / TEMPERATURE, axis=-1)
+
+    ref64 = {name: None if value is None else paddle.to_tensor(value) for name, value in ref_inputs.items()}
+    logp, logq = logp64(reference), logp64(ref64)
+    kl64 = (logp.exp() * (logp - logq)).sum(-1)  # (B, T)
+    (kl64 * paddle.to_tensor(inputs["upstream"])).sum().backward()
+    t, r = tensors(inputs), tensors(ref_inputs, trainable=())
+    kl = chunked_full_kl(t["hidden"], t["weight"], t["bias"], ReferenceHead(r["hidden"], r["weight"], r["bias"]), TEMPERATURE, chunk_tokens)
+    (kl * t["upstream"]).sum().backward()
+    np.testing.assert_allclose(kl.numpy(), kl64.numpy(), rtol=1e-5, atol=1e-6)
+    assert (kl.numpy() > 0).all()
+    for name in ("hidden", "weight") + (("bias",) if with_bias else ()):
+        # float32 against float64: log q reaches -40 here, and log p - log q carries its rounding into every term
+        np.testing.assert_allclose(t[name].grad.numpy(), reference[name].grad.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_full_kl_is_what_the_sampled_estimators_estimate():
+    """k1 and k3 averaged over tokens drawn from pi are unbiased estimates of the exact KL that chunked_full_kl computes."""
+    inputs = random_inputs(False, seed=8)
+    inputs["hidden"] = inputs["hidden"] / 4  # logits of a unit or two, and a reference near the policy: no token is so rare
+    # under pi and likely under pi_ref that 20,000 draws would miss it (the estimators' variance is finite)
+    ref_inputs = {**inputs, "weight": inputs["weight"] + np.random.default_rng(9).normal(0, 0.5, size=(V, H))}
+    t, r = tensors(inputs, trainable=()), tensors(ref_inputs, trainable=())
+    exact = chunked_full_kl(t["hidden"], t["weight"], None, ReferenceHead(r["hidden"], r["weight"], None), TEMPERATURE).numpy()
+    logp = paddle.nn.functional.log_softmax(paddle.matmul(t["hidden"], t["weight"], transpose_y=True) / TEMPERATURE, -1).numpy()
+    logq = paddle.nn.functional.log_softmax(paddle.matmul(r["hidden"], r["weight"], transpose_y=True) / TEMPERATURE, -1).numpy()
+    rng = np.random.default_rng(10)
+    draws = np.stack([[rng.choice(V, size=20000, p=np.exp(logp[b, s]) / np.exp(logp[b, s]).sum()) for s in range(T)] for b in range(B)])
+    d = np.take_along_axis(logq, draws, -1) - np.take_along_axis(logp, draws, -1)  # (B, T, draws) log q - log p at each
+    assert 0.01 < exact.mean() < 2
+    np.testing.assert_allclose((-d).mean(-1), exact, rtol=0.1, atol=0.01)  # k1
+    np.testing.assert_allclose((np.exp(d) - d - 1).mean(-1), exact, rtol=0.1, atol=0.01)  # k3

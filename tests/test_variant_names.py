@@ -23,6 +23,7 @@ USERS_NAMES = {
     "verl kl_loss_type low_var_kl": ({"kl_loss_type": "low_var_kl", "beta": 0.01}, {"kl_estimator": "low_var_kl", "kl_loss_coeff": 0.01}),
     "verl kl_loss_type mse": ({"kl_loss_type": "mse"}, {"kl_estimator": "k2"}),
     "verl kl_loss_type k3+": ({"kl_loss_type": "k3+"}, {"kl_estimator": "k3+"}),
+    "verl kl_loss_type full": ({"kl_loss_type": "full", "beta": 0.01}, {"kl_estimator": "full"}),
     "verl use_kl_in_reward": ({"use_kl_in_reward": True, "kl_penalty": "kl", "kl_coef": 0.002},
                               {"use_kl_in_reward": True, "kl_in_reward_estimator": "k1", "kl_in_reward_coeff": 0.002}),
     "verl rollout_rs geometric": ({"rollout_rs": "geometric", "rollout_rs_threshold": "0.999_1.001"},
@@ -58,7 +59,7 @@ def test_each_variant_from_its_users_names(tmp_path, name):
     ({"off_policy_mask_threshold": -1.0}, "off_policy_mask_threshold = -1.0: must be >= 0"),
     ({"use_kl_in_reward": True, "multi_objective_aggregation": "normalize_then_sum"}, "use_kl_in_reward subtracts the KL"),
     ({"adv_estimator": "opo", "scale_rewards": "none"}, "scale_rewards = none applies to advantage_estimator grpo"),
-    ({"kl_loss_type": "full"}, 'invalid choice "full"'),
+    ({"kl_penalty": "full"}, 'invalid choice "full"'),  # the exact KL is the loss's: the reward's needs the sampled tokens' KL
 ])
 def test_what_cannot_be_read_is_refused_naming_the_keys(tmp_path, keys, message):
     with pytest.raises(ConfigError, match=message.replace("+", r"\+").replace("(", r"\(")):

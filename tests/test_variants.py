@@ -117,6 +117,38 @@ def test_several_iterations_and_mini_batches_equal_a_plain_reimplementation(setu
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-6)
 
 
+def test_the_exact_kl_update_equals_autograd_through_both_models_full_logits(setup):
+    """kl_estimator full with zero advantages: the update is the gradient of the DAPO token mean of KL(pi || pi_ref) over
+    the vocabulary alone, with two micro-batches; here through both models' (B, T, V) logits and paddle's autograd."""
+    tokenizer, model, _, _, rollout = setup
+    config = _config("--kl_estimator", "full", "--kl_loss_coeff", "1.0", "--importance_sampling_correction", "false")
+    scored = _scored(setup, config)
+    scored.advantages = np.zeros_like(scored.advantages)
+    ref_model = copy.deepcopy(model)
+    with paddle.no_grad():
+        for parameter in ref_model.parameters():
+            parameter.set_value(parameter + 0.05 * paddle.randn(parameter.shape))
+    policy = copy.deepcopy(model)
+    before = [p.numpy().copy() for p in policy.parameters()]
+    learner = Learner(policy, ref_model, paddle.optimizer.SGD(0.5, parameters=policy.parameters()))
+    metrics = update_policy(learner, scored, config, World(0, 1), tokenizer.pad_token_id, step=1).metrics
+    got = [p.numpy() - b for p, b in zip(policy.parameters(), before)]
+
+    reference = copy.deepcopy(model)
+    batch = make_token_batch(list(rollout.prompt_ids), rollout.completion_ids, rollout.completion_mask, tokenizer.pad_token_id)
+    logp = paddle.nn.functional.log_softmax(completion_logits(reference, batch) / config.temperature, -1)
+    with paddle.no_grad():
+        logq = paddle.nn.functional.log_softmax(completion_logits(ref_model, batch) / config.temperature, -1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)  # (B, T)
+    mask = paddle.to_tensor(rollout.completion_mask)
+    loss = (kl * mask).sum() / mask.sum()
+    loss.backward()
+    assert metrics["kl"] == pytest.approx(float(loss), rel=1e-5)  # the logged KL is the exact one
+    for g, parameter in zip(got, reference.parameters()):
+        np.testing.assert_allclose(g, -0.5 * parameter.grad.numpy(), rtol=1e-4, atol=2e-6)
+    assert max(float(np.abs(g).max()) for g in got) > 1e-4
+
+
 @pytest.mark.parametrize("shift, factor", [(0.3, math.exp(0.3)), (1.0, 2.0)])  # pi_old / pi_rollout = e^shift, capped at 2
 def test_importance_weights_scale_the_update(setup, shift, factor):
     tokenizer, model, _, _, rollout = setup
@@ -224,6 +256,8 @@ RUN_OPTIONS = {
     "KL in the reward alone, k3+, REINFORCE++-baseline": [
         "--use_kl_in_reward", "true", "--kl_penalty", "k3+", "--adv_estimator", "reinforce_plus_plus_baseline"
     ],
+    "exact KL over the vocabulary, two iterations": ["--kl_loss_type", "full", "--beta", "0.05", "--num_iterations", "2"],
+    "exact KL to the base under LoRA": ["--lora", "true", "--lora_rank", "4", "--kl_estimator", "full", "--kl_loss_coeff", "0.05"],
     "verl's rejection sampling, two options": ["--rollout_rs", "geometric,token_k2", "--rollout_rs_threshold", "0.999_1.001,0.5"],
     "pass@k advantages": ["--adv_estimator", "grpo_passk"],
     "OPO advantages": ["--adv_estimator", "opo"],

@@ -164,3 +164,89 @@ class _ChunkedLogprobs(paddle.autograd.PyLayer):
         if bias is not None:  # one gradient per tensor input, None exactly where it has stop_gradient (paddle checks)
             grads.append(None if grad_bias is None else grad_bias.astype(bias.dtype))
         return (*grads, None)  # tokens
+
+
+@dataclass(frozen=True)
+class ReferenceHead:
+    """The reference model's side of chunked_full_kl: its final hidden states (B, T, H) and lm_head, without gradient."""
+
+    hidden: paddle.Tensor
+    weight: paddle.Tensor
+    bias: paddle.Tensor | None
+    matmul: Callable = paddle.matmul
+
+
+def chunked_full_kl(
+    hidden: paddle.Tensor,
+    weight: paddle.Tensor,
+    bias: paddle.Tensor | None,
+    reference: ReferenceHead,
+    temperature: float = 1.0,
+    chunk_tokens: int = 512,
+    matmul: Callable = paddle.matmul,
+) -> paddle.Tensor:
+    """The exact KL(pi || pi_ref) = sum over the vocabulary of p (log p - log q) at each completion position, p and q
+    softmax(logits / temperature) of the policy (hidden, weight, bias, as chunked_token_logprobs takes them) and of the
+    reference -> (B, T) float32, differentiable with respect to the policy's hidden, weight and bias. No sampled-token
+    estimator's variance, at the price of the reference's hidden states in every micro-batch and two chunks of logits
+    at a time (kl_estimator full)."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
+    ref_bias = None if reference.bias is None else reference.bias.detach()
+    return _ChunkedFullKL.apply(
+        hidden, weight, bias, reference.hidden.detach(), reference.weight.detach(), ref_bias, temperature, chunk_tokens, matmul,
+        reference.matmul,
+    )
+
+
+def _log_softmax_rows(rows, weight, bias, matmul, temperature: float) -> paddle.Tensor:  # (c, H) -> (c, V)
+    return log_softmax(_logits(rows, weight, bias, matmul), temperature)
+
+
+class _ChunkedFullKL(paddle.autograd.PyLayer):
+    """KL = sum_v p_v (log p_v - log q_v); with x = z / t, d KL / d x_v = p_v (log p_v - log q_v - KL), so the incoming
+    gradient g gives G = g p (log p - log q - KL) / t (c, V) for a chunk's raw logits, recomputed in backward, and
+    grad hidden = G @ W, grad W = sum of G^T @ h, grad bias = sum of G, as in _ChunkedLogprobs."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ref_hidden, ref_weight, ref_bias, temperature, chunk_tokens, matmul, ref_matmul):
+        rows, ref_rows = hidden.reshape([-1, hidden.shape[-1]]), ref_hidden.reshape([-1, ref_hidden.shape[-1]])  # (N, H)
+        parts = []
+        for start in range(0, rows.shape[0], chunk_tokens):
+            end = start + chunk_tokens
+            logp = _log_softmax_rows(rows[start:end], weight, bias, matmul, temperature)  # (c, V)
+            logq = _log_softmax_rows(ref_rows[start:end], ref_weight, ref_bias, ref_matmul, temperature)
+            parts.append((logp.exp() * (logp - logq)).sum(axis=-1, keepdim=True))  # (c, 1)
+        kl = paddle.concat(parts)  # (N, 1)
+        ctx.save_for_backward(hidden, weight, bias, ref_hidden, ref_weight, ref_bias, kl)
+        ctx.temperature, ctx.chunk_tokens, ctx.matmul, ctx.ref_matmul = temperature, chunk_tokens, matmul, ref_matmul
+        return kl.reshape(hidden.shape[:-1])
+
+    @staticmethod
+    def backward(ctx, grad_kl):
+        hidden, weight, bias, ref_hidden, ref_weight, ref_bias, kl = ctx.saved_tensor()
+        rows, ref_rows = hidden.reshape([-1, hidden.shape[-1]]), ref_hidden.reshape([-1, ref_hidden.shape[-1]])
+        scale = grad_kl.reshape([-1, 1]).astype("float32") / ctx.temperature  # (N, 1)
+        grad_rows = []
+        grad_weight = None if weight.stop_gradient else paddle.zeros(weight.shape, "float32")
+        grad_bias = None if bias is None or bias.stop_gradient else paddle.zeros(bias.shape, "float32")
+        for start in range(0, rows.shape[0], ctx.chunk_tokens):
+            end = start + ctx.chunk_tokens
+            chunk = rows[start:end]
+            logp = _log_softmax_rows(chunk, weight, bias, ctx.matmul, ctx.temperature)
+            logq = _log_softmax_rows(ref_rows[start:end], ref_weight, ref_bias, ctx.ref_matmul, ctx.temperature)
+            grad_logits = (logp.exp() * (logp - logq - kl[start:end]) * scale[start:end]).astype(weight.dtype)  # (c, V)
+            if not hidden.stop_gradient:
+                grad_rows.append(ctx.matmul(grad_logits, weight, False, False))  # (c, H)
+            if grad_weight is not None:
+                grad_weight.add_(ctx.matmul(grad_logits, chunk, True, False).astype("float32"))
+            if grad_bias is not None:
+                grad_bias.add_(grad_logits.astype("float32").sum(axis=0))
+        grads = [
+            None if hidden.stop_gradient else paddle.concat(grad_rows).reshape(hidden.shape),
+            None if grad_weight is None else grad_weight.astype(weight.dtype),
+        ]
+        if bias is not None:
+            grads.append(None if grad_bias is None else grad_bias.astype(bias.dtype))
+        grads += [None, None] + ([None] if ref_bias is not None else [])  # the reference's hidden states and head: constants
+        return tuple(grads)

@@ -42,6 +42,7 @@ class LossInputs:
     ref_logprobs: paddle.Tensor | None = None  # needed with kl_coeff > 0
     selected: paddle.Tensor | None = None  # 1 on the tokens the entropy selection keeps; None: all
     sampling_logprobs: paddle.Tensor | None = None  # the rollout engine's, needed with off_policy_mask_threshold
+    kl: paddle.Tensor | None = None  # kl_estimator full: the exact KL per token (chunked_full_kl), in place of an estimate
 
 
 def policy_loss(logprobs: paddle.Tensor, inputs: LossInputs, settings: LossSettings) -> tuple:
@@ -67,9 +68,9 @@ def policy_loss(logprobs: paddle.Tensor, inputs: LossInputs, settings: LossSetti
     if inputs.importance_weights is not None:
         per_token = per_token * inputs.importance_weights
     if settings.kl_coeff > 0:
-        if inputs.ref_logprobs is None:
-            raise ValueError("kl_coeff > 0 needs ref_logprobs")
-        kl = kl_estimate(logprobs, inputs.ref_logprobs, settings.kl_estimator)
+        if inputs.ref_logprobs is None and inputs.kl is None:
+            raise ValueError("kl_coeff > 0 needs ref_logprobs (or the exact kl)")
+        kl = kl_estimate(logprobs, inputs.ref_logprobs, settings.kl_estimator) if inputs.kl is None else inputs.kl
         sums["kl"] = float((kl * mask).sum())
         if settings.kl_bias_correction:
             kl = kl * ratio

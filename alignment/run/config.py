@@ -225,9 +225,10 @@ class GRPOConfig:
         "k3",
         "Per-token KL estimator of the KL loss with d = log pi_ref - log pi: k1 (-d), k2 (d^2 / 2), k3 (exp(d) - d - 1), low_var_kl "
         "(verl's: k3 with d clamped to [-20, 20], the estimate to [-10, 10]), abs (|d|); a trailing + (k1+, k3+, low_var_kl+) keeps the "
-        "value and takes k2's gradient (verl's straight-through). verl's kl and mse are k1 and k2.",
-        choices=[*KL_ESTIMATORS.names(), *KL_ESTIMATOR_SYNONYMS],
-    )
+        "value and takes k2's gradient (verl's straight-through); full: the exact KL over the whole vocabulary at each position (the "
+        "reference model runs in every micro-batch). verl's kl and mse are k1 and k2; its k3 is low_var_kl.",
+        choices=[*KL_ESTIMATORS.names(), "full", *KL_ESTIMATOR_SYNONYMS],
+    )  # full: not an estimator of the sampled token, computed from both models' hidden states (algo.logprobs.chunked_full_kl)
     use_bias_correction_kl: bool = _key(
         False,
         "Multiply each token's KL term by the ratio pi / pi_old (TRL's option, DeepSeek-V3.2's unbiased KL estimate under off-policy "

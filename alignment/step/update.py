@@ -18,7 +18,7 @@ from alignment.algo.corrections import (
     rejection_rules,
     rollout_correction,
 )
-from alignment.algo.logprobs import chunked_token_logprobs
+from alignment.algo.logprobs import ReferenceHead, chunked_full_kl, chunked_token_logprobs
 from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
 from alignment.algo.objectives import FLAG_METRICS, SHARED_FLAGS
 from alignment.models.fused_train import groups_prompts, head_kernels, weights_changed
@@ -131,7 +131,7 @@ def update_batch(learner: Learner, scored: ScoredBatch, config: GRPOConfig, worl
         trained, rejection = rejected_tokens(trained, old_logprobs, scored.rollout.logprobs, config, world)
     selected = high_entropy_tokens(old_entropy, trained, config.top_entropy_quantile, world) if selecting else None  # (B, T)
     ref_logprobs = None
-    if config.kl_loss_coeff > 0:  # the KL in the reward may have needed them first
+    if config.kl_loss_coeff > 0 and not full_kl_loss(config):  # the KL in the reward may have needed them first
         ref_logprobs = scored.ref_logprobs if scored.ref_logprobs is not None else reference_logprobs(learner, scored, pad_token_id, config)
     global_tokens = float(world.sum(np.array([trained.sum()]))[0])
     old_logprobs = old_logprobs if several_updates else None
@@ -182,7 +182,7 @@ def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, conf
     """The mini-batch's gradient, micro-batch by micro-batch, then one optimizer step unless the gradients are not
     finite (then the step is skipped: tally.skipped_phase says what was not finite)."""
     for start in range(0, len(mini.rows), config.per_device_train_batch_size):
-        backward_micro_batch(learner.model, batch, mini, start, config, tally)
+        backward_micro_batch(learner, batch, mini, start, config, tally)
     grad_norm = sum_gradients(learner.optimizer, learner.model.parameters(), world)  # every rank decides alike
     tally.totals["grad_norm"] += grad_norm
     tally.updates += 1
@@ -196,12 +196,14 @@ def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, conf
     learner.optimizer.clear_grad()
 
 
-def backward_micro_batch(model, batch: UpdateBatch, mini: MiniBatch, start: int, config: GRPOConfig, tally: Tally) -> None:
+def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, start: int, config: GRPOConfig, tally: Tally) -> None:
     """The loss of the micro-batch of mini.rows from `start`, its gradient accumulated and its sums added to tally."""
     chunk = mini.rows[start : start + config.per_device_train_batch_size]
     mask = paddle.to_tensor(batch.trained[chunk].astype(np.float32))
+    tokens = batch.tokens(chunk)
+    hidden = policy_hidden(learner.model, tokens, config)  # (b, T, H)
     # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
-    logprobs, entropy = policy_logprobs(model, batch.tokens(chunk), config, entropy_grad=config.entropy_coeff > 0)
+    logprobs, entropy = policy_logprobs(learner.model, tokens, config, entropy_grad=config.entropy_coeff > 0, hidden=hidden)
     old = logprobs.detach() if batch.old_logprobs is None else paddle.to_tensor(batch.old_logprobs[chunk])
     importance = rollout_weights(batch, chunk, old, mask, config, tally if mini.iteration == 0 else None)
     inputs = LossInputs(
@@ -213,6 +215,7 @@ def backward_micro_batch(model, batch: UpdateBatch, mini: MiniBatch, start: int,
         None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
         None if batch.selected is None else paddle.to_tensor(batch.selected[chunk]),
         None if config.off_policy_mask_threshold is None else paddle.to_tensor(batch.scored.rollout.logprobs[chunk]),
+        exact_kl(learner, tokens, hidden, config) if full_kl_loss(config) else None,
     )
     loss, sums = policy_loss(logprobs, inputs, batch.settings)
     if config.entropy_coeff:
@@ -244,6 +247,25 @@ def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, config: GR
         for key, value in off_policy_sums(old.numpy(), rollout_logprobs.numpy(), importance.numpy(), mask.numpy()).items():
             totals[f"gap_{key}"] += value
     return importance
+
+
+def full_kl_loss(config: GRPOConfig) -> bool:  # the KL loss is exact, over the vocabulary, rather than estimated
+    return config.kl_loss_coeff > 0 and config.kl_estimator == "full"
+
+
+def exact_kl(learner: Learner, tokens, hidden: paddle.Tensor, config: GRPOConfig) -> paddle.Tensor:
+    """kl_estimator full: (b, T) KL(pi || pi_ref) over the whole vocabulary at each completion position, with its gradient
+    through the policy's hidden states (b, T, H) and head; the reference's hidden states are computed here, without
+    gradient, for this micro-batch (with LoRA: the policy with its adapters off)."""
+    reference_model = learner.ref_model or learner.model
+    with paddle.no_grad(), adapters_disabled(learner.model) if learner.ref_model is None else contextlib.nullcontext():
+        reference_hidden = policy_hidden(reference_model, tokens, config)
+    ref_weight, ref_bias = output_head(reference_model)
+    reference = ReferenceHead(reference_hidden, ref_weight, ref_bias, head_kernels(reference_model).matmul)
+    weight, bias = output_head(learner.model)
+    return chunked_full_kl(
+        hidden, weight, bias, reference, config.temperature, config.logprob_chunk_tokens, head_kernels(learner.model).matmul
+    )
 
 
 def nonfinite_input(logprobs, ref_logprobs: Optional[np.ndarray], importance) -> str:
@@ -311,11 +333,17 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
     )
 
 
-def policy_logprobs(model, batch, config: GRPOConfig, entropy_grad: bool = False) -> tuple:
+def policy_hidden(model, batch, config: GRPOConfig) -> paddle.Tensor:
+    """-> (b, T, H) the final hidden states that predicted each completion token."""
+    return completion_hidden(model, batch, config.use_prefix_grouper and groups_prompts(model, config.recompute))
+
+
+def policy_logprobs(model, batch, config: GRPOConfig, entropy_grad: bool = False, hidden: Optional[paddle.Tensor] = None) -> tuple:
     """-> (log-probs (b, T) with grad where the model has it, entropy (b, T), with grad only for entropy_grad)
-    of the completion tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time."""
+    of the completion tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time;
+    from `hidden` where the caller has the final hidden states already."""
     weight, bias = output_head(model)
-    hidden = completion_hidden(model, batch, config.use_prefix_grouper and groups_prompts(model, config.recompute))
+    hidden = policy_hidden(model, batch, config) if hidden is None else hidden
     return chunked_token_logprobs(
         hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens, head_kernels(model), entropy_grad
     )
