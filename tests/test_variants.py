@@ -244,23 +244,23 @@ RUN_OPTIONS = {
     ],
     "GDPO": ["--multi_objective_aggregation", "normalize_then_sum"],
     # issue 34's, each with the names users bring (tests/test_variant_names.py reads every spelling)
-    "SAPO as TRL spells it, two iterations": ["--loss_type", "sapo", "--num_iterations", "2"],
-    "GMPO as verl spells it": [
-        "--loss_mode", "geo_mean", "--clip_ratio_low", "0.4", "--clip_ratio_high", "0.4", "--loss_type", "grpo", "--mini_batch_size", "4"
+    "SAPO as TRL spells it, the off-policy mask, verl's rejection sampling, two iterations": [
+        "--loss_type", "sapo", "--off_policy_mask_threshold", "0.0", "--rollout_rs", "geometric,token_k2",
+        "--rollout_rs_threshold", "0.999_1.001,0.5", "--num_iterations", "2",
     ],
-    "BNPO over micro-batches of 2": ["--loss_type", "bnpo", "--per_device_train_batch_size", "2"],
-    "off-policy sequence mask, two iterations": ["--off_policy_mask_threshold", "0.0", "--num_iterations", "2"],
+    "GMPO as verl spells it, pass@k advantages": [
+        "--loss_mode", "geo_mean", "--clip_ratio_low", "0.4", "--clip_ratio_high", "0.4", "--loss_type", "grpo", "--mini_batch_size", "4",
+        "--adv_estimator", "grpo_passk",
+    ],
+    "BNPO over micro-batches of 2, OPO, the KL in the reward by k3+": [
+        "--loss_type", "bnpo", "--per_device_train_batch_size", "2", "--adv_estimator", "opo", "--use_kl_in_reward", "true",
+        "--kl_penalty", "k3+",
+    ],
     "low_var_kl loss and verl's KL in the reward": [
         "--kl_loss_type", "low_var_kl", "--beta", "0.01", "--use_kl_in_reward", "true", "--kl_penalty", "kl", "--kl_coef", "0.01"
     ],
-    "KL in the reward alone, k3+, REINFORCE++-baseline": [
-        "--use_kl_in_reward", "true", "--kl_penalty", "k3+", "--adv_estimator", "reinforce_plus_plus_baseline"
-    ],
     "exact KL over the vocabulary, two iterations": ["--kl_loss_type", "full", "--beta", "0.05", "--num_iterations", "2"],
     "exact KL to the base under LoRA": ["--lora", "true", "--lora_rank", "4", "--kl_estimator", "full", "--kl_loss_coeff", "0.05"],
-    "verl's rejection sampling, two options": ["--rollout_rs", "geometric,token_k2", "--rollout_rs_threshold", "0.999_1.001,0.5"],
-    "pass@k advantages": ["--adv_estimator", "grpo_passk"],
-    "OPO advantages": ["--adv_estimator", "opo"],
 }
 
 
