@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from alignment.algo.kl import KL_ESTIMATORS
 from alignment.algo.registry import Registry
 
 ROLLOUT_CORRECTIONS = Registry("importance sampling mode must be one of {listed}, not {name!r}")
@@ -106,16 +107,10 @@ class RejectionRule:
     upper: float
 
 
-def _k1(log_ratio: np.ndarray) -> np.ndarray:
-    return -log_ratio
-
-
-def _k2(log_ratio: np.ndarray) -> np.ndarray:
-    return 0.5 * log_ratio**2
-
-
-def _k3(log_ratio: np.ndarray) -> np.ndarray:
-    return np.exp(log_ratio) - 1.0 - log_ratio
+def _divergence(estimator: str, log_ratio: np.ndarray) -> np.ndarray:
+    """kl.py's estimator at d = log(pi_old / pi_rollout) (B, T) float64: k1 = -d, k2 = d^2 / 2, k3 = e^d - 1 - d, verl's
+    token divergences between the two policies."""
+    return KL_ESTIMATORS.get(estimator)(paddle.to_tensor(log_ratio)).numpy()
 
 
 def _sequence_sum(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -131,17 +126,17 @@ def _sequence_max(values: np.ndarray, mask: np.ndarray) -> np.ndarray:  # 0 for 
     return np.where(np.isfinite(highest), highest, 0.0)
 
 
-ROLLOUT_REJECTIONS.register("token_k1")(lambda log_ratio, mask: _k1(log_ratio))
-ROLLOUT_REJECTIONS.register("token_k2")(lambda log_ratio, mask: _k2(log_ratio))
-ROLLOUT_REJECTIONS.register("token_k3")(lambda log_ratio, mask: _k3(log_ratio))
-ROLLOUT_REJECTIONS.register("seq_sum_k1")(lambda log_ratio, mask: _sequence_sum(_k1(log_ratio), mask))
-ROLLOUT_REJECTIONS.register("seq_sum_k2")(lambda log_ratio, mask: _sequence_sum(_k2(log_ratio), mask))
-ROLLOUT_REJECTIONS.register("seq_sum_k3")(lambda log_ratio, mask: _sequence_sum(_k3(log_ratio), mask))
-ROLLOUT_REJECTIONS.register("seq_mean_k1")(lambda log_ratio, mask: _sequence_mean(_k1(log_ratio), mask))
-ROLLOUT_REJECTIONS.register("seq_mean_k2")(lambda log_ratio, mask: _sequence_mean(_k2(log_ratio), mask))
-ROLLOUT_REJECTIONS.register("seq_mean_k3")(lambda log_ratio, mask: _sequence_mean(_k3(log_ratio), mask))
-ROLLOUT_REJECTIONS.register("seq_max_k2")(lambda log_ratio, mask: _sequence_max(_k2(log_ratio), mask))
-ROLLOUT_REJECTIONS.register("seq_max_k3")(lambda log_ratio, mask: _sequence_max(_k3(log_ratio), mask))
+ROLLOUT_REJECTIONS.register("token_k1")(lambda log_ratio, mask: _divergence("k1", log_ratio))
+ROLLOUT_REJECTIONS.register("token_k2")(lambda log_ratio, mask: _divergence("k2", log_ratio))
+ROLLOUT_REJECTIONS.register("token_k3")(lambda log_ratio, mask: _divergence("k3", log_ratio))
+ROLLOUT_REJECTIONS.register("seq_sum_k1")(lambda log_ratio, mask: _sequence_sum(_divergence("k1", log_ratio), mask))
+ROLLOUT_REJECTIONS.register("seq_sum_k2")(lambda log_ratio, mask: _sequence_sum(_divergence("k2", log_ratio), mask))
+ROLLOUT_REJECTIONS.register("seq_sum_k3")(lambda log_ratio, mask: _sequence_sum(_divergence("k3", log_ratio), mask))
+ROLLOUT_REJECTIONS.register("seq_mean_k1")(lambda log_ratio, mask: _sequence_mean(_divergence("k1", log_ratio), mask))
+ROLLOUT_REJECTIONS.register("seq_mean_k2")(lambda log_ratio, mask: _sequence_mean(_divergence("k2", log_ratio), mask))
+ROLLOUT_REJECTIONS.register("seq_mean_k3")(lambda log_ratio, mask: _sequence_mean(_divergence("k3", log_ratio), mask))
+ROLLOUT_REJECTIONS.register("seq_max_k2")(lambda log_ratio, mask: _sequence_max(_divergence("k2", log_ratio), mask))
+ROLLOUT_REJECTIONS.register("seq_max_k3")(lambda log_ratio, mask: _sequence_max(_divergence("k3", log_ratio), mask))
 
 
 def rejection_rules(options: str, thresholds: str) -> list:
