@@ -58,6 +58,14 @@ class WireError(ValueError):
     """A record or message that is not what it should be; the message names the field."""
 
 
+class MemoryPlanError(ValueError):
+    """A run whose estimated memory exceeds what the machine has; the message names settings that would fit."""
+
+
+class OutOfMemoryError(RuntimeError):
+    """The run's resident memory reached memory_limit_gb; the message says where and names the last checkpoint."""
+
+
 class IsolationError(RuntimeError):
     """The machine cannot isolate a tool call as the sandbox promises."""
 
@@ -76,5 +84,5 @@ class ExportError(Exception):
 
 RUN_ERRORS = (
     ConfigError, ModelLoadError, DataError, RewardServerError, RewardsFailedError, WeightSyncError, NonFiniteError, DistributedError,
-    CheckpointError, LogWriteError, RolloutWorkerError,
+    CheckpointError, LogWriteError, RolloutWorkerError, MemoryPlanError, OutOfMemoryError,
 )

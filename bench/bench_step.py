@@ -4,8 +4,21 @@ same with cpu_bf16_matmul on: needs a CPU with AVX512-BF16 or AMX), and with --t
 the same workload (bench/trl_step.py), at float32 and / or bf16=True (--trl-precisions).
 
     .venv/bin/python bench/bench_step.py [--max_steps 6] [--engines eager,fused,fused-bf16] [--model DIR]
-        [--prompts 4] [--rollout_n 8] [--dec_len 64]
+        [--prompts 4] [--rollout_n 8] [--dec_len 64] [--token_budget 0,auto,N] [--micro_batch 64,32,16]
         [--trl-python /work/torch-venv/bin/python] [--trl-precisions fp32,bf16] [-- extra run_grpo overrides]
+
+Micro-batches and memory: each --token_budget value is a run with per_device_train_batch_size = all the step's rows and
+that micro_batch_token_budget (auto: the default, derived from the memory estimate; 0, the default here: one
+micro-batch); each --micro_batch value is a run with that per_device_train_batch_size and no token budget (the
+hand-picked sizes to compare the default against). Every run reports its peak resident memory over the steps
+(peak_gb, from metrics.jsonl's memory/peak_gb), the estimate its first line printed (estimate_gb, and
+estimate_over_peak) and the micro-batches it ran. SmolLM2 at 512 new tokens with the default budget, and at 128
+against hand-picked sizes:
+
+    .venv/bin/python bench/bench_step.py --engines fused --max_steps 3 --model models/SmolLM2-135M-Instruct --prompts 8 \\
+        --rollout_n 8 --dec_len 512 --token_budget auto
+    .venv/bin/python bench/bench_step.py --engines fused --max_steps 3 --model models/SmolLM2-135M-Instruct --prompts 8 \\
+        --rollout_n 8 --dec_len 128 --token_budget auto --micro_batch 64,32,16
 
 SmolLM2-135M-Instruct, 8 prompts x 8 completions of 128 tokens, against TRL at both precisions:
 
@@ -65,12 +78,21 @@ def median_after_first(steps: list, key: str):
     return round(statistics.median(values), 4) if values else None
 
 
-def run_paddle(engine: str, settings: dict, max_steps: int, overrides: list):
-    """-> the JSON object for one engine, or None (reason on stderr)."""
-    out = REPO / f"output/bench-step-{engine}"
+def cuts(token_budgets: list, micro_batches: list, rows: int) -> list:
+    """-> (name suffix, run_grpo overrides) for each way of cutting the batch into micro-batches: each token budget with
+    per_device_train_batch_size = all rows, then each hand-picked micro-batch size without a token budget."""
+    found = [(f"budget={b}" if b != "0" else "", ({} if b == "auto" else {"micro_batch_token_budget": b})) for b in token_budgets]
+    return found + [(f"micro={m}", {"per_device_train_batch_size": str(m), "micro_batch_token_budget": "0"}) for m in micro_batches
+                    if m <= rows]
+
+
+def run_paddle(engine: str, settings: dict, max_steps: int, overrides: list, cut: tuple = ("", {})):
+    """-> the JSON object for one engine and one cut into micro-batches, or None (reason on stderr)."""
+    name = engine + (f" {cut[0]}" if cut[0] else "")
+    out = REPO / ("output/bench-step-" + name.replace(" ", "-").replace("=", ""))
     shutil.rmtree(out, ignore_errors=True)
     fused = engine.startswith("fused")
-    settings = {**settings, "max_steps": str(max_steps), "output_dir": str(out), "use_fusemt": str(fused).lower(),
+    settings = {**settings, **cut[1], "max_steps": str(max_steps), "output_dir": str(out), "use_fusemt": str(fused).lower(),
                 "use_fused_train_ops": str(fused).lower(), "cpu_bf16_matmul": "on" if engine == "fused-bf16" else "off"}
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir", str(out / "launch_log"),
@@ -103,12 +125,18 @@ def run_paddle(engine: str, settings: dict, max_steps: int, overrides: list):
         return None
     sequences = config["per_device_prompt_batch_size"] * config["rollout_n"]
     extra = sorted({k for s in steps for k in s if k.startswith("time/")} - set(PHASES.values()) - {"time/step"})
+    plan = re.search(r"memory: estimated peak ([\d.]+) GB.*?; (micro_batch_token_budget .*)", log)
+    peak = max(s["memory/peak_gb"] for s in steps)
     return {
-        "engine": engine,
+        "engine": name,
         "seconds_per_step": median_after_first(steps, "time/step"),
         **{phase: median_after_first(steps, key) for phase, key in PHASES.items()},
         **{key[len("time/"):]: median_after_first(steps, key) for key in extra},
         "steps_measured": max(len(steps) - 1, 0),
+        "peak_gb": round(peak, 2),  # the process's peak resident memory over all steps
+        "estimate_gb": float(plan.group(1)) if plan else None,  # the run's own estimate, on its first line
+        "estimate_over_peak": round(float(plan.group(1)) / peak, 2) if plan else None,
+        "micro_batches": plan.group(2) if plan else None,
         "completion_tokens_per_step": round(statistics.median(means) * sequences),
         "engine_class": engine_class,
         "wall_seconds": round(wall, 1),
@@ -167,9 +195,16 @@ def parse_args():
     parser.add_argument("--prompts", type=positive_int, default=4, help="prompts per step")
     parser.add_argument("--rollout_n", type=positive_int, default=8, help="completions per prompt")
     parser.add_argument("--dec_len", type=positive_int, default=64, help="tokens in every completion (max_dec_len = min_dec_len)")
+    parser.add_argument("--token_budget", default="0",
+                        help="micro_batch_token_budget values, comma-separated: auto (derived from memory), 0 (none: one micro-batch) or N")
+    parser.add_argument("--micro_batch", default="", help="hand-picked per_device_train_batch_size values to run beside, comma-separated")
     parser.add_argument("--trl-python", default=None, help="a Python with torch, transformers and trl: also run bench/trl_step.py")
     parser.add_argument("--trl-precisions", default=None, help="with --trl-python: fp32, bf16 or fp32,bf16 (default fp32)")
     args, overrides = parser.parse_known_args()
+    args.token_budget = [b for b in args.token_budget.split(",") if b]
+    if any(b != "auto" and not b.isdigit() for b in args.token_budget):
+        parser.error(f"--token_budget: each value is auto or a number of tokens, not {','.join(args.token_budget)}")
+    args.micro_batch = [positive_int(m) for m in args.micro_batch.split(",") if m]
     args.model = Path(args.model).resolve()
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: not a model folder (no config.json in it)")
@@ -191,9 +226,10 @@ def main() -> None:
     settings = workload(args.model, args.prompts, args.rollout_n, args.dec_len)
     results = {}
     for engine in engines:
-        if (record := run_paddle(engine, settings, args.max_steps, overrides)) is not None:
-            results[engine] = record
-            print(json.dumps(record), flush=True)
+        for cut in cuts(args.token_budget, args.micro_batch, args.prompts * args.rollout_n):
+            if (record := run_paddle(engine, settings, args.max_steps, overrides, cut)) is not None:
+                results[record["engine"]] = record
+                print(json.dumps(record), flush=True)
     for precision in precisions:
         if (record := run_trl(args.trl_python, precision, args, args.max_steps)) is not None:
             results[record["engine"]] = record

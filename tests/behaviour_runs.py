@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 LAUNCH = [sys.executable, "-W", "ignore:No ccache found", "-m", "paddle.distributed.launch"]
-TIMINGS = ("time/", "tokens_per_second")
+TIMINGS = ("time/", "tokens_per_second", "memory/")  # and the peak memory, which varies as timings do
 RUNS = {
     "bundled": (1, ["config/tiny/grpo_argument.json", "--cpu_bf16_matmul", "off"]),
     "lora": (1, ["config/tiny/grpo_argument.json", "--cpu_bf16_matmul", "off", "--lora", "true", "--lora_rank", "8",

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from alignment.errors import ConfigError
-from alignment.run.config import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, KEYS, GRPOConfig, load_config
+from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS
+from alignment.run.config import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, KEYS, SURROGATE_SYNONYMS, TRL_LOSS_TYPES, GRPOConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 BASES = [{}, json.loads((REPO / "config/tiny/grpo_argument.json").read_text())]
@@ -31,6 +32,12 @@ HINTS = typing.get_type_hints(GRPOConfig)
 CHOICES = {name: f.metadata["choices"] for name, f in GRPOConfig.__dataclass_fields__.items() if "choices" in f.metadata}
 SPELLINGS = {name: {name} | {alias for alias, key in ALIASES.items() if key == name} for name in KEYS}
 # validate() fills these in (or reads the file system_prompt names): the loaded value may differ from the given one
+# Values stored as the name they are a synonym of (verl's names for the same thing).
+STORED_AS = {
+    "importance_sampling_mode": IMPORTANCE_SAMPLING_SYNONYMS, "kl_estimator": KL_ESTIMATOR_SYNONYMS,
+    "kl_in_reward_estimator": KL_ESTIMATOR_SYNONYMS, "surrogate": SURROGATE_SYNONYMS,
+    "loss_type": {name: stored[1] for name, stored in TRL_LOSS_TYPES.items() if stored},  # TRL's sapo: loss_type grpo
+}
 DERIVED = {"per_device_prompt_batch_size", "gradient_accumulation_steps", "mini_batch_size", "clip_range_ratio_low",
            "clip_range_ratio_high", "cosine_max_len", "soft_max_length", "system_prompt"}
 # The documented ranges ("must be at least 1", "> 0", ...) as a table: a value below its key's bound must be refused.
@@ -234,8 +241,8 @@ def test_config_file_values(config_path, case):
         for written, tag in tags.items():
             name = ALIASES.get(written, written)
             given_value = config[written]
-            if name == "importance_sampling_mode":
-                given_value = IMPORTANCE_SAMPLING_SYNONYMS.get(given_value, given_value)
+            if isinstance(given_value, str):
+                given_value = STORED_AS.get(name, {}).get(given_value, given_value)
             if given_value is not None and name not in DERIVED:
                 assert getattr(result, name) == given_value, name
         return

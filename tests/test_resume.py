@@ -18,8 +18,8 @@ RUN = [
     "--kl_loss_coeff", "0.05", "--eval_steps", "2", "--eval_rollout_n", "2", "--per_device_eval_batch_size", "4",
     "--max_evaluate_steps", "1", "--lr_scheduler_type", "linear", "--warmup_steps", "2", "--learning_rate", "1e-4",
 ]
-# not compared between runs: wall-clock times, and the fused engine's gap from the actor (a rounding-level measurement)
-NOT_COMPARED = ("time/", "tokens_per_second", "rollout/weight_sync_gap")
+# not compared between runs: wall-clock times, peak memory, and the fused engine's gap from the actor (a rounding-level measurement)
+NOT_COMPARED = ("time/", "tokens_per_second", "rollout/weight_sync_gap", "memory/")
 
 
 def records(out: Path) -> list:

@@ -36,7 +36,9 @@ RUN = [
 ]
 ROLLOUT = ["--rollout_workers", "1"]
 # not compared between runs: wall-clock times, and the fused engine's gap from the actor (a rounding-level measurement)
-NOT_COMPARED = ("time/", "tokens_per_second", "rollout/generate_seconds", "rollout/engine_sync_seconds", "rollout/weight_sync_gap")
+NOT_COMPARED = (
+    "time/", "tokens_per_second", "rollout/generate_seconds", "rollout/engine_sync_seconds", "rollout/weight_sync_gap", "memory/",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)

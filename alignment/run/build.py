@@ -21,6 +21,7 @@ from alignment.rollout import EngineSettings, SamplingParams, build_engine
 from alignment.rollout.multi_turn import TurnLimits, TurnSettings, check_template, tool_schemas, with_environment
 from alignment.run.config import GRPOConfig
 from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records
+from alignment.run.memory_plan import MemoryPlan, plan_memory
 from alignment.run.plugins import plugin_sources
 from alignment.run.start import model_folders
 from alignment.tools import ToolSettings
@@ -144,6 +145,7 @@ class RunParts:
     optimizer: Any
     scheduler: Any
     sampling: SamplingParams
+    memory: MemoryPlan  # the estimate, the token budgets and the guard's limit
 
 
 def read_run_data(config: GRPOConfig, world: World) -> RunData:
@@ -160,7 +162,10 @@ def read_run_data(config: GRPOConfig, world: World) -> RunData:
 
 
 def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple, generates: bool) -> RunParts:
-    """sources: actor_sources(); generates: whether this process needs a rollout engine."""
+    """sources: actor_sources(); generates: whether this process needs a rollout engine. The memory plan comes first: a
+    run that cannot fit is refused before any model loads."""
+    prompt_width = max((len(prompt.ids) for prompt in data.train_prompts + data.eval_prompts), default=config.max_prompt_len)
+    memory = plan_memory(config, data.actor_folder, prompt_width, world.size)
     model = load_actor(config, *sources)  # adapters before the training operators, the engine and the optimizer
     if config.recompute:
         enable_recompute(model, config.recompute_granularity)
@@ -179,4 +184,4 @@ def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple,
     engine = rollout_engine(config, model, data.tokenizer, compute.bf16) if generates else None
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, optimizer_settings(config), data.total_steps, world)
-    return RunParts(model, ref_model, compute, engine, scorer, optimizer, scheduler, sampling_params(config))
+    return RunParts(model, ref_model, compute, engine, scorer, optimizer, scheduler, sampling_params(config), memory)

@@ -389,6 +389,25 @@ class GRPOConfig:
         "by n completions costs 1/n). Where the training operators run (use_fused_train_ops) and recompute is off; elsewhere whole rows "
         "are run.",
     )
+    micro_batch_token_budget: Optional[int] = _key(
+        None,
+        "Most padded tokens (rows x (prompt width + completion width)) in one micro-batch of the update: micro-batches hold at most "
+        "per_device_train_batch_size rows and at most this many tokens (whole prompt groups where the prefix grouper runs, at least one "
+        "row), cut into equal parts; the gradient is the same whatever the cut. Default: derived at start from the memory estimate, so "
+        "that the estimated peak stays under 60% of memory_limit_gb (the run's first line says it); 0: no budget.",
+    )
+    logprob_token_budget: Optional[int] = _key(
+        None,
+        "The same for the passes without gradients (the old and the reference model's log-probs); default: micro_batch_token_budget.",
+    )
+    memory_limit_gb: Optional[float] = _key(
+        None,
+        "Resident memory this process may use, in GB (2^30 bytes). A run whose estimate (printed at start: weights, gradients, AdamW "
+        "state, the rollout cache, a micro-batch's activations) exceeds it is refused before any model loads, naming settings that "
+        "would fit; a run whose resident memory reaches it stops with a message naming the last checkpoint, before the kernel's "
+        "out-of-memory killer would end it silently. Default: the memory available at start (MemAvailable, or the cgroup's limit), "
+        "divided among the launch's processes on this machine; 0: no estimate check, no derived budget and no guard.",
+    )
     logprob_chunk_tokens: int = _key(
         512,
         "Tokens whose full-vocabulary logits exist at once when computing log-probs for the update (backward recomputes each chunk); "
@@ -551,6 +570,8 @@ ALIASES = {
     "reward_weights": "reward_function_weights",  # TRL, ms-swift
     "min_lr": "min_learning_rate",  # Megatron, ms-swift
     "lr": "learning_rate",  # verl (actor.optim.lr), Megatron, most training scripts' --lr
+    "ppo_max_token_len_per_gpu": "micro_batch_token_budget",  # verl (with use_dynamic_bsz)
+    "log_prob_max_token_len_per_gpu": "logprob_token_budget",  # verl (rollout and ref)
 }
 
 KEYS = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -1140,6 +1161,13 @@ def _check_optimizer_and_schedule(c: GRPOConfig) -> None:
     check(c.seed >= 0, f"seed = {c.seed}: must be >= 0")
     check(c.max_consecutive_skips >= 1, f"max_consecutive_skips = {c.max_consecutive_skips}: must be at least 1")
     check(c.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens = {c.logprob_chunk_tokens}: must be at least 1")
+    for key in ("micro_batch_token_budget", "logprob_token_budget"):
+        value = getattr(c, key)
+        check(value is None or value >= 0, f"{key} = {value}: must be at least 0 (0: no token budget) or null (derived from memory)")
+    check(
+        c.memory_limit_gb is None or c.memory_limit_gb >= 0,
+        f"memory_limit_gb = {c.memory_limit_gb}: must be at least 0 (0: no check) or null (the memory available at start)",
+    )
 
 
 def _check_memory_and_parallelism(c: GRPOConfig) -> None:

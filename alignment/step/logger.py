@@ -17,7 +17,9 @@ from tqdm import tqdm
 from alignment.errors import LogWriteError
 
 METRICS, COMPLETIONS = "metrics.jsonl", "completions.jsonl"
-CONSOLE_KEYS = ("reward_mean", "accuracy", "loss", "kl", "entropy", "response_length_mean", "lr", "rollout/staleness", "time/step")
+CONSOLE_KEYS = (
+    "reward_mean", "accuracy", "loss", "kl", "entropy", "response_length_mean", "lr", "rollout/staleness", "time/step", "memory/peak_gb",
+)
 # VisualDL groups charts by a tag's first path component, sorts the groups by name and opens only the first:
 # "train" sorts before "validation", so the dashboard opens on the training reward, the first chart of its
 # group (steps log reward_mean first). Evaluation tags drop metrics.jsonl's eval_ prefix: validation/accuracy.

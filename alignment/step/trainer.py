@@ -23,6 +23,7 @@ from alignment.step.checkpoint import load_training_state
 from alignment.curves import plot_curves
 from alignment.step.evaluation import evaluate
 from alignment.step.logger import RunLogger
+from alignment.step.memory import MemoryGuard, step_peak_bytes
 from alignment.step.metrics import completion_rows, step_metrics
 from alignment.step.rollout import Sampler, dynamic_sampling_metrics, keep_groups_with_signal, received_batch, sample_and_score
 from alignment.step.scoring import nothing_scored
@@ -61,14 +62,16 @@ def train(config: GRPOConfig) -> Path:
     sampler = Sampler(parts.engine, parts.scorer, data.tokenizer, config, world, parts.sampling)
     run = Run(config, world, link, data, parts, sampler, logger, lineage)
     announce(run, resume, first_step)
-    if data.eval_prompts and config.eval_on_start and first_step == 0:
-        results, failure = evaluate(sampler, data.eval_prompts, 0)
-        if failure:
-            raise failure
-        logger.log_eval(0, results)
-
     progress = Progress(checkpoint=resume and resume.path, skipped_steps=state.get("skipped_steps", 0))
-    with TerminationRequest() as terminate, logger:
+    step = first_step
+    guard = MemoryGuard(parts.memory.limit, lambda: out_of_memory_advice(run, progress, step))
+    step_peak_bytes()  # each step's peak from here on
+    with TerminationRequest() as terminate, logger, guard:
+        if data.eval_prompts and config.eval_on_start and first_step == 0:
+            results, failure = evaluate(sampler, data.eval_prompts, 0)
+            if failure:
+                raise failure
+            logger.log_eval(0, results)
         for step in range(first_step + 1, data.total_steps + 1):
             scored, timings, extra_metrics = collect_batch(run, progress, step)
             skipped = train_on(run, progress, step, scored, timings, extra_metrics)
@@ -88,6 +91,7 @@ def announce(run: Run, resume, first_step: int) -> None:
     config, data, world, logger = run.config, run.data, run.world, run.logger
     if world.is_main:
         Path(config.output_dir, "grpo_config.json").write_text(config.to_json())
+    logger.print(run.parts.memory.line)
     logger.print(f"compute: {run.parts.compute.reason}")
     rollout = f"rollout with the {type(run.parts.engine).__name__}"
     if run.link:
@@ -101,6 +105,16 @@ def announce(run: Run, resume, first_step: int) -> None:
         + rollout
         + (f"; AdamW state sharded over {world.sharding_degree} processes (stage1)" if world.sharding_degree > 1 else "")
         + (f"; resuming from {resume.path} after step {first_step}" if resume else "")
+    )
+
+
+def out_of_memory_advice(run: Run, progress: Progress, step: int) -> str:
+    """What the memory guard's message adds: where the run was, what a resume takes, what to change."""
+    budget = run.parts.memory.budget
+    checkpoint = f"the last checkpoint is {progress.checkpoint}" if progress.checkpoint else "no checkpoint was saved yet"
+    return (
+        f"during step {step}; {checkpoint} (resume with --resume_from_checkpoint auto); a smaller micro_batch_token_budget "
+        f"(now {budget.update or 'none'}), recompute true or lora true lowers the peak"
     )
 
 
@@ -138,12 +152,12 @@ def train_on(run: Run, progress: Progress, step: int, scored, timings: dict, ext
     learner = Learner(parts.model, parts.ref_model, parts.optimizer)
     if config.use_kl_in_reward:  # the KL in the reward needs the reference model's log-probs before the advantages
         with contiguous_kernels():
-            scored.ref_logprobs = reference_logprobs(learner, scored, run.data.tokenizer.pad_token_id, config)
+            scored.ref_logprobs = reference_logprobs(learner, scored, run.data.tokenizer.pad_token_id, config, parts.memory.budget)
     scored.advantages, advantage_metrics = step_advantages(scored, config, world)
     rewarded = time.perf_counter()
     learning_rate = parts.scheduler.get_lr()
     with contiguous_kernels():
-        update = update_policy(learner, scored, config, world, run.data.tokenizer.pad_token_id, step)
+        update = update_policy(learner, scored, config, world, run.data.tokenizer.pad_token_id, step, parts.memory.budget)
     parts.scheduler.step()
     updated = time.perf_counter()
     sync_gap = None if run.link else parts.engine.sync()  # the fused engine refreshes its weights and checks them against the actor
@@ -153,6 +167,7 @@ def train_on(run: Run, progress: Progress, step: int, scored, timings: dict, ext
     progress.count_skip(skipped)
     timings.update(train=updated - rewarded, sync=finished - updated)
     metrics = step_metrics(scored, update.metrics, learning_rate, timings, world)
+    extra_metrics["memory/peak_gb"] = float(world.max(np.array([step_peak_bytes()]))[0]) / 2**30
     if sync_gap is not None:  # each process checks its own engine
         extra_metrics["rollout/weight_sync_gap"] = float(world.max(np.array([sync_gap]))[0])
     step_flags = {"step_skipped": int(bool(skipped)), "skipped_steps": progress.skipped_steps}

@@ -23,6 +23,7 @@ from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy
 from alignment.algo.objectives import FLAG_METRICS, SHARED_FLAGS
 from alignment.models.fused_train import groups_prompts, head_kernels, weights_changed
 from alignment.models.lora import adapters_disabled
+from alignment.models.memory import TokenBudget
 from alignment.models.modeling import completion_hidden, make_token_batch, output_head
 from alignment.parallel.distributed import World
 from alignment.parallel.optim import sum_gradients
@@ -60,6 +61,7 @@ class UpdateBatch:
     ref_logprobs: Optional[np.ndarray]  # None: no KL term
     selected: Optional[np.ndarray]  # the entropy selection's tokens; None: every loss token
     global_tokens: float  # loss tokens over all processes (after rejection sampling)
+    micro_batch_rows: int  # rows per micro-batch: per_device_train_batch_size, or fewer under the token budget
     rejection: Optional[np.ndarray] = None  # rejection sampling's global [tokens, rejected, sequences, rejected]; None: off
 
     @property
@@ -91,16 +93,21 @@ class Tally:
     skipped_phase: Optional[str] = None
 
 
-def update_policy(learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, step: int) -> UpdateResult:
+def update_policy(
+    learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, step: int,
+    budget: Optional[TokenBudget] = None,
+) -> UpdateResult:
     """num_iterations passes over the scored batch, each cut into mini-batches of mini_batch_size sequences
-    (one optimizer step each), run in micro-batches of per_device_train_batch_size.
+    (one optimizer step each), run in micro-batches of per_device_train_batch_size rows, or fewer where the token
+    budget (None: none) says so.
 
     The old policy's log-probs are the current ones (ratio 1 in value: the usual GRPO gradient A grad log pi)
     when the batch gets a single optimizer step; otherwise they are computed once, before the first step,
     as are the reference model's. Each mini-batch's loss is normalised over the mini-batch's loss tokens or
     sequences in all processes (loss_type), so the gradient does not depend on the micro-batch size."""
     learner.model.train()
-    batch = update_batch(learner, scored, config, world, pad_token_id)
+    budget = budget or TokenBudget(0, 0, config.per_device_train_batch_size)
+    batch = update_batch(learner, scored, config, world, pad_token_id, budget)
     rows_total, tally = len(batch.trained), Tally()
     for iteration in range(config.num_iterations):
         order = np.arange(rows_total)
@@ -116,7 +123,9 @@ def update_policy(learner: Learner, scored: ScoredBatch, config: GRPOConfig, wor
     return UpdateResult(update_metrics(tally, batch, config, world), tally.skipped_phase)
 
 
-def update_batch(learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int) -> UpdateBatch:
+def update_batch(
+    learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, budget: TokenBudget
+) -> UpdateBatch:
     """The fixed inputs, in the model's training mode: the old log-probs and entropies where more than one optimizer step,
     the entropy selection or rejection sampling needs them, the reference model's with a KL term; rejection sampling's
     rejected tokens leave the loss mask."""
@@ -126,24 +135,28 @@ def update_batch(learner: Learner, scored: ScoredBatch, config: GRPOConfig, worl
     rejecting = config.rejection_sampling is not None
     old_logprobs = old_entropy = rejection = None
     if several_updates or selecting or rejecting:
-        old_logprobs, old_entropy = fixed_logprobs(learner.model, scored, pad_token_id, config)
+        old_logprobs, old_entropy = fixed_logprobs(learner.model, scored, pad_token_id, config, budget)
     if rejecting:
         trained, rejection = rejected_tokens(trained, old_logprobs, scored.rollout.logprobs, config, world)
     selected = high_entropy_tokens(old_entropy, trained, config.top_entropy_quantile, world) if selecting else None  # (B, T)
     ref_logprobs = None
     if config.kl_loss_coeff > 0 and not full_kl_loss(config):  # the KL in the reward may have needed them first
-        ref_logprobs = scored.ref_logprobs if scored.ref_logprobs is not None else reference_logprobs(learner, scored, pad_token_id, config)
+        ref_logprobs = scored.ref_logprobs
+        if ref_logprobs is None:
+            ref_logprobs = reference_logprobs(learner, scored, pad_token_id, config, budget)
     global_tokens = float(world.sum(np.array([trained.sum()]))[0])
     old_logprobs = old_logprobs if several_updates else None
+    micro_batch_rows = budget.rows(min(config.mini_batch_size, len(trained)), row_tokens(scored))
     return UpdateBatch(
-        scored, pad_token_id, loss_settings(config), trained, old_logprobs, ref_logprobs, selected, global_tokens, rejection
+        scored, pad_token_id, loss_settings(config), trained, old_logprobs, ref_logprobs, selected, global_tokens, micro_batch_rows,
+        rejection,
     )
 
 
-def reference_logprobs(learner: Learner, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig) -> np.ndarray:
+def reference_logprobs(learner: Learner, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig, budget: TokenBudget) -> np.ndarray:
     """(B, T) the reference model's log-probs of the completions (with LoRA: the policy with its adapters off)."""
     with adapters_disabled(learner.model) if learner.ref_model is None else contextlib.nullcontext():
-        return fixed_logprobs(learner.ref_model or learner.model, scored, pad_token_id, config)[0]
+        return fixed_logprobs(learner.ref_model or learner.model, scored, pad_token_id, config, budget)[0]
 
 
 def rejected_tokens(trained: np.ndarray, old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, config: GRPOConfig, world: World):
@@ -154,13 +167,20 @@ def rejected_tokens(trained: np.ndarray, old_logprobs: np.ndarray, rollout_logpr
     return trained * keep, world.sum(rejection_counts(trained, keep))
 
 
-def fixed_logprobs(model, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig) -> tuple:
-    """(B, T) log-probs and entropies, numpy, of a model that does not change during the update."""
-    rows_total, micro = len(scored.rollout.prompt_ids), config.per_device_train_batch_size
+def fixed_logprobs(model, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig, budget: TokenBudget) -> tuple:
+    """(B, T) log-probs and entropies, numpy, of a model that does not change during the update, in micro-batches under
+    the log-prob token budget."""
+    rows_total = len(scored.rollout.prompt_ids)
+    micro = budget.rows(rows_total, row_tokens(scored), logprobs=True)
     with paddle.no_grad():
         parts = [policy_logprobs(model, token_batch(scored, np.arange(start, min(start + micro, rows_total)), pad_token_id), config)
                  for start in range(0, rows_total, micro)]
     return np.concatenate([p[0].numpy() for p in parts]), np.concatenate([p[1].numpy() for p in parts])
+
+
+def row_tokens(scored: ScoredBatch) -> int:
+    """Padded tokens of a row, as the token budget counts them: the longest prompt + the completion width."""
+    return max(len(p) for p in scored.rollout.prompt_ids) + scored.rollout.completion_ids.shape[1]
 
 
 def token_batch(scored: ScoredBatch, rows: np.ndarray, pad_token_id: int):
@@ -172,7 +192,7 @@ def token_batch(scored: ScoredBatch, rows: np.ndarray, pad_token_id: int):
 def mini_batch(batch: UpdateBatch, rows: np.ndarray, iteration: int, config: GRPOConfig, world: World) -> MiniBatch:
     counts = world.sum(aggregation_counts(batch.trained[rows]))
     weights = loss_token_weights(  # (m, T)
-        batch.trained[rows], config.loss_type, config.max_dec_len, counts, config.per_device_train_batch_size, world.size
+        batch.trained[rows], config.loss_type, config.max_dec_len, counts, batch.micro_batch_rows, world.size
     )
     effective_tokens = float(world.sum(np.array([batch.effective[rows].sum()]))[0]) if config.entropy_coeff else 0.0
     return MiniBatch(rows, counts, weights, effective_tokens, iteration)
@@ -181,7 +201,7 @@ def mini_batch(batch: UpdateBatch, rows: np.ndarray, iteration: int, config: GRP
 def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, config: GRPOConfig, world: World, tally: Tally) -> None:
     """The mini-batch's gradient, micro-batch by micro-batch, then one optimizer step unless the gradients are not
     finite (then the step is skipped: tally.skipped_phase says what was not finite)."""
-    for start in range(0, len(mini.rows), config.per_device_train_batch_size):
+    for start in range(0, len(mini.rows), batch.micro_batch_rows):
         backward_micro_batch(learner, batch, mini, start, config, tally)
     grad_norm = sum_gradients(learner.optimizer, learner.model.parameters(), world)  # every rank decides alike
     tally.totals["grad_norm"] += grad_norm
@@ -198,7 +218,7 @@ def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, conf
 
 def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, start: int, config: GRPOConfig, tally: Tally) -> None:
     """The loss of the micro-batch of mini.rows from `start`, its gradient accumulated and its sums added to tally."""
-    chunk = mini.rows[start : start + config.per_device_train_batch_size]
+    chunk = mini.rows[start : start + batch.micro_batch_rows]
     mask = paddle.to_tensor(batch.trained[chunk].astype(np.float32))
     tokens = batch.tokens(chunk)
     hidden = policy_hidden(learner.model, tokens, config)  # (b, T, H)
@@ -209,7 +229,7 @@ def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, 
     inputs = LossInputs(
         old,
         paddle.to_tensor(batch.scored.advantages[chunk]),
-        paddle.to_tensor(mini.weights[start : start + config.per_device_train_batch_size]),
+        paddle.to_tensor(mini.weights[start : start + batch.micro_batch_rows]),
         mask,
         importance,
         None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
