@@ -154,14 +154,15 @@ def update_bytes(shape: ModelShape, settings: MemorySettings, rows: int) -> int:
 
 
 def rollout_bytes(shape: ModelShape, settings: MemorySettings) -> int:
-    """The engine's largest batch: its KV cache, the prefill's one-layer activations (each prompt runs once) and the
-    logits."""
+    """The engine's largest batch: its KV cache, the copy of the prompts' part that fills each group's rows, the
+    prefill's one-layer activations (each prompt runs once) and the logits."""
     width = settings.prompt_width
     largest = 0
     for prompts, copies in settings.generations:
         rows = prompts * copies
+        cache = rows * (settings.row_tokens + width) * shape.kv_bytes_per_token
         prefill = prompts * width * (shape.kept_floats_per_token + shape.heads * width) * FLOAT
-        largest = max(largest, rows * settings.row_tokens * shape.kv_bytes_per_token + prefill + rows * shape.vocab * FLOAT * 2)
+        largest = max(largest, int(ALLOCATOR_SLACK * (cache + prefill + rows * shape.vocab * FLOAT * 2)))
     return largest
 
 
