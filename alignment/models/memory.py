@@ -6,7 +6,7 @@ The activations are counted tensor by tensor from what the decoder layers keep f
 fused_train.py's modules; paddleformers' own are measured to keep more, ACTIVATION_FACTOR_EAGER): per token of a row,
 each layer keeps its input, the normed input, q, k, v, the attention output, the residual, the second norm, gate|up and
 silu(gate)*up: 6 H + 2 KVH D + 3 I floats; and per pair of (query, key) positions each head keeps one softmax
-probability. bench/bench_memory_plan.py compares the estimate with measured peaks (bench/RESULTS.md)."""
+probability. bench/bench_step.py prints each run's estimate beside its measured peak (bench/RESULTS.md, "Memory")."""
 
 import math
 from dataclasses import dataclass

@@ -51,8 +51,12 @@ def available_bytes() -> tuple:
     return available, source
 
 
+def prefix_grouped(config: GRPOConfig) -> bool:  # where the update runs each prompt once per micro-batch
+    return config.use_prefix_grouper and config.use_fused_train_ops and not config.recompute
+
+
 def memory_settings(config: GRPOConfig, shape: ModelShape, prompt_width: int, world_size: int) -> MemorySettings:
-    generations = [(config.per_device_prompt_batch_size or 8, config.rollout_n)]
+    generations = [(config.per_device_prompt_batch_size, config.rollout_n)]
     if config.eval_datasets:
         generations += [(config.per_device_eval_batch_size, 1), (config.per_device_eval_batch_size, config.eval_rollout_n)]
     sharding = world_size if config.sharding and config.sharding_parallel_degree == -1 else max(config.sharding_parallel_degree, 1)
@@ -62,7 +66,7 @@ def memory_settings(config: GRPOConfig, shape: ModelShape, prompt_width: int, wo
         group_size=config.rollout_n,
         generations=tuple(generations),
         training_ops=config.use_fused_train_ops,
-        prefix_grouper=config.use_prefix_grouper and config.use_fused_train_ops and not config.recompute,
+        prefix_grouper=prefix_grouped(config),
         recompute=config.recompute,
         reference_model=(config.kl_loss_coeff > 0 or config.use_kl_in_reward) and not config.lora,
         lora_parameters=lora_parameters(shape, config.lora_rank, config.target_modules) if config.lora else None,
@@ -75,7 +79,7 @@ def plan_memory(config: GRPOConfig, actor_folder: str, prompt_width: int, world_
     """The estimate for this process, the token budgets (memory_limit_gb's derived default where not given), or
     MemoryPlanError when not even the smallest micro-batch fits."""
     most_rows = config.per_device_train_batch_size
-    group = config.rollout_n if config.use_prefix_grouper and config.use_fused_train_ops and not config.recompute else 1
+    group = config.rollout_n if prefix_grouped(config) else 1
     shape, (limit, machine) = model_shape(actor_folder), memory_limit(config)
     why_not = "memory_limit_gb 0" if limit is None else "no config.json" if shape is None else None
     if "gpu" in paddle.device.get_device():  # the estimate counts the CPU's float32 path against the host's memory
@@ -91,7 +95,7 @@ def plan_memory(config: GRPOConfig, actor_folder: str, prompt_width: int, world_
         fitting = rows_within(shape, settings, runtime, TARGET_SHARE * limit, most_rows, FAST_ACTIVATIONS)
         update_budget = (fitting or rows_within(shape, settings, runtime, limit, most_rows)) * settings.row_tokens
     budget = TokenBudget(update_budget, _logprob_budget(config, update_budget), most_rows, group)
-    rows_total = min(config.mini_batch_size, (config.per_device_prompt_batch_size or 8) * config.rollout_n)
+    rows_total = min(config.mini_batch_size, config.per_device_prompt_batch_size * config.rollout_n)
     rows = budget.rows(rows_total, settings.row_tokens)
     estimate = estimate_memory(shape, settings, runtime, rows)
     if update_budget == 0 and config.micro_batch_token_budget is None or estimate.total > limit:
