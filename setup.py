@@ -33,6 +33,9 @@ INSTALL_REQUIRES = [
     "gguf==0.19.0",
 ]
 
+# The documentation site (make docs): mkdocs with the Material theme, the newest versions tested.
+DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1"]
+
 setup(
     name="paddle-grpo",
     version="0.1.0",
@@ -51,7 +54,9 @@ setup(
             "schemathesis==4.32.5",
             "hypothesis==6.170.15",
             "openapi-spec-validator==0.9.0",
-        ]
+            *DOCS,  # make test builds the documentation site
+        ],
+        "docs": DOCS,
     },
     entry_points={
         "console_scripts": ["run-grpo=run_grpo:main", "grpo-reward-server=reward_server.reward_server:main"]

@@ -471,12 +471,13 @@ def test_tokenizer_splits_digits_as_the_pre_tokenizer_names(tmp_path):
 @pytest.fixture(scope="module")
 def sentencepiece_model(tmp_path_factory):
     """A SentencePiece BPE model trained here the way Llama 2's was set up (byte fallback, digits split, no
-    normalization, a dummy prefix), 451 pieces like the random models' vocabulary, on this README."""
+    normalization, a dummy prefix), 451 pieces like the random models' vocabulary, on this project's documentation."""
     import sentencepiece
 
     prefix = tmp_path_factory.mktemp("spm") / "spm"
+    lines = [line for page in sorted((REPO / "docs").glob("*.md")) for line in page.read_text().splitlines()]
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter((REPO / "README.md").read_text().splitlines()), model_prefix=str(prefix), vocab_size=451,
+        sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=451,
         model_type="bpe", byte_fallback=True, split_digits=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
         add_dummy_prefix=True, allow_whitespace_only_pieces=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
         minloglevel=2,
@@ -756,7 +757,7 @@ else:  # fp32 logits at every position: an F32 file, and an F32 KV cache (llama.
 def llama_cpp_python() -> str:
     python = os.environ.get("GRPO_LLAMA_CPP_PYTHON")
     if not python:
-        pytest.skip("GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (README: Real models from GGUF)")
+        pytest.skip("GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (docs/real-models.md)")
     return python
 
 

@@ -188,7 +188,7 @@ print(json.dumps(answers))
 # skipped before any fixture is set up (SmolLM2's import alone takes seconds)
 needs_llama_cpp = pytest.mark.skipif(
     not os.environ.get("GRPO_LLAMA_CPP_PYTHON"),
-    reason="GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (README: Real models from GGUF)",
+    reason="GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (docs/real-models.md)",
 )
 
 

@@ -57,7 +57,7 @@ def test_a_multi_turn_run_logs_conversations_and_resumes_exactly(tmp_path):
     not os.environ.get("GRPO_TOOLS_RECIPE"), reason="the tools recipe's two runs take about 15 minutes: make test-tools-recipe runs them"
 )
 def test_the_tools_recipe_gains_25_points_and_beats_the_run_without_tools(tmp_path):
-    """README's claim for make train-tools: held-out greedy accuracy at least 25 points higher after the run, and
+    """The claim of docs/recipes.md for make train-tools: held-out greedy accuracy at least 25 points higher after the run, and
     higher than the same run with tools switched off (config/tiny_tools/no_tools.json)."""
     finals = {}
     for name in ("grpo_argument", "no_tools"):

@@ -5,7 +5,7 @@ GRPOTrainer._compute_loss in a real trainer whose forward pass returns this batc
 verl's policy losses, advantage estimators and rollout correction. Here the same batch goes through
 alignment/algo/ in paddle; the losses, their gradients with respect to the log-probs (and the entropies),
 the advantages and the weights must agree to float32 rounding. Where the definitions differ, the comment of
-each case says how the two are set to mean the same thing (README, "GRPO variants").
+each case says how the two are set to mean the same thing (docs/architecture.md, "GRPO variants").
 """
 
 import os

@@ -274,7 +274,8 @@ class GRPOConfig:
     overlong_filter: bool = _key(False, "Leave completions cut off at max_dec_len out of the loss (DAPO's overlong filtering).")
     reward_functions: list[str] = _key(
         ["accuracy", "format"],
-        "Reward functions by name (alignment/rewards; reward_model: the model at reward_model_name_or_path).",
+        "Reward functions by name (alignment/rewards; the Rewards page of docs/ lists them; reward_model: the model at "
+        "reward_model_name_or_path).",
     )
     reward_function_weights: Optional[list[float]] = _key(None, "One weight per reward function; default: all 1.0.")
     accuracy_function: str = _key("accuracy", "Reward function whose positive value counts as a correct answer for the accuracy metrics.")
@@ -285,31 +286,33 @@ class GRPOConfig:
     )
     reward_model_name_or_path: Optional[str] = _key(
         None,
-        "Sequence-classification reward model folder (one label), scored in process as the reward function reward_model.",
+        "Sequence-classification reward model folder (one label, with its tokenizer), scored in process as the reward function "
+        "reward_model.",
     )
-    cosine_min_len_value_wrong: float = _key(-0.5, "cosine reward of a wrong answer of length 0.")
-    cosine_max_len_value_wrong: float = _key(0.0, "cosine reward of a wrong answer of length cosine_max_len.")
-    cosine_min_len_value_correct: float = _key(1.0, "cosine reward of a correct answer of length 0.")
-    cosine_max_len_value_correct: float = _key(0.5, "cosine reward of a correct answer of length cosine_max_len.")
+    cosine_min_len_value_wrong: float = _key(-0.5, "cosine reward of a wrong answer of 0 tokens.")
+    cosine_max_len_value_wrong: float = _key(0.0, "cosine reward of a wrong answer of cosine_max_len tokens or more.")
+    cosine_min_len_value_correct: float = _key(1.0, "cosine reward of a correct answer of 0 tokens.")
+    cosine_max_len_value_correct: float = _key(0.5, "cosine reward of a correct answer of cosine_max_len tokens or more.")
     cosine_max_len: Optional[int] = _key(
         None,
-        "Length (tokens) at which the cosine reward reaches its max-length values; default: max_dec_len.",
+        "Length (tokens, 1 to 2^24) at which the cosine reward reaches its max-length values and stays; default: max_dec_len.",
     )
-    repetition_n_grams: int = _key(3, "n of the n-grams the repetition reward counts.")
+    repetition_n_grams: int = _key(3, "n of the word n-grams the repetition reward counts (1 to 1024).")
     repetition_max_penalty: float = _key(-1.0, "repetition reward of a completion made of one repeated n-gram (<= 0).")
     soft_max_length: Optional[int] = _key(
         None,
-        "soft_overlong reward: the length L_max (tokens) beyond which it is -1; default: max_dec_len.",
+        "soft_overlong reward: the length L_max (tokens, at most 2^24): -1 at and beyond it; default: max_dec_len.",
     )
     soft_cache_length: Optional[int] = _key(
         None,
-        "soft_overlong reward: the interval L_cache before L_max over which the penalty grows linearly from 0 to -1 (required with "
-        "soft_overlong).",
+        "soft_overlong reward: the interval L_cache (tokens, >= 1, < soft_max_length) before L_max over which the penalty grows linearly "
+        "from 0 to -1 (required with soft_overlong).",
     )
     reward_item_timeout: float = _key(
         10.0,
-        "Scoring in process: seconds one item may take; a slower one is an error (its reward NaN, never 0) and its worker process is "
-        "replaced (the reward server's --item_timeout).",
+        "Scoring in process (without use_rm_server): seconds one item may take. A slower one (a degenerate completion, a hung plugin) is "
+        "an error, its reward NaN and left out of its group, never 0, and its worker process is replaced; the rest of the batch is "
+        "scored. The reward server's --item_timeout.",
     )
     use_rm_server: bool = _key(False, "Score through the HTTP reward server at reward_server instead of in process.")
     reward_server: Optional[str] = _key(None, "Reward server address, http://host:port.")
@@ -318,7 +321,11 @@ class GRPOConfig:
         "v1 (POST /v1/score: per-function scores and per-item errors) or paddlenlp (POST /: totals only).",
         choices=["v1", "paddlenlp"],
     )
-    reward_server_timeout: float = _key(60.0, "Seconds to wait for one scoring request.")
+    reward_server_timeout: float = _key(
+        60.0,
+        "Seconds one scoring attempt may take, from connecting to the last byte of the answer (a limit on the whole exchange, not on each "
+        "read).",
+    )
     reward_server_retries: int = _key(3, "Retries of a failed request (with exponential backoff) before the run stops.")
     reward_server_api_key: Optional[str] = _key(None, "Bearer token for the reward server; default: $GRPO_REWARD_SERVER_API_KEY.")
     # Multi-turn rollouts with tools
@@ -348,17 +355,21 @@ class GRPOConfig:
         "Seconds one tool call may take (wall clock); a slower one is killed and answered with an error, and the episode goes on.",
     )
     tool_memory_mb: int = _key(512, "Address-space limit (MB) of a tool's process (python and plugin tools).")
-    tool_output_bytes: int = _key(4096, "Bytes of a tool's output kept; a tool that prints more is stopped and its answer says so.")
+    tool_output_bytes: int = _key(
+        4096,
+        "Bytes of a tool's output kept; a tool that prints more is stopped and its answer says so (verl's max_tool_response_length "
+        "counts characters).",
+    )
     tool_workers: int = _key(8, "Tool calls running at once.")
     max_tool_calls_per_turn: int = _key(
         4,
-        "Tool calls one model turn may make; the ones after are not run, and each is answered with an error that says so.",
+        "Tool calls one model turn may make; the ones after are not run, and one error answer says so.",
     )
     tool_isolation: str = _key(
         "bwrap",
         "How python and plugin tools are isolated: bwrap (each call in bubblewrap's namespaces: a read-only view of /usr and the Python "
         "installation only, no network, its own processes, a private folder; the run refuses to start where bubblewrap cannot run) or none "
-        "(no isolation, only the limits below: for code you trust; a warning at start). README: Security.",
+        "(no isolation, only the limits below: for code you trust; a warning at start). docs/security.md says what it promises.",
         choices=["bwrap", "none"],
     )
     tool_disk_mb: int = _key(64, "Size (MB) of a python or plugin tool call's private folder (a tmpfs): all the call may write.")
@@ -471,7 +482,11 @@ class GRPOConfig:
     logging_steps: int = _key(1, "Print a console line every this many steps (metrics.jsonl gets every step).")
     log_completions_per_step: int = _key(4, "Completions written to completions.jsonl per step (0: none).")
     save_steps: int = _key(0, "Save a checkpoint every this many steps (0: only at the end).")
-    save_total_limit: Optional[int] = _key(None, "Keep at most this many checkpoints (oldest removed first).")
+    save_total_limit: Optional[int] = _key(
+        None,
+        "Keep at most this many checkpoints of this run's lineage (the lowest steps removed first; never the one just saved nor the one "
+        "the run resumed from; other runs' checkpoints are not counted).",
+    )
     resume_from_checkpoint: Optional[str] = _key(
         None,
         "Continue a run from a checkpoint folder, or auto: the newest intact checkpoint of this run's lineage in output_dir (a fresh start "
@@ -601,7 +616,7 @@ def canonical_key(key: str, where: str) -> str:
     if key in ALIASES:
         return ALIASES[key]
     close = difflib.get_close_matches(key, sorted(KEYS | set(ALIASES)), n=1, cutoff=0.6)
-    hint = f"; did you mean '{close[0]}'?" if close else "; see the option table in README.md"
+    hint = f"; did you mean '{close[0]}'?" if close else "; see run_grpo.py --help or docs/configuration.md"
     raise ConfigError(f"{where}: unknown key '{key}'{hint}")
 
 
@@ -759,7 +774,9 @@ def _canonical_cli(args: list) -> tuple:
     out, lists, spelled, i = [], {}, {}, 0
     while i < len(args):
         if not args[i].startswith("--"):
-            raise ConfigError(f"command line: {args[i]!r} follows no --key (overrides are --key value; see the option table in README.md)")
+            raise ConfigError(
+                f"command line: {args[i]!r} follows no --key (overrides are --key value; see run_grpo.py --help or docs/configuration.md)"
+            )
         written, eq, attached = args[i][2:].partition("=")
         i += 1
         values = [attached] if eq else []

@@ -1,0 +1,61 @@
+"""mkdocs hooks (mkdocs.yml `hooks:`): the configuration page's option tables, generated at build time from
+the same source as `run_grpo.py --help` (alignment/run/config.py: the groups of `_groups()`, each key's type,
+default, aliases and help), so the page cannot drift from the code; and bench/, which stays where it is,
+served with the site (RESULTS.md as a page, the curves as images)."""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "<!-- the option tables are generated here by docs/hooks.py -->"
+SERVED = ["bench/RESULTS.md", *(f"bench/{p.name}" for p in sorted((ROOT / "bench").glob("*.png")))]
+
+
+def _config_module():
+    """alignment.run.config of this checkout (not of wherever .venv's editable install points), imported
+    as run_grpo.py imports it: the CPU runtime set and paddle's notices quieted first."""
+    sys.path.insert(0, str(ROOT))
+    from alignment.run.runtime import configure_cpu_runtime, import_paddle
+
+    configure_cpu_runtime()
+    import_paddle()
+    from alignment.run import config
+
+    return config
+
+
+def options_markdown() -> str:
+    """Every key, one table per group of --help: key, type, default (as JSON, as the file writes it), aliases, meaning."""
+    config = _config_module()
+    aliases = {}
+    for alias, key in config.ALIASES.items():
+        aliases.setdefault(key, []).append(f"`{alias}`")
+    out = []
+    for title, keys in config._groups():
+        out += [f"## {title}", "", "| key | type | default | aliases | meaning |", "|---|---|---|---|---|"]
+        for key in keys:
+            field = config.GRPOConfig.__dataclass_fields__[key]
+            default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+            meaning = field.metadata["help"].replace("|", "\\|")  # a bare pipe would end the cell (one in a code span does not)
+            cells = [f"`{key}`", f"`{config._type_name(key)}`", f"`{json.dumps(default)}`", ", ".join(aliases.get(key, [])), meaning]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def on_files(files, config):
+    for path in SERVED:
+        files.append(File(path, src_dir=str(ROOT), dest_dir=config["site_dir"], use_directory_urls=config["use_directory_urls"]))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri != "configuration.md":
+        return markdown
+    if MARKER not in markdown:
+        raise ValueError(f"docs/configuration.md has lost its marker line {MARKER!r}: the option tables have no place")
+    return markdown.replace(MARKER, options_markdown())
