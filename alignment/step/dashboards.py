@@ -161,8 +161,8 @@ class WandbBoard:
             )
         except wandb.errors.Error as e:
             raise ConfigError(
-                f"report_to wandb: the W&B run could not start: {e}; without a network or an API key, set WANDB_MODE=offline "
-                f"and upload later with wandb sync"
+                f"report_to wandb: the W&B run could not start: {str(e).rstrip('.')}; without a network or an API key, set "
+                f"WANDB_MODE=offline and upload later with wandb sync"
             ) from None
         id_file.write_text(self.run.id)
         if run_id is None:
