@@ -46,16 +46,26 @@ def end_message(config: GRPOConfig, checkpoint) -> str:
     """Where everything went, and commands that work as printed: the tools of the interpreter that trained
     (.venv/bin/... after make train), so nothing needs activating first."""
     python = _shown(sys.executable)
-    visualdl = Path(sys.executable).parent / "visualdl"  # a console script installed beside the interpreter
-    visualdl = _shown(visualdl) if visualdl.is_file() else shutil.which("visualdl") or "visualdl"
+    logs, wandb_files = config.resolved_logging_dir, f"{os.environ.get('WANDB_DIR') or config.output_dir}/wandb"
+    dashboards = {
+        "visualdl": f"{shlex.join([_tool('visualdl'), '--logdir', logs, '--port', '8040', '--language', 'en'])}"
+                    f"    # then open http://localhost:8040/app/scalar",
+        "tensorboard": f"{shlex.join([_tool('tensorboard'), '--logdir', logs, '--port', '6006'])}    # then open http://localhost:6006",
+        "wandb": f"{wandb_files}    # offline runs (WANDB_MODE=offline): {_tool('wandb')} sync {shlex.quote(wandb_files)}/offline-run-*",
+    }
     return (
         f"\ncheckpoint: {checkpoint}\n"
         f"metrics:    {config.output_dir}/metrics.jsonl (completions: {config.output_dir}/completions.jsonl)\n"
         f"curves:     {config.output_dir}/curves.png\n"
-        f"dashboard:  {shlex.join([visualdl, '--logdir', config.resolved_logging_dir, '--port', '8040', '--language', 'en'])}"
-        f"    # then open http://localhost:8040/app/scalar\n"
-        f"chat:       {shlex.join([python, '-m', 'alignment.chat', str(checkpoint)])}"
+        + "".join(f"{name + ':':<11} {dashboards[name]}\n" for name in config.report_to if name in dashboards)
+        + f"chat:       {shlex.join([python, '-m', 'alignment.chat', str(checkpoint)])}"
     )
+
+
+def _tool(name: str) -> str:
+    """A console script installed beside the interpreter (.venv/bin/visualdl), else the one on PATH."""
+    beside = Path(sys.executable).parent / name
+    return _shown(beside) if beside.is_file() else shutil.which(name) or name
 
 
 def _shown(path) -> str:

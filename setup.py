@@ -46,6 +46,10 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "cpu": ["paddlepaddle==3.3.1"],
+        # report_to's other dashboards (alignment/step/dashboards.py); VisualDL, the default, is a requirement above.
+        # tensorboardX writes TensorBoard's event files without torch or TensorFlow.
+        "tensorboard": ["tensorboardX>=2.6"],
+        "wandb": ["wandb>=0.19"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
@@ -54,6 +58,11 @@ setup(
             "schemathesis==4.32.5",
             "hypothesis==6.170.15",
             "openapi-spec-validator==0.9.0",
+            # report_to: the writers, and the readers the tests read their files back with (tensorboard's EventAccumulator;
+            # wandb's own `wandb leet inspect --json`, which 0.31 has)
+            "tensorboardX==2.6.5",
+            "tensorboard==2.21.0",
+            "wandb==0.31.0",
             *DOCS,  # make test builds the documentation site
         ],
         "docs": DOCS,

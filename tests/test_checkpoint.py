@@ -302,12 +302,13 @@ def test_previous_run_files_are_the_runs_own(tmp_path):
     (tmp_path / "launch_log").mkdir()  # paddle.distributed.launch's --log_dir, made before the run starts
     (tmp_path / "notes.txt").write_text("the user's own")
     assert previous_run_files(str(tmp_path), str(tmp_path / "vdl_log")) == []
-    for name in ("metrics.jsonl", "grpo_config.json"):
+    for name in ("metrics.jsonl", "grpo_config.json", "wandb_run_id"):
         (tmp_path / name).write_text("{}")
     (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "wandb").mkdir()  # report_to wandb's folder
     (tmp_path / "vdl_log").mkdir()
     (tmp_path / "vdl_log" / "vdlrecords.1.log").write_text("")
     found = previous_run_files(str(tmp_path), str(tmp_path / "vdl_log"))
-    assert [p.name for p in found] == ["checkpoint-3", "grpo_config.json", "metrics.jsonl", "vdl_log"]
+    assert [p.name for p in found] == ["checkpoint-3", "grpo_config.json", "metrics.jsonl", "wandb", "wandb_run_id", "vdl_log"]
     remove_previous_run(found)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["launch_log", "notes.txt"]

@@ -16,6 +16,7 @@ import pytest
 from processes import stop
 from reward_servers import free_port
 
+from alignment.step.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger
 
 pytestmark = pytest.mark.browser
@@ -44,7 +45,8 @@ def dashboard(tmp_path_factory):
     """(url, logdir) of a running `visualdl` serving a three-tag log."""
     folder = tmp_path_factory.mktemp("dashboard")
     logdir = str(folder / "vdl_log")
-    logger = RunLogger(str(folder), logdir, logging_steps=1, total_steps=5, first_step=0, enabled=True)
+    boards = DashboardSettings(("visualdl",), logdir, str(folder), {})
+    logger = RunLogger(str(folder), boards, logging_steps=1, total_steps=5, first_step=0, enabled=True)
     evaluations = dict(SCALARS["validation/accuracy"])
     logger.log_eval(0, {"eval_accuracy": evaluations[0]})  # eval_on_start: the evaluation is written first
     for (step, reward), (_, accuracy) in zip(SCALARS["train/reward_mean"], SCALARS["train/accuracy"]):

@@ -195,11 +195,11 @@ def test_the_end_message_gives_commands_that_work_as_printed(tmp_path):
     out = tmp_path / "out"
     done = run_grpo(*RUN, "--output_dir", str(out))
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    printed = dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith(("checkpoint:", "dashboard:", "chat:")))
+    printed = dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith(("checkpoint:", "visualdl:", "chat:")))
     checkpoint = printed["checkpoint"].strip()
     assert (Path(checkpoint) / "trainer_state.json").is_file()
 
-    dashboard = shlex.split(printed["dashboard"].split("#")[0])
+    dashboard = shlex.split(printed["visualdl"].split("#")[0])
     bin_dir = os.path.relpath(Path(sys.executable).parent, REPO)  # .venv/bin here: the interpreter's own, nothing to activate
     assert dashboard[0] == f"{bin_dir}/visualdl" and os.access(REPO / dashboard[0], os.X_OK), dashboard
     assert dashboard[1:3] == ["--logdir", f"{out}/vdl_log"] and any((out / "vdl_log").iterdir())

@@ -34,6 +34,7 @@ from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES
 from alignment.algo.schedule import SCHEDULES
 from alignment.errors import ConfigError
 from alignment.run.checks import check, show
+from alignment.step.dashboards import DASHBOARDS, NONE, DashboardSettings
 
 
 # verl's loss_mode values, stored as the surrogates they are
@@ -478,7 +479,15 @@ class GRPOConfig:
     )
     max_evaluate_steps: int = _key(-1, "Evaluation batches per process at most (-1: the whole eval_datasets).")
     output_dir: str = _key("output", "Run folder: checkpoints, metrics.jsonl, completions.jsonl, the resolved config.")
-    logging_dir: Optional[str] = _key(None, "VisualDL log folder; default: <output_dir>/vdl_log.")
+    report_to: list[str] = _key(
+        ["visualdl"],
+        "Dashboards that get the run's scalars (train/<key> every step, validation/<key> at each evaluation, the same names on "
+        "each): visualdl, tensorboard (event files in logging_dir; pip install tensorboardX), wandb (Weights & Biases: project "
+        "$WANDB_PROJECT or paddle-grpo, files under $WANDB_DIR or output_dir, WANDB_MODE=offline without a network; pip install "
+        "wandb), or none. metrics.jsonl is written whatever this says.",
+        choices=[*DASHBOARDS.names(), NONE],
+    )
+    logging_dir: Optional[str] = _key(None, "VisualDL's and TensorBoard's log folder; default: <output_dir>/vdl_log.")
     logging_steps: int = _key(1, "Print a console line every this many steps (metrics.jsonl gets every step).")
     log_completions_per_step: int = _key(4, "Completions written to completions.jsonl per step (0: none).")
     save_steps: int = _key(0, "Save a checkpoint every this many steps (0: only at the end).")
@@ -517,6 +526,10 @@ class GRPOConfig:
     def resolved_environment(self) -> Optional[str]:
         """The environment of multi-turn rollouts; None: single-turn."""
         return self.environment or ("tools" if self.tools else None)
+
+    def dashboard_settings(self) -> DashboardSettings:
+        boards = tuple(name for name in self.report_to if name != NONE)
+        return DashboardSettings(boards, self.resolved_logging_dir, self.output_dir, json.loads(self.to_json()))
 
     def reward_settings(self):
         from alignment.rewards import RewardSettings
@@ -694,10 +707,14 @@ def _scalar(kind: type, value, key: str, where: str):
     }[kind]
     if not ok:
         raise ConfigError(f"{where} must be {expected}, got {show(value)}")
+    _check_choice(key, value, where)
+    return float(value) if kind is float else value
+
+
+def _check_choice(key: str, value, where: str) -> None:
     choices = GRPOConfig.__dataclass_fields__[key].metadata.get("choices")
     if choices is not None and value not in choices:
         raise ConfigError(f"{where}: invalid choice {show(value)} (choose from {', '.join(map(json.dumps, choices))})")
-    return float(value) if kind is float else value
 
 
 def _finite(number) -> bool:
@@ -745,11 +762,12 @@ def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list:
 def _type_name(key: str) -> str:
     kind, _ = _value_type(key)
     choices = GRPOConfig.__dataclass_fields__[key].metadata.get("choices")
-    if choices:
-        return "{" + ",".join(c or '""' for c in choices) + "}"
+    one = "{" + ",".join(c or '""' for c in choices) + "}" if choices else None
     if typing.get_origin(kind) is list:
         item = typing.get_args(kind)[0].__name__.upper()
-        return f"{item} [{item} ...]"
+        return f"{one} [...]" if one else f"{item} [{item} ...]"
+    if one:
+        return one
     return "[true|false]" if kind is bool else kind.__name__.upper()
 
 
@@ -801,6 +819,8 @@ def _canonical_cli(args: list) -> tuple:
                 raise ConfigError(f"command line: {shown} takes one or more values, got none")
             (item,) = typing.get_args(kind)
             lists[name] = [_from_text(item, v, f"command line: {shown}") for v in values]
+            for value in lists[name]:  # argparse checks the choices of the keys it parses, not of these
+                _check_choice(name, value, f"command line: {shown}")
         else:
             if len(values) != 1:
                 raise ConfigError(f"command line: {shown} takes one value" + (f"; left over: {values[1:]}" if values else ", got none"))
@@ -871,6 +891,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     _check_evaluation(c)
     preflight.check_resume(c)
     _check_logging_and_checkpoints(c)
+    preflight.check_dashboards_installed(c)
     preflight.check_output_folders(c)
     system_prompt, chat_template = preflight.read_prompts(c)
     return dataclasses.replace(
@@ -1245,6 +1266,11 @@ def _check_evaluation(c: GRPOConfig) -> None:
 
 
 def _check_logging_and_checkpoints(c: GRPOConfig) -> None:
+    check(len(set(c.report_to)) == len(c.report_to), f"report_to = {show(c.report_to)} names a dashboard twice")
+    check(
+        NONE not in c.report_to or c.report_to == [NONE],
+        f"report_to = {show(c.report_to)}: none means no dashboard, so it goes alone",
+    )
     check(c.eval_steps >= 0 and c.save_steps >= 0, "eval_steps and save_steps must be >= 0")
     check(c.logging_steps >= 1, "logging_steps must be at least 1")
     check(c.log_completions_per_step >= 0, "log_completions_per_step must be >= 0")

@@ -1,5 +1,5 @@
 """The checks of a config that look outside it: files and folders, the model's config.json, plugins (and the reward
-functions, tools and environments they register), /proc/cpuinfo, CUDA, bubblewrap.
+functions, tools and environments they register), /proc/cpuinfo, CUDA, bubblewrap, the dashboards' packages.
 
 validate() in alignment/run/config.py calls each of these right after the value checks of its section, in the order
 the checks ran when they were one function, so a config with several mistakes is refused for the same first one.
@@ -158,6 +158,14 @@ def check_output_folders(c: GRPOConfig) -> None:
         if blocker:
             in_the_way = "is a file, not a folder" if blocker == Path(folder) else f"cannot be made: '{blocker}' is a file"
             raise ConfigError(f"{key}: '{folder}' {in_the_way}")
+
+
+def check_dashboards_installed(c: GRPOConfig) -> None:
+    from alignment.step.dashboards import NONE, missing_package
+
+    for name in c.report_to:
+        install = None if name == NONE else missing_package(name)
+        check(install is None, f"report_to {name}: its package is not installed in this environment: {install}")
 
 
 def read_prompts(c: GRPOConfig) -> tuple:

@@ -59,6 +59,7 @@ from safetensors.paddle import load_file, save_file
 from alignment.errors import CheckpointError
 from alignment.models.lora import has_lora, save_adapter
 from alignment.models.modeling import save_model
+from alignment.step.dashboards import WANDB_RUN_ID
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 LEFTOVER_RE = re.compile(r"^\.checkpoint-\d+\.(tmp|old)$")  # staging and set-aside folders of a save cut short
@@ -238,7 +239,8 @@ def settings_changes(recorded: dict, recorded_processes: int | None, current: di
     return refused, allowed
 
 
-RUN_FILES = ("grpo_config.json", "metrics.jsonl", "completions.jsonl", "curves.png")
+# wandb: W&B's folder (report_to wandb) unless WANDB_DIR puts it elsewhere
+RUN_FILES = ("grpo_config.json", "metrics.jsonl", "completions.jsonl", "curves.png", "wandb", WANDB_RUN_ID)
 
 
 def previous_run_files(output_dir: str, logging_dir: str) -> list:

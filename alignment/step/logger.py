@@ -1,11 +1,11 @@
-"""Where a run reports: a progress bar and a console line every logging_steps, VisualDL scalars under
-logging_dir, and under output_dir metrics.jsonl (one JSON object per step, one per evaluation) and
-completions.jsonl (a sample of each step's completions with their rewards and advantages).
-Only the main process writes.
+"""Where a run reports: a progress bar and a console line every logging_steps, the scalars on the dashboards of
+report_to (alignment/step/dashboards.py: VisualDL by default), and under output_dir metrics.jsonl (one JSON object
+per step, one per evaluation) and completions.jsonl (a sample of each step's completions with their rewards and
+advantages). Only the main process writes.
 
 A fresh run starts both files anew. A resumed run cuts them back to the sizes its checkpoint recorded
 (`offsets()` at save time) and appends, so records of steps after that checkpoint, written before a
-crash, are replaced rather than repeated."""
+crash, are replaced rather than repeated; its dashboards are given the cut metrics.jsonl's records."""
 
 import contextlib
 import json
@@ -15,15 +15,12 @@ import os
 from tqdm import tqdm
 
 from alignment.errors import LogWriteError
+from alignment.step.dashboards import DashboardSettings, open_boards, record_scalars
 
 METRICS, COMPLETIONS = "metrics.jsonl", "completions.jsonl"
 CONSOLE_KEYS = (
     "reward_mean", "accuracy", "loss", "kl", "entropy", "response_length_mean", "lr", "rollout/staleness", "time/step", "memory/peak_gb",
 )
-# VisualDL groups charts by a tag's first path component, sorts the groups by name and opens only the first:
-# "train" sorts before "validation", so the dashboard opens on the training reward, the first chart of its
-# group (steps log reward_mean first). Evaluation tags drop metrics.jsonl's eval_ prefix: validation/accuracy.
-TRAIN_GROUP, EVAL_GROUP = "train", "validation"
 
 
 @contextlib.contextmanager
@@ -43,34 +40,34 @@ def _jsonable(value):
 
 class RunLogger:
     def __init__(
-        self, output_dir: str, logging_dir: str, logging_steps: int, total_steps: int, first_step: int, enabled: bool,
+        self, output_dir: str, dashboards: DashboardSettings, logging_steps: int, total_steps: int, first_step: int, enabled: bool,
         resume_offsets: dict | None = None,
     ):
         self.enabled, self.logging_steps = enabled, logging_steps
         if not enabled:
             return
-        from visualdl import LogWriter
-
         os.makedirs(output_dir, exist_ok=True)
         self.metrics = _open_log(os.path.join(output_dir, METRICS), resume_offsets)
         self.completions = _open_log(os.path.join(output_dir, COMPLETIONS), resume_offsets)
-        self.vdl = LogWriter(logdir=logging_dir)
+        replay = None if resume_offsets is None else _written_scalars(self.metrics)
+        with _writing(f"the dashboards' logs in {dashboards.logging_dir}"):
+            self.boards = open_boards(dashboards, replay)
         self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True)
 
-    def _write(self, record: dict, group: str, step: int) -> None:
+    def _write(self, record: dict) -> None:
         with _writing(self.metrics.name):
             self.metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
             self.metrics.flush()
-        with _writing(f"the VisualDL log in {self.vdl.logdir}"):
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self.vdl.add_scalar(tag=f"{group}/{key.removeprefix('eval_')}", value=float(value), step=step)
-            self.vdl.flush()
+        step, scalars = record_scalars(record)
+        for board in self.boards:
+            with _writing(board.where):
+                board.add(step, scalars)
+                board.flush()
 
     def log_step(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self._write({"step": step, **metrics}, TRAIN_GROUP, step)
+        self._write({"step": step, **metrics})
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.3f}")
         if step % self.logging_steps == 0:
@@ -80,7 +77,7 @@ class RunLogger:
     def log_eval(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self._write({"step": step, **metrics}, EVAL_GROUP, step)
+        self._write({"step": step, **metrics})
         shown = " ".join(f"{k}={_short(v)}" for k, v in metrics.items())
         self.bar.write(f"eval at step {step}: {shown}")
 
@@ -113,8 +110,9 @@ class RunLogger:
     def close(self) -> None:
         if self.enabled:
             self.bar.close()
-            with _writing(f"the VisualDL log in {self.vdl.logdir}"):
-                self.vdl.close()
+            for board in self.boards:
+                with _writing(board.where):
+                    board.close()
             for log in (self.metrics, self.completions):  # a file's last buffered bytes are written here
                 with _writing(log.name):
                     log.close()
@@ -129,6 +127,13 @@ def _open_log(path: str, resume_offsets: dict | None):
         log.truncate(min(offset, os.path.getsize(path)))
     log.seek(0, os.SEEK_END)
     return log
+
+
+def _written_scalars(log) -> list:
+    """A resumed run's metrics.jsonl, already cut back to its checkpoint -> [(step, {tag: value})] for the dashboards."""
+    with open(log.name) as records:
+        # a line not ended by a newline is one a crash cut short (a checkpoint older than log_offsets keeps all the file)
+        return [record_scalars(json.loads(line)) for line in records if line.endswith("\n")]
 
 
 def _short(value) -> str:

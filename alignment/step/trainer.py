@@ -56,7 +56,7 @@ def train(config: GRPOConfig) -> Path:
         names = [name for name, _ in trained_parameters(parts.model)]
         link.publish(RunPlan(data.tokenizer_folder, *sources, first_step, data.total_steps, link.pending is not None, names))
     logger = RunLogger(
-        config.output_dir, config.resolved_logging_dir, config.logging_steps, data.total_steps, first_step, world.is_main,
+        config.output_dir, config.dashboard_settings(), config.logging_steps, data.total_steps, first_step, world.is_main,
         resume_offsets=state.get("log_offsets", {}) if resume else None,  # {}: a checkpoint older than the offsets: append
     )
     sampler = Sampler(parts.engine, parts.scorer, data.tokenizer, config, world, parts.sampling)
