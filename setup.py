@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8",  # alignment/curves.py draws curves.png (visualdl pulls it in too)
     "math-verify==0.9.0",
     "tqdm>=4.66",
+    "scipy>=1.11",  # alignment/algo/eval_stats.py: the Wilson interval, the t quantile and the exact binomial test
     # The reward server and its client (reward_server/, alignment/rewards/remote.py), at the versions tested.
     # httpx 0.28 is what paddlepaddle 3.3.1 already pulls in.
     "fastapi==0.165.0",

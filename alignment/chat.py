@@ -27,14 +27,13 @@ import_paddle()
 
 import paddle  # noqa: E402
 
-from alignment.errors import DataError, ModelLoadError  # noqa: E402
-from alignment.merge_lora import base_model_of  # noqa: E402
-from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
-from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids  # noqa: E402
+from alignment.errors import DataError, ExportError, ModelLoadError  # noqa: E402
+from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
+from alignment.models.modeling import load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
 from alignment.rollout.multi_turn import tool_schemas, with_environment  # noqa: E402
 from alignment.run.build import engine_settings, turn_settings  # noqa: E402
-from alignment.run.config import KEYS, GRPOConfig  # noqa: E402
+from alignment.run.config import GRPOConfig  # noqa: E402
 from alignment.run.data import encode_messages, read_prompt_records  # noqa: E402
 from alignment.tools.calls import parse_tool_calls  # noqa: E402
 from alignment.tools.environment import Episode  # noqa: E402
@@ -64,9 +63,7 @@ def parse_args(argv: list) -> argparse.Namespace:
 
 def chat_config(folder: Path, args: argparse.Namespace) -> GRPOConfig:
     """The training run's settings (grpo_config.json; defaults for a plain model folder) with the flags applied."""
-    saved = folder / "grpo_config.json"
-    trained = json.loads(saved.read_text()) if saved.is_file() else {}
-    config = GRPOConfig(**{key: value for key, value in trained.items() if key in KEYS})
+    config = GRPOConfig(**saved_settings(folder)[0])
     flags = {name: getattr(args, name) for name in [*OVERRIDES, "use_fusemt"] if getattr(args, name) is not None}
     if "system_prompt" in flags and Path(flags["system_prompt"]).is_file():
         flags["system_prompt"] = Path(flags["system_prompt"]).read_text()
@@ -123,21 +120,14 @@ def print_episode(episode: Episode) -> None:
 
 def main(argv: list | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    folder = Path(args.model)
-    lora = (folder / ADAPTER_CONFIG).is_file()
-    if not (folder / "config.json").is_file() and not lora:
-        print(f"chat: error: {folder} is not a model folder (no config.json there) nor a LoRA checkpoint", file=sys.stderr)
-        return 2
-    config = chat_config(folder, args)
     try:
+        folder = model_folder(args.model)
+        config = chat_config(folder, args)
         tokenizer = load_tokenizer(str(folder))
-        model = load_causal_lm(base_model_of(folder) if lora else str(folder))
-    except ModelLoadError as e:  # a damaged folder: one line naming the file
+        model = load_model(folder)
+    except (ModelLoadError, ExportError) as e:  # a damaged folder: one line naming the file
         print(f"chat: error: {e}", file=sys.stderr)
         return 2
-    if lora:
-        merge_adapter(model, folder)
-    model.eval()
     engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)
     multi_turn = with_environment(engine, tokenizer, turn_settings(config))  # the engine itself without tools
     sampling = SamplingParams(

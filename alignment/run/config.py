@@ -914,6 +914,35 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     )
 
 
+def validate_generation(c: GRPOConfig) -> GRPOConfig:
+    """validate()'s checks and derived values for what generating and scoring read, for a config that trains nothing
+    (python -m alignment.evaluate: a saved run's settings with flags applied): lengths, sampling, the reward functions
+    and their weights, the tools and environment, the reward server, the system prompt and chat template as text."""
+    from alignment.run import preflight
+
+    _check_numbers_fit(c)
+    _check_lengths(c)
+    _check_sampling(c)
+    _check_reward_functions_named(c)
+    preflight.load_reward_functions(c)
+    _check_reward_model_paired(c)
+    preflight.check_reward_model_folder(c)
+    reward_settings, weights = _reward_shaping(c)
+    preflight.check_tools_registered(c)
+    _check_multi_turn(c)
+    preflight.check_tool_isolation(c)
+    _check_reward_server(c)
+    system_prompt, chat_template = preflight.read_prompts(c)
+    return dataclasses.replace(
+        c,
+        cosine_max_len=reward_settings.cosine_max_len,
+        soft_max_length=reward_settings.soft_max_length,
+        reward_function_weights=[float(w) for w in weights],
+        system_prompt=system_prompt,
+        chat_template=chat_template,
+    )
+
+
 def _check_numbers_fit(c: GRPOConfig) -> None:
     """From the file or the command line: no key gives inf or NaN a meaning."""
     for f in dataclasses.fields(c):

@@ -13,20 +13,31 @@ from alignment.step.rollout import Sampler
 from alignment.step.scoring import reported_reward_functions, score_rollout
 
 
+def greedy_and_sampled(sampler: Sampler, prompts: list, k: int, sampling: SamplingParams) -> tuple:
+    """Evaluation's decoding of some prompts, scored as training scores: each decoded greedily and, with k > 0, sampled
+    k times at `sampling` (whose first_row places the prompts in the evaluation's rows) -> (the greedy ScoredBatch,
+    the sampled one or None)."""
+    engine, scorer, tokenizer, config = sampler.engine, sampler.scorer, sampler.tokenizer, sampler.config
+    greedy = SamplingParams(max_new_tokens=config.max_dec_len, greedy=True)
+    scored = score_rollout(prompts, generate(engine, prompts, 1, greedy), scorer, tokenizer, config)
+    if not k:
+        return scored, None
+    return scored, score_rollout(prompts, generate(engine, prompts, k, sampling), scorer, tokenizer, config)
+
+
 def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
     """Greedy decoding of the evaluation prompts (a contiguous slice per rank, at most max_evaluate_steps
     batches each), scored like training. With eval_rollout_n = k, also k samples per prompt at the training
     sampling settings: mean@k is the samples' mean accuracy, pass@k the fraction of prompts with at least
     one correct sample. -> (metrics, None), or (None, the error) when scoring failed in any process: the
     failure travels in the one all-reduce, so no process is left waiting."""
-    engine, scorer, tokenizer, config, world = sampler.engine, sampler.scorer, sampler.tokenizer, sampler.config, sampler.world
+    config, world = sampler.config, sampler.world
     sampling = dataclasses.replace(sampler.sampling, seed=seed_phase(config, step, world.rank, "eval"))
     share = -(-len(prompts) // world.size)
     first, end = world.rank * share, min((world.rank + 1) * share, len(prompts))  # this rank's prompts
     size, k = config.per_device_eval_batch_size, config.eval_rollout_n
     starts = range(first, end, size)
     starts = starts[: config.max_evaluate_steps] if config.max_evaluate_steps > 0 else starts
-    greedy = SamplingParams(max_new_tokens=config.max_dec_len, greedy=True)
     columns = reported_reward_functions(config)
     names = ["count", "correct", "length", "truncated", "reward_sum", "valid", "mean@k", "pass@k", "failed"]
     names += [f"reward/{c}" for c in columns] + ["called_tools", "useful_calls"]
@@ -35,10 +46,8 @@ def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
         chunk = prompts[start : min(start + size, end)]
         mean_at_k = pass_at_k = np.zeros(len(chunk))
         try:
-            scored = score_rollout(chunk, generate(engine, chunk, 1, greedy), scorer, tokenizer, config)
+            scored, sampled = greedy_and_sampled(sampler, chunk, k, dataclasses.replace(sampling, first_row=start * k))
             if k:
-                samples = generate(engine, chunk, k, dataclasses.replace(sampling, first_row=start * k))
-                sampled = score_rollout(chunk, samples, scorer, tokenizer, config)
                 mean_at_k, pass_at_k = mean_and_pass_at_k(sampled.correct.reshape(len(chunk), k))
         except RewardServerError as error:
             failure = error

@@ -1,0 +1,297 @@
+"""Evaluate models on a data set, each problem scored by the rewards training uses, and compare them on the same problems:
+
+    python -m alignment.evaluate output/smollm2-arith/checkpoint-32 models/SmolLM2-135M-Instruct --data data/arith_one_step/test.jsonl
+    python -m alignment.evaluate MODEL.gguf --data test.jsonl --n 8 --temperature 0.6 --limit 100
+
+MODEL is a run's checkpoint folder (its grpo_config.json brings the run's system prompt, chat template, reward functions,
+data keys, max_dec_len, sampling settings and tools), a Hugging Face-layout folder (the trainer's defaults, or --config's
+run file), a LoRA checkpoint (its adapter merged into the run's base model) or a .gguf (imported once into --gguf_cache).
+Flags override each model's settings. Every problem is decoded greedily (accuracy: the accuracy function's value > 0, as
+in training's evaluation); --n K adds K samples per problem at the temperature for mean@K and pass@k. Each figure comes
+with a 95% confidence interval; with two or more models, each is compared with the first on the same problems (the paired
+difference of greedy accuracy, Newcombe's interval, and the exact McNemar test). Per-problem records go to
+OUTPUT/records.jsonl, the summary to OUTPUT/summary.json and the console. Bad input exits 2 with one line naming it.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from alignment.run.runtime import configure_cpu_runtime, import_paddle
+
+configure_cpu_runtime()
+import_paddle()
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from alignment.algo.eval_stats import mean_interval, paired_difference, pass_at_k, pass_at_k_values, wilson_interval  # noqa: E402
+from alignment.errors import ConfigError, DataError, ExportError, ModelLoadError, RewardServerError  # noqa: E402
+from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
+from alignment.models.modeling import load_tokenizer  # noqa: E402
+from alignment.parallel.distributed import World  # noqa: E402
+from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E402
+from alignment.run.build import load_prompts, rollout_engine, sampling_params  # noqa: E402
+from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
+from alignment.run.scorer import build_scorer  # noqa: E402
+from alignment.step.evaluation import greedy_and_sampled  # noqa: E402
+from alignment.step.rollout import Sampler  # noqa: E402
+
+OVERRIDES = {  # flag -> type; each defaults to the model's run's value
+    "system_prompt": str,
+    "max_dec_len": int,
+    "temperature": float,
+    "top_p": float,
+    "prompt_key": str,
+    "response_key": str,
+}
+SIGNIFICANCE = 0.05
+
+
+def parse_args(argv: list) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m alignment.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="+", metavar="MODEL",
+                        help="checkpoint folders, Hugging Face-layout folders, LoRA checkpoints or .gguf files")
+    parser.add_argument("--data", required=True,
+                        help="the problems: a .jsonl file in any layout the trainer reads, with a reference answer")
+    parser.add_argument("--n", type=int, default=0,
+                        help="samples per problem at the temperature, for mean@n and pass@k (default 0: greedy only)")
+    parser.add_argument("--limit", type=int, help="evaluate the first N problems only (default: all)")
+    parser.add_argument("--batch_size", type=int, default=32, help="problems decoded together (default 32)")
+    parser.add_argument("--seed", type=int, default=42, help="the samples' random seed, the same for every model (default 42)")
+    parser.add_argument("--output", help="folder for records.jsonl and summary.json (default: eval/<data folder>/<data file name>)")
+    parser.add_argument("--config", help="a run's grpo_argument.json whose settings apply to models without a grpo_config.json")
+    parser.add_argument("--gguf_cache", default="eval/imported",
+                        help="where a .gguf is imported, reused while unchanged (default eval/imported)")
+    parser.add_argument("--reward_funcs", nargs="+", help="reward functions of the registry, weight 1 each; the first also decides "
+                        "correctness (default: the run's reward_functions and accuracy_function)")
+    parser.add_argument("--use_fusemt", type=json.loads, choices=[True, False], default=True,
+                        help="true (default): the fused engine where its operators are built; false: the eager engine")
+    for name, kind in OVERRIDES.items():
+        parser.add_argument(f"--{name}", type=kind, help=f"default: the run's {name}")
+    args = parser.parse_args(argv)
+    for name, least in (("n", 0), ("limit", 1), ("batch_size", 1)):
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            parser.error(f"--{name} must be at least {least}")
+    return args
+
+
+def flags_given(args: argparse.Namespace) -> dict:
+    """The config keys the flags set, each model's own settings aside."""
+    flags = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
+    if args.reward_funcs:
+        flags |= {"reward_functions": args.reward_funcs, "reward_function_weights": None, "accuracy_function": args.reward_funcs[0]}
+    return flags | {"use_fusemt": args.use_fusemt, "prompt_truncation": "left"}  # every model sees every problem
+
+
+def model_config(folder: Path, args: argparse.Namespace) -> tuple:
+    """-> (the model's settings with the flags applied, validated for generating and scoring; where they came from)."""
+    settings, source = saved_settings(folder, args.config)
+    try:
+        config = GRPOConfig(**settings)
+    except TypeError as e:  # a saved value of the wrong shape
+        raise ConfigError(f"{source}: {e}") from None
+    return validate_generation(dataclasses.replace(config, **flags_given(args))), source
+
+
+@dataclasses.dataclass
+class Prepared:
+    """One model, its settings and its problems, ready before any model loads."""
+
+    label: str  # the path as given
+    folder: Path
+    config: GRPOConfig
+    source: str  # where its settings came from
+    tokenizer: object
+    prompts: list  # EncodedPrompts, the first --limit
+    truncated: int  # prompts cut from the left to max_prompt_len
+
+
+def prepare(label: str, args: argparse.Namespace) -> Prepared:
+    folder = model_folder(label, Path(args.gguf_cache))
+    config, source = model_config(folder, args)
+    tokenizer = load_tokenizer(str(folder), config.chat_template)
+    if config.resolved_environment:
+        check_template(tokenizer, tool_schemas(config.tools))
+    prompts, truncated, _ = load_prompts(args.data, tokenizer, config)
+    return Prepared(label, folder, config, source, tokenizer, prompts[: args.limit], truncated)
+
+
+def problem_records(model: Prepared, start: int, greedy, sampled, k: int) -> list:
+    """One record per problem of a batch: the greedy completion and its score, and the samples' counts."""
+    records = []
+    for i, prompt in enumerate(greedy.prompts):
+        reward = greedy.rewards[i]
+        record = {
+            "model": model.label, "problem": start + i, "source": prompt.record.source, "prompt": prompt.record.question,
+            "reference": prompt.record.answer, "completion": greedy.completions[i], "correct": bool(greedy.correct[i]),
+            "reward": None if np.isnan(reward) else float(reward),
+            "rewards": {name: None if np.isnan(v[i]) else float(v[i]) for name, v in greedy.reward_columns.items()},
+            "length": int(greedy.rollout.lengths[i]), "finish_reason": greedy.rollout.finish_reasons[i],
+        }
+        episodes = greedy.rollout.episodes
+        if episodes is not None:  # turns: what the rewards scored, the model's turns without the tools' answers
+            record |= {"turns": list(episodes[i].turns), "tool_calls": len(episodes[i].calls)}
+        if k:
+            rows = slice(i * k, (i + 1) * k)
+            rewards = sampled.rewards[rows]
+            record["samples_correct"] = int(sampled.correct[rows].sum())
+            record["samples_reward_mean"] = float(np.nanmean(rewards)) if np.isfinite(rewards).any() else None
+            if episodes is not None:
+                record["samples_tool_calls"] = sum(len(episode.calls) for episode in sampled.rollout.episodes[rows])
+        records.append(record)
+    return records
+
+
+def run_model(model: Prepared, args: argparse.Namespace) -> tuple:
+    """Greedy decoding of every problem, and --n samples of each -> (records, seconds, the engine's name)."""
+    started = time.perf_counter()
+    config = model.config
+    engine = rollout_engine(config, load_model(model.folder), model.tokenizer, False)
+    sampler = Sampler(engine, build_scorer(config), model.tokenizer, config, World(0, 1), sampling_params(config))
+    paddle.seed(args.seed)  # the eager engine's draws; the fused engine keys each row's on (seed, its row)
+    sampling = dataclasses.replace(sampler.sampling, seed=args.seed)
+    records = []
+    with tqdm(total=len(model.prompts), desc=model.label[-40:], unit="problem", dynamic_ncols=True) as bar:
+        for start in range(0, len(model.prompts), args.batch_size):
+            chunk = model.prompts[start : start + args.batch_size]
+            greedy, sampled = greedy_and_sampled(sampler, chunk, args.n, dataclasses.replace(sampling, first_row=start * args.n))
+            records += problem_records(model, start, greedy, sampled, args.n)
+            bar.update(len(chunk))
+    inner = getattr(engine, "engine", engine)  # a multi-turn engine wraps the one that generates
+    return records, time.perf_counter() - started, type(inner).__name__
+
+
+def interval(value: float, low: float, high: float, **more) -> dict:
+    return {"value": value, "low": low, "high": high, **more}
+
+
+def model_summary(model: Prepared, records: list, seconds: float, engine: str, k: int) -> dict:
+    correct = np.array([r["correct"] for r in records])
+    rewards = np.array([np.nan if r["reward"] is None else r["reward"] for r in records])
+    config = model.config
+    summary = {
+        "model": model.label,
+        "settings": {
+            "from": model.source, "system_prompt": config.system_prompt, "reward_functions": config.reward_functions,
+            "reward_function_weights": config.reward_function_weights, "accuracy_function": config.accuracy_function,
+            "max_dec_len": config.max_dec_len, "temperature": config.temperature, "top_p": config.top_p, "tools": config.tools,
+            "environment": config.resolved_environment, "engine": engine,
+        },
+        "problems": len(records),
+        "greedy_accuracy": interval(correct.mean(), *wilson_interval(int(correct.sum()), len(correct)), correct=int(correct.sum())),
+        "reward_mean": float(np.nanmean(rewards)) if np.isfinite(rewards).any() else None,
+        "length_mean": float(np.mean([r["length"] for r in records])),
+        "truncated_fraction": float(np.mean([r["finish_reason"] == "length" for r in records])),
+        "prompts_cut": model.truncated,
+        "seconds": round(seconds, 1),
+    }
+    if k:
+        counts = [r["samples_correct"] for r in records]
+        summary[f"mean@{k}"] = interval(*mean_interval(np.array(counts) / k))
+        for j in pass_at_k_values(k):
+            summary[f"pass@{j}"] = interval(*mean_interval(np.array([pass_at_k(k, c, j) for c in counts])))
+    return summary
+
+
+def comparison(first: list, second: list) -> dict:
+    """second's records against first's, problem by problem."""
+    paired = paired_difference(np.array([r["correct"] for r in first]), np.array([r["correct"] for r in second]))
+    return {"baseline": first[0]["model"], "model": second[0]["model"], **paired, "significant": paired["mcnemar_p"] < SIGNIFICANCE}
+
+
+def percent(figure: dict) -> str:
+    return f"{100 * figure['value']:5.1f}% [{100 * figure['low']:4.1f}, {100 * figure['high']:5.1f}]"
+
+
+def settings_notes(models: list, flags: set) -> list:
+    """A line per model saying where its settings came from, and the settings that score it differently from the first."""
+    lines = []
+    first = models[0]["settings"]
+    for i, model in enumerate(models, 1):
+        settings = model["settings"]
+        lines.append(f"[{i}] {model['model']}: settings from {settings['from']}" + (f"; flags: {', '.join(sorted(flags))}" if flags else "")
+                     + f"; {settings['engine']}")
+        differ = [key for key in ("system_prompt", "reward_functions", "reward_function_weights", "accuracy_function", "max_dec_len",
+                                  "temperature", "top_p", "tools")
+                  if settings[key] != first[key]]
+        if differ:
+            lines.append(f"    note: scored with other {', '.join(differ)} than [1] "
+                         "(each model keeps its run's settings unless a flag sets them)")
+    return lines
+
+
+def report(summary: dict) -> str:
+    """The console's account of summary.json: the settings, a table of the models, and each comparison with the first."""
+    k, models = summary["n"], summary["models"]
+    lines = [f"{summary['problems']} problems of {summary['data']}, greedy decoding"
+             + (f" and {k} samples each at each model's temperature" if k else "") + "; 95% confidence intervals"]
+    lines += settings_notes(models, set(summary["flags"]))
+    width = max(len(m["model"]) for m in models) + 5
+    columns = ["greedy accuracy"] + ([f"mean@{k}", f"pass@{k}"] if k else [])
+    lines.append("".join(["model".ljust(width), *(c.ljust(24) for c in columns), "reward  length  seconds"]))
+    for i, model in enumerate(models, 1):
+        figures = [model["greedy_accuracy"]] + ([model[f"mean@{k}"], model[f"pass@{k}"]] if k else [])
+        reward = "-" if model["reward_mean"] is None else f"{model['reward_mean']:.3f}"
+        lines.append("".join([f"[{i}] {model['model']}".ljust(width), *(percent(f).ljust(24) for f in figures),
+                              f"{reward:>6}  {model['length_mean']:6.1f}  {model['seconds']:7.1f}"]))
+    for j, pair in enumerate(summary["comparisons"], 2):
+        verdict = ("beyond noise at the 5% level" if pair["significant"] else
+                   "within noise at the 5% level: these problems do not tell the two models apart")
+        lines.append(
+            f"[{j}] against [1] on the same {summary['problems']} problems: greedy accuracy {100 * pair['difference']:+.1f} points, "
+            f"95% interval [{100 * pair['low']:+.1f}, {100 * pair['high']:+.1f}] (Newcombe, paired);\n    right only with [1]: "
+            f"{pair['only_first']}, only with [{j}]: {pair['only_second']}; exact McNemar p = {pair['mcnemar_p']:.3g}. "
+            f"The difference is {verdict}."
+        )
+    return "\n".join(lines)
+
+
+def default_output(data: str) -> Path:
+    path = Path(data.split(",")[0])
+    return Path("eval", path.parent.name, path.stem) if path.parent.name else Path("eval", path.stem)
+
+
+def write_results(output: Path, records: list, summary: dict) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    with open(output / "records.jsonl", "w") as f:
+        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for model in records for record in model)
+    (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+
+
+def main(argv: list | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    output = Path(args.output) if args.output else default_output(args.data)
+    try:
+        prepared = [prepare(label, args) for label in args.models]  # every model's settings and problems before any loads
+        records, summaries = [], []
+        for model in prepared:
+            model_records, seconds, engine = run_model(model, args)
+            records.append(model_records)
+            summaries.append(model_summary(model, model_records, seconds, engine, args.n))
+        summary = {
+            "data": args.data, "problems": len(records[0]), "n": args.n, "seed": args.seed,
+            "flags": sorted(set(flags_given(args)) - {"use_fusemt", "prompt_truncation", "reward_function_weights", "accuracy_function"}),
+            "models": summaries, "comparisons": [comparison(records[0], other) for other in records[1:]],
+            "methods": {
+                "greedy_accuracy": "Wilson score interval", "mean@n, pass@k": "Student t interval over problems",
+                "pass@k": "unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)",
+                "difference": "Newcombe's paired interval (method 10) of the second model's greedy accuracy minus the first's",
+                "mcnemar_p": "exact two-sided McNemar test: binomial(b + c, 1/2) on the discordant problems",
+            },
+        }
+        write_results(output, records, summary)
+    except (ConfigError, DataError, ModelLoadError, ExportError, RewardServerError, OSError) as e:
+        print(f"evaluate: error: {e}", file=sys.stderr)
+        return 2
+    print(report(summary))
+    print(f"per-problem records: {output / 'records.jsonl'}; summary: {output / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
