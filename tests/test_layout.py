@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "alignment"
 # Layers from the top down: a module may import its own layer's modules and those below, never above.
 LAYERS = [
     ("alignment.step.trainer",),
-    ("alignment.rollout.worker", "alignment.chat", "alignment.export", "alignment.merge_lora", "alignment.curves"),
+    ("alignment.rollout.worker", "alignment.chat", "alignment.export", "alignment.merge_lora", "alignment.curves", "alignment.launch"),
     ("alignment.step",),  # the step's phases
     ("alignment.run",),  # setting a run up: config, preflight, start, the one builder of its parts
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",

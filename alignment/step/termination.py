@@ -1,6 +1,9 @@
 """Stopping cleanly on SIGTERM and Ctrl-C."""
 
+import os
+import shlex
 import signal
+import sys
 
 import numpy as np
 
@@ -33,3 +36,18 @@ class TerminationRequest:
 
     def agreed(self, world: World) -> bool:
         return bool(world.max(np.array([float(self.requested is not None)]))[0])  # every rank stops after the same step
+
+
+def resume_command() -> str:
+    """The command that continues this run from its last checkpoint: the launch command alignment.launch passed on
+    (GRPO_LAUNCH_COMMAND), or this process's own command line when it runs alone, each with
+    --resume_from_checkpoint auto appended (a key given twice keeps its last value). Under paddle's launcher itself
+    the command line is not known here."""
+    if "GRPO_LAUNCH_COMMAND" in os.environ:
+        command = os.environ["GRPO_LAUNCH_COMMAND"]
+    elif "PADDLE_TRAINER_ID" in os.environ:
+        return "the same command with --resume_from_checkpoint auto"
+    else:
+        python = os.path.relpath(sys.executable)
+        command = shlex.join([python if not python.startswith("..") else sys.executable, *sys.argv])
+    return f"{command} --resume_from_checkpoint auto"
