@@ -24,6 +24,7 @@ import io
 import logging
 import os
 import sys
+import types
 import warnings
 
 
@@ -87,6 +88,23 @@ def import_paddle():
             print(line, file=sys.stderr)
     _report_only_flags_set_by_the_user()
     return paddle
+
+
+class _PaddleOnFirstUse(types.ModuleType):
+    """`paddle` bound, not loaded: the first use of one of its names loads it (import_paddle) and takes its names.
+    (importlib's LazyLoader would load it at the next `import paddle`, which reads the module's __spec__.)"""
+
+    def __getattr__(self, name):
+        del sys.modules["paddle"]
+        paddle = import_paddle()
+        self.__dict__.update(paddle.__dict__)  # the modules that imported this one now reach paddle's names directly
+        return getattr(paddle, name)
+
+
+def import_paddle_lazily() -> None:
+    """For run_grpo.py --help, whose option list imports the algorithm registries (modules that import paddle for
+    their functions) and uses none of paddle: 1 s instead of 6 on 2 cores."""
+    sys.modules.setdefault("paddle", _PaddleOnFirstUse("paddle"))
 
 
 # Flags paddle 3.3 sets itself at import, which init_parallel_env reports as "Modified FLAGS detected".
