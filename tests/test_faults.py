@@ -23,6 +23,7 @@ from reward_servers import foreign_server, free_port, reward_server
 from alignment.errors import RewardServerError
 from alignment.rewards.remote import RewardServer, score_remote
 from alignment.step.checkpoint import resolve_resume
+from alignment.step.termination import resume_command
 
 PLUGINS = "tests/plugins/fault_rewards.py"
 RUN = [
@@ -259,6 +260,20 @@ def test_sigterm_saves_and_exits_cleanly_and_resume_continues(tmp_path, stop):
     assert f"checkpoint: {out}/checkpoint-{finished}" in output
     assert_complete(out / f"checkpoint-{finished}", finished)
     assert_resumes_to_the_end(out, finished, 8)
+
+
+def test_the_resume_command_is_the_launch_command_with_resume_auto_in_place_of_any_resume(monkeypatch):
+    launched = ".venv/bin/python -m alignment.launch --log_dir 'my logs' run_grpo.py c.json --resume_from_checkpoint out/ckpt-2 --lr 1"
+    monkeypatch.setenv("GRPO_LAUNCH_COMMAND", launched)
+    assert resume_command() == (
+        ".venv/bin/python -m alignment.launch --log_dir 'my logs' run_grpo.py c.json --lr 1 --resume_from_checkpoint auto"
+    )
+    monkeypatch.delenv("GRPO_LAUNCH_COMMAND")
+    monkeypatch.setattr(sys, "argv", ["run_grpo.py", "c.json", "--resume_from_checkpoint=auto", "--output_dir", "o"])
+    monkeypatch.delenv("PADDLE_TRAINER_ID", raising=False)
+    assert resume_command().endswith(" run_grpo.py c.json --output_dir o --resume_from_checkpoint auto")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "0")  # paddle's launcher itself, whose command line the trainer cannot see
+    assert resume_command() == "the same command with --resume_from_checkpoint auto"
 
 
 @pytest.mark.slow  # two launched runs (about 40 s)

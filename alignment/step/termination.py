@@ -40,14 +40,18 @@ class TerminationRequest:
 
 def resume_command() -> str:
     """The command that continues this run from its last checkpoint: the launch command alignment.launch passed on
-    (GRPO_LAUNCH_COMMAND), or this process's own command line when it runs alone, each with
-    --resume_from_checkpoint auto appended (a key given twice keeps its last value). Under paddle's launcher itself
-    the command line is not known here."""
+    (GRPO_LAUNCH_COMMAND), or this process's own command line when it runs alone, with --resume_from_checkpoint auto
+    in place of any resume_from_checkpoint it had. Under paddle's launcher itself the command line is not known here."""
     if "GRPO_LAUNCH_COMMAND" in os.environ:
-        command = os.environ["GRPO_LAUNCH_COMMAND"]
+        words = shlex.split(os.environ["GRPO_LAUNCH_COMMAND"])
     elif "PADDLE_TRAINER_ID" in os.environ:
         return "the same command with --resume_from_checkpoint auto"
     else:
         python = os.path.relpath(sys.executable)
-        command = shlex.join([python if not python.startswith("..") else sys.executable, *sys.argv])
-    return f"{command} --resume_from_checkpoint auto"
+        words = [python if not python.startswith("..") else sys.executable, *sys.argv]
+    kept, skip = [], False
+    for word in words:
+        if not skip and not word.startswith("--resume_from_checkpoint"):
+            kept.append(word)
+        skip = word == "--resume_from_checkpoint"  # its value follows
+    return shlex.join([*kept, "--resume_from_checkpoint", "auto"])
