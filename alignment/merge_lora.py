@@ -20,11 +20,16 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.errors import ExportError
-from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
-from alignment.models.modeling import load_causal_lm, save_model
-from alignment.run.checks import names_gguf
-from alignment.run.output_folders import (
+from alignment.run.runtime import configure_cpu_runtime, import_paddle
+
+configure_cpu_runtime()  # before paddle and paddleformers load: the command prints none of their import notices
+import_paddle()
+
+from alignment.errors import ExportError  # noqa: E402
+from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
+from alignment.models.modeling import load_causal_lm, save_model  # noqa: E402
+from alignment.run.checks import names_gguf  # noqa: E402
+from alignment.run.output_folders import (  # noqa: E402
     TOKENIZER_FILES,
     bake_system_prompt,
     baked_notice,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from processes import stop
 
-from alignment.chat import Printer, chat_config, parse_args
+from alignment.chat import Printer, chat_settings
 from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.run.config import GRPOConfig, load_config
@@ -21,6 +21,9 @@ from alignment.tools.calculator import calculator
 from alignment.tools.calls import ParsedCall, parse_tool_calls
 
 SYSTEM = Path("data/arith/system_prompt.txt").read_text()
+# keys validation fills from others (load_config), which a config file read for answering leaves as written
+DERIVED = ("gradient_accumulation_steps", "clip_range_ratio_low", "clip_range_ratio_high", "mini_batch_size", "cosine_max_len",
+           "soft_max_length")
 QUESTIONS = ["Mia has 12 apples. She buys 7 more. How many apples does Mia have now?", "What is 6 times 7?"]
 
 
@@ -89,14 +92,39 @@ def test_typed_prompts_are_told_how_to_quit_and_ctrl_d_quits(checkpoint):
 
 
 def test_settings_come_from_the_training_run_and_flags_override_them(checkpoint):
-    config = chat_config(checkpoint, parse_args([str(checkpoint)]))
+    config = chat_settings(checkpoint)
     assert (config.system_prompt, config.max_dec_len, config.temperature, config.top_k, config.use_fusemt) == (SYSTEM, 24, 0.7, 5, True)
-    config = chat_config(
-        checkpoint, parse_args([str(checkpoint), "--temperature", "0.2", "--use_fusemt", "false", "--system_prompt", "Hi."])
-    )
-    assert (config.temperature, config.use_fusemt, config.system_prompt, config.top_k) == (0.2, False, "Hi.", 5)
-    plain = chat_config(Path("data/tiny-qwen2"), parse_args(["data/tiny-qwen2"]))
+    config = chat_settings(checkpoint, None, {"temperature": 0.2, "use_fusemt": False, "system_prompt": "Hi.", "top_p": None})
+    assert (config.temperature, config.use_fusemt, config.system_prompt, config.top_k, config.top_p) == (0.2, False, "Hi.", 5, 1.0)
+    plain = chat_settings(Path("data/tiny-qwen2"))
     assert plain == GRPOConfig()  # a model folder without a training run: the trainer's defaults
+
+
+def test_a_plain_folder_takes_a_config_files_settings_or_flags():
+    """data/tiny-qwen2-tools was written by no run: --config takes a grpo_argument.json's settings (as run_grpo.py reads
+    them, the system prompt's file read), and --tools, --max_turns, --system_prompt give them one by one."""
+    folder = Path("data/tiny-qwen2-tools")
+    trained = load_config(["config/tiny_tools/grpo_argument.json"])
+    config = chat_settings(folder, "config/tiny_tools/grpo_argument.json")
+    assert config == dataclasses.replace(trained, **{key: getattr(config, key) for key in DERIVED})  # validation's fills aside
+    assert config.system_prompt == Path("data/tiny_tools/system_prompt.txt").read_text() and config.tools == ["calculator"]
+    flags = {"tools": ["calculator"], "max_turns": 3, "system_prompt": "data/tiny_tools/system_prompt.txt", "environment": None}
+    config = chat_settings(folder, None, flags)
+    assert (config.tools, config.max_turns, config.system_prompt, config.resolved_environment) == (
+        ["calculator"], 3, trained.system_prompt, "tools"
+    )
+    assert chat_settings(folder, "config/tiny_tools/grpo_argument.json", {"tools": []}).tools == []  # --tools alone: none
+
+
+def test_a_mistaken_config_or_tool_is_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"max_turns": "3"}')
+    for flags, expected in (
+        (["--config", str(bad)], f"chat: error: --config: {bad}: key 'max_turns' must be an integer, got \"3\""),
+        (["--tools", "calculater"], "chat: error: unknown tool 'calculater'. Did you mean 'calculator'?"),
+    ):
+        done = chat("data/tiny-qwen2-tools", *flags, stdin="hi\n")
+        assert done.returncode == 2 and done.stderr.startswith(expected) and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_streamed_pieces_add_up_to_the_decoded_answer(capsys):
@@ -139,6 +167,8 @@ def test_a_tools_run_chats_with_its_tools_running_each_call(tmp_path):
     prompts.write_text("".join(open("data/arith/test.jsonl").readlines()[:8]))
     done = chat(str(folder), "--prompts", str(prompts), "--seed", "3")
     assert done.returncode == 0, done.stderr[-2000:]
+    plain = chat("data/tiny-qwen2-tools", "--config", "config/tiny_tools/grpo_argument.json", "--prompts", str(prompts), "--seed", "3")
+    assert plain.returncode == 0 and plain.stdout == done.stdout, plain.stderr[-2000:]  # the model folder, with the run's settings
     lines = done.stdout.splitlines()
     answered = [(call, answer) for call, answer in zip(lines, lines[1:]) if answer.startswith("[tool ")]
     assert answered and sum(line.startswith("> ") for line in lines) == 8

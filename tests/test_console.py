@@ -1,5 +1,6 @@
 """The console of a run shows the run: none of paddle's, paddleformers' or glog's notices that say nothing
-about it (alignment/run/runtime.py filters them where they start; the Makefile's launcher line takes -W)."""
+about it (alignment/run/runtime.py filters them where they start; alignment.launch, the Makefile's launcher, keeps
+paddle's launcher to warnings)."""
 
 import os
 import re
@@ -16,6 +17,7 @@ NOISE = [
     "is_torch_available",  # paddleformers hiding PyTorch from transformers
     "FLAGS_enable_pir_in_executor",  # init_parallel_env's report of modified flags naming one paddle sets itself
     "is not in group",  # fleet.init warning once per size-1 group it makes (sharding)
+    "LAUNCH INFO",  # paddle's launcher's configuration dump (37 lines) and its progress notes
 ]
 GLOG_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ ", re.MULTILINE)  # I1124 07:54:14.199149  5283 tcp_store.cc:336] ...
 # What alignment/run/runtime.py exports in this pytest process (tests/conftest.py); a user's shell has none of it.
@@ -42,8 +44,8 @@ def test_make_train_prints_the_run_and_runs_again_in_the_same_folder(tmp_path):
         done = make_train(output, "--max_steps", "1", "--eval_datasets", "''")
         console = done.stdout + done.stderr
         assert done.returncode == 0, console[-3000:]
-        command, console = console.split("\n", 1)  # make shows the command it runs, -W "ignore:No ccache found" included
-        assert command.startswith(f"{sys.executable} -W") and "run_grpo.py" in console.split("\n", 1)[0], command
+        command, console = console.split("\n", 1)  # make shows the command it runs
+        assert command.startswith(f"{sys.executable} -m alignment.launch") and "run_grpo.py" in console.split("\n", 1)[0], command
         assert f"checkpoint: {output}/checkpoint-1" in done.stdout, attempt
         worker = (output / "launch_log" / "workerlog.0").read_text()
         assert noise_in(console) == [] and noise_in(worker) == [], attempt
@@ -62,7 +64,7 @@ def test_two_processes_print_no_distributed_notices_and_keep_flags_a_user_set(tm
         "world = init_world('stage1')\n"
         "print('sum', world.sum(np.ones(1))[0])\n"
     )
-    command = [sys.executable, "-W", "ignore:No ccache found", "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+    command = [sys.executable, "-m", "alignment.launch", "--nproc_per_node", "2",
                "--log_dir", str(tmp_path / "log"), str(script)]
     env = {**USERS_ENVIRONMENT, "PYTHONPATH": str(ROOT), "FLAGS_call_stack_level": "3"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

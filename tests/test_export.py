@@ -7,6 +7,8 @@ bundled tiny model's template and with SmolLM2-135M-Instruct's, which inserts a 
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -145,3 +147,13 @@ def test_lora_exports_bake_it_too(lora_checkpoint, tmp_path, capsys):
     assert capsys.readouterr().out.count("--no_system_prompt") == 2
     assert_prompts_as_trained(lora_checkpoint, AutoTokenizer.from_pretrained(str(tmp_path / "merged")))
     assert_prompts_as_trained(lora_checkpoint, load_tokenizer(str(import_gguf(tmp_path / "merged.gguf", tmp_path / "back"))))
+
+
+def test_merge_lora_prints_only_its_own_lines(lora_checkpoint, tmp_path):
+    """python -m alignment.merge_lora as a user runs it: none of paddle's, setuptools' or paddleformers' import notices."""
+    done = subprocess.run([sys.executable, "-m", "alignment.merge_lora", str(lora_checkpoint), str(tmp_path / "merged")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == ""
+    assert done.stdout.splitlines()[0] == f"{tmp_path / 'merged'}: merged the adapters of 8 layers"
+    assert done.stdout.count("\n") == 2 and "--no_system_prompt" in done.stdout.splitlines()[1]  # baked_notice's one line

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from reward_servers import foreign_server, free_port, reward_server
 from alignment.errors import RewardServerError
 from alignment.rewards.remote import RewardServer, score_remote
 from alignment.step.checkpoint import resolve_resume
+from alignment.step.termination import resume_command
 
 PLUGINS = "tests/plugins/fault_rewards.py"
 RUN = [
@@ -253,10 +255,53 @@ def test_sigterm_saves_and_exits_cleanly_and_resume_continues(tmp_path, stop):
     assert process.returncode == 0, output[-3000:]
     finished = logged_steps(out)[-1]  # the step under way when the signal came is finished first
     assert finished < 8
-    assert f"stopped by {stop.name} after step {finished}; resume with --resume_from_checkpoint auto" in output
+    assert f"stopped by {stop.name} after step {finished} (saved in {out}/checkpoint-{finished}); resume with: " in output
+    assert f"--output_dir {out} --max_steps 8 --resume_from_checkpoint auto\n" in output  # this run's own command line
     assert f"checkpoint: {out}/checkpoint-{finished}" in output
     assert_complete(out / f"checkpoint-{finished}", finished)
     assert_resumes_to_the_end(out, finished, 8)
+
+
+def test_the_resume_command_is_the_launch_command_with_resume_auto_in_place_of_any_resume(monkeypatch):
+    launched = ".venv/bin/python -m alignment.launch --log_dir 'my logs' run_grpo.py c.json --resume_from_checkpoint out/ckpt-2 --lr 1"
+    monkeypatch.setenv("GRPO_LAUNCH_COMMAND", launched)
+    assert resume_command() == (
+        ".venv/bin/python -m alignment.launch --log_dir 'my logs' run_grpo.py c.json --lr 1 --resume_from_checkpoint auto"
+    )
+    monkeypatch.delenv("GRPO_LAUNCH_COMMAND")
+    monkeypatch.setattr(sys, "argv", ["run_grpo.py", "c.json", "--resume_from_checkpoint=auto", "--output_dir", "o"])
+    monkeypatch.delenv("PADDLE_TRAINER_ID", raising=False)
+    assert resume_command().endswith(" run_grpo.py c.json --output_dir o --resume_from_checkpoint auto")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "0")  # paddle's launcher itself, whose command line the trainer cannot see
+    assert resume_command() == "the same command with --resume_from_checkpoint auto"
+
+
+@pytest.mark.slow  # two launched runs (about 40 s)
+def test_ctrl_c_on_a_launched_run_says_on_the_console_what_was_saved_and_how_to_resume(tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the launcher's whole process group (the workers lead their own groups)."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "alignment.launch", "--nproc_per_node", "1", "--log_dir", str(tmp_path / "log"),
+               *RUN, "--output_dir", str(out), "--max_steps", "4"]
+    with open(tmp_path / "out-output.txt", "w") as output:
+        launcher = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for_step(out, 1, launcher)
+    os.killpg(launcher.pid, signal.SIGINT)
+    launcher.wait(timeout=RUN_TIMEOUT_S)
+    console = output_of(out)
+    finished = logged_steps(out)[-1]
+    assert launcher.returncode == 0, console[-3000:]
+    assert finished < 4 and "LAUNCH INFO" not in console  # --log_level WARNING: no configuration dump
+    stopped = re.search(rf"stopped by SIGINT after step {finished} \(saved in {out}/checkpoint-{finished}\); resume with: (.*)\n", console)
+    assert stopped, console[-3000:]
+    assert f"checkpoint: {out}/checkpoint-{finished}" in console
+    assert_complete(out / f"checkpoint-{finished}", finished)
+    resume = shlex.split(stopped.group(1))  # the command as printed, run as it is
+    assert resume[-2:] == ["--resume_from_checkpoint", "auto"] and resume[1:3] == ["-m", "alignment.launch"], resume
+    done = subprocess.run(resume, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert f"resuming from {out}/checkpoint-{finished} after step {finished}" in done.stdout + done.stderr
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_complete(out / "checkpoint-4", 4)
 
 
 def launch_two(tmp_path: Path, *flags: str) -> subprocess.Popen:

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "alignment"
 LAYERS = [
     ("alignment.step.trainer",),
     ("alignment.rollout.worker", "alignment.chat", "alignment.evaluate", "alignment.model_source", "alignment.export",
-     "alignment.merge_lora", "alignment.curves"),
+     "alignment.merge_lora", "alignment.curves", "alignment.launch"),
     ("alignment.step",),  # the step's phases
     ("alignment.run",),  # setting a run up: config, preflight, start, the one builder of its parts
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",

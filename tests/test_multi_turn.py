@@ -3,6 +3,8 @@ and the loss, which must take no gradient from the environment's tokens."""
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +264,18 @@ def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns,
     scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
     assert scored.rewards.tolist() == [reward] and bool(scored.correct[0]) == bool(reward)
     assert "<tool_response>" in scored.completions[0]  # the logs keep the whole conversation
+
+
+def test_checking_a_template_leaves_no_library_warning():
+    """paddleformers warns (once a process, on the console of every tools run) wherever apply_chat_template is
+    called without add_generation_prompt; check_template's calls give it."""
+    code = (
+        "from alignment.models.modeling import load_tokenizer\n"
+        "from alignment.rollout.multi_turn import check_template\n"
+        "from alignment.tools import get_tool\n"
+        "check_template(load_tokenizer('data/tiny-qwen2-tools'), [get_tool('calculator').schema])\n"
+        "print('checked')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]
+    assert "add_generation_prompt" not in done.stdout + done.stderr

@@ -8,6 +8,8 @@ vllm_importance_sampling_mode values.
 A mode takes log(pi_old / pi_rollout) (B, T), 0 off the loss tokens and detached, the cap and the floor (None:
 no floor), and returns (weights, outside: bool, the ratio left [floor, cap]), both (B, T) or (B, 1)."""
 
+from __future__ import annotations  # paddle.Tensor in signatures: no paddle needed to register (run_grpo.py --help)
+
 import math
 from dataclasses import dataclass
 

@@ -3,6 +3,8 @@ Schulman's estimators of the sampled token's d = log pi_ref - log pi, with verl'
 and returns (B, T). A name ending in "+" (verl's straight-through variants: k1+, k3+, low_var_kl+) keeps the
 estimator's value and takes the gradient of k2, whose expected gradient is that of the KL itself."""
 
+from __future__ import annotations  # paddle.Tensor in signatures: no paddle needed to register (run_grpo.py --help)
+
 import numpy as np
 import paddle
 

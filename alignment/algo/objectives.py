@@ -7,6 +7,8 @@ Every objective sets the flags "clipped", "clipped_low" and "clipped_high"; FLAG
 metric, the fraction of the step's loss tokens (over every update) where it was set.
 """
 
+from __future__ import annotations  # paddle.Tensor in signatures: no paddle needed to register (run_grpo.py --help)
+
 from typing import TYPE_CHECKING
 
 import paddle

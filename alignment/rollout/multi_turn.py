@@ -193,8 +193,9 @@ def check_template(tokenizer, schemas: list) -> None:
         ) from None
     if schemas:
         question = [{"role": "system", "content": "."}, {"role": "user", "content": "?"}]
-        shown = tokenizer.apply_chat_template(question, tools=schemas, tokenize=False)
-        if shown == tokenizer.apply_chat_template(question, tokenize=False):
+        # add_generation_prompt given: paddleformers warns whenever it is left to its default (True, unlike transformers)
+        shown = tokenizer.apply_chat_template(question, tools=schemas, add_generation_prompt=True, tokenize=False)
+        if shown == tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False):
             warnings.warn(
                 "tools: the chat template does not show tools= to the model; "
                 "describe the tools in system_prompt, or set a chat_template that renders them"

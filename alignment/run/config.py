@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from paddleformers.trainer import PdArgumentParser
-
 from alignment.algo.advantages import ADVANTAGE_ESTIMATORS, REWARD_AGGREGATIONS, REWARD_SCALES
 from alignment.algo.aggregation import LOSS_AGGREGATIONS
 from alignment.algo.corrections import ROLLOUT_CORRECTIONS, rejection_rules
@@ -615,12 +613,16 @@ def _value_type(key: str) -> tuple:
     return _HINTS[key], False
 
 
-class _Parser(PdArgumentParser):
-    def __init__(self):
-        super().__init__(GRPOConfig, add_help=False)  # run_grpo.py answers -h with help_text(), which names the aliases too
+def _parser():
+    """paddleformers' PdArgumentParser over GRPOConfig, raising ConfigError where argparse would exit. Imported here, not
+    at the top: paddleformers loads paddle and transformers (seconds), which help_text does without."""
+    from paddleformers.trainer import PdArgumentParser
 
-    def error(self, message):  # argparse would print usage and exit; we raise with its message instead
-        raise ConfigError("command line: " + message.replace("argument --", "key "))
+    class Parser(PdArgumentParser):
+        def error(self, message):  # argparse would print usage and exit; we raise with its message instead
+            raise ConfigError("command line: " + message.replace("argument --", "key "))
+
+    return Parser(GRPOConfig, add_help=False)  # run_grpo.py answers -h with help_text(), which names the aliases too
 
 
 def canonical_key(key: str, where: str) -> str:
@@ -732,19 +734,40 @@ def wants_help(argv: list) -> bool:
     return any(arg in HELP_FLAGS for arg in argv)
 
 
-def help_text(width: Optional[int] = None) -> str:
-    """Every key with its type, default, aliases and meaning, from the dataclass, grouped as its comments group them."""
+def help_topic(argv: list) -> Optional[str]:
+    """The group asked for: the word after -h / --help (`--help rollout`, `--help all`); None: the overview."""
+    after = next((argv[i + 1 : i + 2] for i, arg in enumerate(argv) if arg in HELP_FLAGS), [])
+    return after[0] if after and not after[0].startswith("-") and not after[0].endswith(".json") else None
+
+
+def help_text(width: Optional[int] = None, group: Optional[str] = None) -> str:
+    """--help: the usage and each group's key names. group (a word of a group's title in any case, or "all") -> those
+    groups' keys in full, each with its type, default, aliases and meaning, from the dataclass as its comments group it.
+    An unknown group raises ConfigError naming the words that work."""
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
-    aliases = {}
-    for alias, key in ALIASES.items():
-        aliases.setdefault(key, []).append(f"--{alias}")
-    lines = ["usage: run_grpo.py CONFIG.json [--key value ...]", ""] + _wrap(
+    lines = ["usage: run_grpo.py CONFIG.json [--key value ...]", "       run_grpo.py --help [GROUP | all]", ""] + _wrap(
         "CONFIG.json is one JSON object of the keys below. On the command line, --key value (or --key=value) "
         "overrides the file's value; a list key takes the values up to the next --key; a true/false key alone "
         "means true, --no_KEY false. An alias (another trainer's name: TRL, ms-swift, verl) works in place of its key, "
         "not beside it. README.md explains the keys at more length.", width
     )
-    for title, keys in _groups():
+    groups = _groups()
+    if group is None:
+        for title, keys in groups:
+            lines += ["", f"{title} ({len(keys)} keys):"] + _wrap(" ".join(keys), width, "  ", "  ")
+        return "\n".join(lines + [""] + _wrap(
+            "run_grpo.py --help GROUP prints a group's keys in full: each with its type, default, aliases and meaning. "
+            "GROUP is a word of the group's title, in any case (model, rollout, algorithm, tools, optimisation, evaluation, ...), "
+            "or all for every group.", width
+        ))
+    chosen = [(title, keys) for title, keys in groups if group.lower() in ("all", *_title_words(title))]
+    if not chosen:
+        words = sorted({word for title, _ in groups for word in _title_words(title)})
+        raise ConfigError(f"--help {group}: no group has that word in its title; give one of {', '.join(words)}, or all")
+    aliases = {}
+    for alias, key in ALIASES.items():
+        aliases.setdefault(key, []).append(f"--{alias}")
+    for title, keys in chosen:
         lines += ["", f"{title}:"]
         for key in keys:
             f = GRPOConfig.__dataclass_fields__[key]
@@ -753,6 +776,11 @@ def help_text(width: Optional[int] = None) -> str:
             lines += _wrap(f"--{key} {_type_name(key)}  (default: {json.dumps(default)}{also})", width, "  ", " " * 4)
             lines += _wrap(f.metadata["help"], width, " " * 6, " " * 6)
     return "\n".join(lines)
+
+
+def _title_words(title: str) -> set:
+    """"Multi-turn rollouts with tools" -> {"multi-turn", "multi", "turn", "rollouts", "with", "tools"}"""
+    return set(re.findall(r"\w+(?:-\w+)*", title.lower())) | set(re.findall(r"\w+", title.lower()))
 
 
 def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list:
@@ -846,7 +874,7 @@ def load_config(argv: list) -> GRPOConfig:
         )
     file_values = read_json_config(argv[0])
     overrides, lists = _canonical_cli(argv[1:])
-    parser = _Parser()
+    parser = _parser()
     parser.set_defaults(**{**file_values, **lists})  # the file's values replace the defaults, the command line's replace those
     (config,) = parser.parse_args_into_dataclasses(args=overrides, look_for_args_file=False)
     return validate(config)

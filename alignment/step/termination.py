@@ -1,6 +1,9 @@
 """Stopping cleanly on SIGTERM and Ctrl-C."""
 
+import os
+import shlex
 import signal
+import sys
 
 import numpy as np
 
@@ -33,3 +36,22 @@ class TerminationRequest:
 
     def agreed(self, world: World) -> bool:
         return bool(world.max(np.array([float(self.requested is not None)]))[0])  # every rank stops after the same step
+
+
+def resume_command() -> str:
+    """The command that continues this run from its last checkpoint: the launch command alignment.launch passed on
+    (GRPO_LAUNCH_COMMAND), or this process's own command line when it runs alone, with --resume_from_checkpoint auto
+    in place of any resume_from_checkpoint it had. Under paddle's launcher itself the command line is not known here."""
+    if "GRPO_LAUNCH_COMMAND" in os.environ:
+        words = shlex.split(os.environ["GRPO_LAUNCH_COMMAND"])
+    elif "PADDLE_TRAINER_ID" in os.environ:
+        return "the same command with --resume_from_checkpoint auto"
+    else:
+        python = os.path.relpath(sys.executable)
+        words = [python if not python.startswith("..") else sys.executable, *sys.argv]
+    kept, skip = [], False
+    for word in words:
+        if not skip and not word.startswith("--resume_from_checkpoint"):
+            kept.append(word)
+        skip = word == "--resume_from_checkpoint"  # its value follows
+    return shlex.join([*kept, "--resume_from_checkpoint", "auto"])

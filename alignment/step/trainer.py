@@ -28,7 +28,7 @@ from alignment.step.metrics import completion_rows, step_metrics
 from alignment.step.rollout import Sampler, dynamic_sampling_metrics, keep_groups_with_signal, received_batch, sample_and_score
 from alignment.step.scoring import nothing_scored
 from alignment.step.state import Progress, Run, save, saved_before_stopping, saved_if_rollout_stops
-from alignment.step.termination import TerminationRequest
+from alignment.step.termination import TerminationRequest, resume_command
 from alignment.step.update import Learner, reference_logprobs, update_policy
 
 
@@ -222,6 +222,7 @@ def finish_step(run: Run, progress: Progress, step: int, terminate: TerminationR
             link.send_word(step, trained_parameters(run.parts.model), stopping)  # go with the new weights, or stop
     if stopping:
         run.logger.print(
-            f"stopped by {terminate.requested or 'another process'} after step {step}; resume with --resume_from_checkpoint auto"
+            f"stopped by {terminate.requested or 'another process'} after step {step} (saved in {progress.checkpoint}); "
+            f"resume with: {resume_command()}"
         )
     return not stopping
