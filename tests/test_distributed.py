@@ -114,6 +114,7 @@ def test_two_processes_train_exactly_like_one(tmp_path, one_process, eval_file):
     assert "saved" in (log_dir / "workerlog.0").read_text() and "saved" not in (log_dir / "workerlog.1").read_text()
 
 
+@pytest.mark.slow  # two launched nodes (about 23 s); two processes on one node run in make test
 def test_two_nodes_on_loopback_train_like_one_process(tmp_path, one_process, eval_file):
     master = f"127.0.0.1:{free_port()}"
     nodes = [

@@ -223,6 +223,7 @@ def test_a_trickling_answer_is_held_to_the_timeout_as_a_whole(trickling_server):
     assert time.monotonic() - started < 15  # 2 x 1 s, where the ~60-byte answer alone takes 30 s
 
 
+@pytest.mark.slow  # a run, a server killed and restarted, a resume (about 32 s)
 def test_a_reward_server_killed_mid_run_stops_with_a_checkpoint_and_resume_continues(tmp_path):
     port = free_port()
     flags = ["--max_steps", "5", "--use_rm_server", "true", "--reward_server", f"http://127.0.0.1:{port}", "--reward_server_retries", "2"]

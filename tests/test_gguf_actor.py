@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from test_gguf import TINY, Q, write_gguf
 
 from alignment.gguf import import_if_changed
@@ -75,6 +77,7 @@ def run(*flags: str, launcher: tuple = ()) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow  # two runs from a .gguf (about 32 s)
 def test_a_gguf_actor_trains_and_is_imported_once(tmp_path):
     source, out = tmp_path / "tiny.gguf", tmp_path / "out"
     write_gguf(TINY, source, Q.F32)

@@ -74,6 +74,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow  # two runs (about 26 s)
 def test_a_run_with_recompute_equals_one_without(tmp_path):
     runs, recomputed_layers = {}, {}
     for recompute in ("false", "true"):

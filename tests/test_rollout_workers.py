@@ -258,6 +258,7 @@ def colocated(tmp_path_factory, eval_file) -> Path:
     return out
 
 
+@pytest.mark.slow  # a launched run with a rollout process (about 25 s)
 def test_synchronous_rollout_process_trains_as_a_colocated_run(tmp_path, colocated, eval_file):
     out = tmp_path / "out"
     finish(launch(out, 2, eval_file, "--max_steps", "3", *ROLLOUT), out)

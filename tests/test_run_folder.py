@@ -35,6 +35,7 @@ def steps(out: Path) -> list:
     return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # three runs in one folder (about 34 s)
 def test_a_second_run_in_the_same_output_dir_is_refused_or_replaces_it_when_told(tmp_path):
     out = tmp_path / "run"
     trainer(out, "--max_steps", "2", "--save_steps", "1")

@@ -749,7 +749,7 @@ def help_text(width: Optional[int] = None, group: Optional[str] = None) -> str:
         "CONFIG.json is one JSON object of the keys below. On the command line, --key value (or --key=value) "
         "overrides the file's value; a list key takes the values up to the next --key; a true/false key alone "
         "means true, --no_KEY false. An alias (another trainer's name: TRL, ms-swift, verl) works in place of its key, "
-        "not beside it. README.md explains the keys at more length.", width
+        "not beside it. docs/configuration.md explains the keys at more length.", width
     )
     groups = _groups()
     if group is None:
