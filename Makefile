@@ -3,7 +3,7 @@
 # make test:  the same environment -> ruff (make lint), the documentation site built in strict mode (make docs), then the
 #             test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
 # make docs:  the same environment (mkdocs is in the test extra) -> the documentation site (mkdocs.yml, docs/) in build/site.
-# make test-slow: those slow runs (about 10 minutes).
+# make test-slow: those slow runs (24 tests, about 15 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium, bubblewrap),
 #             then the docs and the whole suite, the slow runs and the tools recipe included, where a skip fails.
