@@ -5,6 +5,8 @@
 # make docs:  the same environment (mkdocs is in the test extra) -> the documentation site (mkdocs.yml, docs/) in build/site.
 # make test-slow: those slow runs (24 tests, about 15 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
+# make test-gpu: on a GPU machine with PyTorch and nvcc (no paddle, no .venv): the CUDA kernels against torch, the CUDA
+#             sampler against the CPU kernel row for row, compute-sanitizer (tests/test_cuda_kernels.py); skips without.
 # make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium, bubblewrap),
 #             then the docs and the whole suite, the slow runs and the tools recipe included, where a skip fails.
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
@@ -22,7 +24,7 @@ GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 
-.PHONY: lint docs venv train train-tools train-smollm2 test test-slow test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
+.PHONY: lint docs venv train train-tools train-smollm2 test test-slow test-gpu test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
@@ -42,7 +44,7 @@ $(INSTALLED): setup.py
 # The fused rollout operators, rebuilt whenever csrc/ changes (about 25 s on 2 cores). The compile step imports
 # paddle again in a subprocess: one thread and no ccache warning there.
 OPS := csrc/build/grpo_ops/grpo_ops.so
-$(OPS): $(INSTALLED) $(wildcard csrc/*.cc csrc/*.h csrc/*.cu csrc/build.py)
+$(OPS): $(INSTALLED) $(wildcard csrc/*.cc csrc/*.h csrc/*.cu csrc/*.cuh csrc/build.py)
 	@echo "make: building the compiled operators (csrc/, about 25 s on 2 cores)"
 	@OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore:No ccache found" $(PY) csrc/build.py
 
@@ -92,6 +94,10 @@ test: $(INSTALLED) $(OPS) bubblewrap lint docs
 
 test-slow: $(INSTALLED) $(OPS) bubblewrap
 	$(PY) -m pytest -m slow
+
+# The GPU machine's own python3 (with torch); nvcc builds csrc/gpu_harness into build/gpu_harness. docs/testing.md.
+test-gpu:
+	$(PYTHON) -m pytest -m gpu tests/test_cuda_kernels.py
 
 # bubblewrap isolates each python and plugin tool call (alignment/tools/sandbox.py): Debian's package, installed where
 # make runs as root; elsewhere a note, and the tests that run those tools skip saying why.

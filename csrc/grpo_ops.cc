@@ -545,147 +545,10 @@ std::vector<paddle::DataType> SiluMulDtype(const paddle::DataType& x) { return {
 // ---------------------------------------------------------------------------------------------
 // 5. grpo_sample
 
-// Index order for top_p: larger logit first, lower index first among equal logits.
-struct ByLogitDesc {
-  const float* w;
-  bool operator()(int32_t a, int32_t b) const { return w[a] > w[b] || (w[a] == w[b] && a < b); }
-};
-
-// Long float sums run in blocks of kBlock added in double: the sampler's inverse-CDF draws walk the per-block sums
-// first, then one block; the log-prob head's rows (11) sum a row that way.
+// Long float sums run in blocks of kBlock added in double: the log-prob head's rows (11) sum a row that way.
 constexpr int64_t kBlock = 1024;
 
-// p[v] = exp(w[v] - mx) for the whole row, block[k] = sum of block k; returns the total. Float sums
-// inside a block (vectorised), double across blocks.
-double exp_with_block_sums(const float* w, float mx, int64_t V, float* p, double* block) {
-  double total = 0.0;
-  for (int64_t k = 0, lo = 0; lo < V; ++k, lo += kBlock) {
-    const int64_t hi = std::min(V, lo + kBlock);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t v = lo; v < hi; ++v) {
-      p[v] = exp_nonpos(w[v] - mx);
-      sum += p[v];
-    }
-    block[k] = sum;
-    total += sum;
-  }
-  return total;
-}
-
-// The token where the running sum of p first exceeds target (target in [0, total)).
-int64_t inverse_cdf(const float* p, const double* block, int64_t V, double target) {
-  double cum = 0.0;
-  int64_t lo = 0, k = 0;
-  for (; lo + kBlock < V && cum + block[k] <= target; ++k, lo += kBlock) cum += block[k];
-  int64_t last = -1;
-  for (int64_t v = lo; v < V; ++v) {
-    if (p[v] <= 0.0f) continue;
-    cum += p[v];
-    last = v;
-    if (cum > target) return v;
-  }
-  if (last >= 0) return last;  // rounding left target at the very end of the mass
-  for (int64_t v = lo - 1; v >= 0; --v)
-    if (p[v] > 0.0f) return v;
-  return 0;
-}
-
-struct RowDraw {
-  int64_t token;
-  bool unshaped;  // the drawn-from distribution is softmax(raw / t) itself: mx and z give the log-prob
-  float mx;       // max of raw / t
-  double z;       // sum of exp(raw / t - mx)
-};
-
-RowDraw sample_row(const float* raw, const uint8_t* pres, const int64_t* eos, int64_t E, int64_t V, int64_t seed,
-                   int step, int min_new_tokens, float temperature, int top_k, float top_p, float min_p, float rp,
-                   bool greedy, int64_t row_key, float* w, float* tmp, int32_t* idx, double* block) {
-  // One pass: (a) repetition penalty on tokens already present, then the temperature (not for greedy,
-  // where it cannot change the argmax); (b) eos blocked before min_new_tokens.
-  const float inv_t = greedy ? 1.0f : 1.0f / temperature;
-  if (rp != 1.0f) {
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v) {
-      const float x = raw[v];
-      w[v] = (pres[v] ? (x > 0.0f ? x / rp : x * rp) : x) * inv_t;
-    }
-  } else {
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v) w[v] = raw[v] * inv_t;
-  }
-  const bool eos_blocked = step < min_new_tokens && E > 0;
-  if (eos_blocked)
-    for (int64_t e = 0; e < E; ++e) w[eos[e]] = kNegInf;
-
-  auto argmax = [&]() {
-    int64_t best = 0;
-    float bv = w[0];
-    for (int64_t v = 1; v < V; ++v)
-      if (w[v] > bv) bv = w[v], best = v;  // strict: the first index among equal maxima
-    return best;
-  };
-  if (greedy) return {argmax(), false, 0.0f, 0.0};
-
-  // top_k: the k-th largest value by selection (O(V)); values below it are removed, ties kept.
-  const bool use_top_k = top_k > 0 && top_k < V;
-  if (use_top_k) {
-    std::memcpy(tmp, w, V * sizeof(float));
-    std::nth_element(tmp, tmp + (top_k - 1), tmp + V, std::greater<float>());
-    const float kth = tmp[top_k - 1];
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v)
-      if (w[v] < kth) w[v] = kNegInf;
-  }
-
-  float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, w[v]);
-  if (mx == kNegInf) return {argmax(), false, 0.0f, 0.0};  // every token blocked: nothing to sample from
-
-  if (top_p < 1.0f) {
-    double z = 0.0;
-#pragma omp simd reduction(+ : z)
-    for (int64_t v = 0; v < V; ++v) z += exp_nonpos(w[v] - mx);
-    int64_t n = 0;  // finite candidates
-    for (int64_t v = 0; v < V; ++v)
-      if (w[v] != kNegInf) idx[n++] = static_cast<int32_t>(v);
-    // Sort only a growing prefix of the candidates by probability until the kept set closes:
-    // the nucleus is usually a few hundred tokens out of V.
-    const ByLogitDesc cmp{w};
-    int64_t m = use_top_k ? n : std::min<int64_t>(n, 512);
-    int64_t cut = n;
-    for (;;) {
-      std::partial_sort(idx, idx + m, idx + n, cmp);
-      double above = 0.0;  // probability mass of the tokens ranked strictly above rank r
-      int64_t r = 0;
-      for (; r < m; ++r) {
-        if (r > 0 && above >= top_p) break;
-        above += exp_nonpos(w[idx[r]] - mx) / z;
-      }
-      if (r < m || m == n) {
-        cut = r;
-        break;
-      }
-      m = std::min<int64_t>(n, m * 8);
-    }
-    for (int64_t r = cut; r < n; ++r) w[idx[r]] = kNegInf;
-  }
-
-  if (min_p > 0.0f) {
-    // p_v < min_p * p_top  <=>  exp(w_v - max) < min_p (the normaliser cancels).
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v)
-      if (exp_nonpos(w[v] - mx) < min_p) w[v] = kNegInf;
-  }
-
-  // Inverse-CDF draw over the renormalised softmax of what is left, in index order.
-  const double z = exp_with_block_sums(w, mx, V, tmp, block);
-  const int64_t token = inverse_cdf(tmp, block, V, grpo::uniform_draw(seed, step, row_key) * z);
-  const bool unshaped = rp == 1.0f && !eos_blocked && !use_top_k && top_p >= 1.0f && min_p <= 0.0f;
-  return {token, unshaped, mx, z};
-}
-
+// The kernel is grpo::sample_rows (grpo_sampling.h), the definition the CUDA kernel shares.
 std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle::Tensor& presence_in,
                                    const paddle::Tensor& eos_in, const paddle::Tensor& row_keys_in, int64_t seed,
                                    int step, int min_new_tokens,
@@ -702,7 +565,8 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
   const auto ls = logits_in.shape();
   PD_CHECK(ls.size() == 2 && ls[1] > 0, op, ": logits must be [B, V], got ", shape_str(ls));
   const int64_t B = ls[0], V = ls[1];
-  PD_CHECK(V < (int64_t{1} << 31), op, ": vocabulary of ", V, " tokens is too large");
+  PD_CHECK(V <= grpo::kMaxSampleVocab, op, ": vocabulary of ", V, " tokens is larger than the ",
+           grpo::kMaxSampleVocab, " whose masses fit the sampler's 64-bit sums");
   const auto ps = presence_in.shape();
   PD_CHECK(ps.size() == 2 && ps[0] >= B && ps[1] == V, op, ": presence must be [Bcap >= B, V] with B = ", B,
            ", V = ", V, ", got ", shape_str(ps));
@@ -713,64 +577,26 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
   PD_CHECK(greedy || temperature > 0.0f, op, ": temperature must be > 0 when sampling, got ", temperature);
   PD_CHECK(repetition_penalty > 0.0f, op, ": repetition_penalty must be > 0, got ", repetition_penalty);
   PD_CHECK(top_p > 0.0f, op, ": top_p must be > 0, got ", top_p);
+  PD_CHECK(min_p <= 1.0f, op, ": min_p must be <= 1 (a share of the top token's probability), got ", min_p);
   auto tokens = paddle::empty({B}, paddle::DataType::INT64, logits_in.place());
   auto logprobs = paddle::empty({B}, paddle::DataType::FLOAT32, logits_in.place());
-  if (on_gpu(logits_in, op)) {
-#ifdef GRPO_WITH_CUDA
-    grpo::sample_cuda(dense(logits_in), dense(presence_in), dense(eos_in), dense(row_keys_in), seed, step,
-                      min_new_tokens, temperature,
-                      top_k, top_p, min_p, repetition_penalty, greedy, tokens, logprobs);
-#endif
-    return {tokens, logprobs};
-  }
-  const auto l_t = dense(logits_in), p_t = dense(presence_in), e_t = dense(eos_in), k_t = dense(row_keys_in);
-  const int64_t* row_keys = k_t.data<int64_t>();
-  const float* logits = l_t.data<float>();
-  const uint8_t* pres = p_t.data<uint8_t>();
+  // eos ids index every row: checked on the host for both devices (E is a handful of ids).
+  const auto e_t = dense(eos_in).copy_to(phi::CPUPlace(), true);
   const int64_t* eos = e_t.data<int64_t>();
   for (int64_t e = 0; e < E; ++e)
     PD_CHECK(eos[e] >= 0 && eos[e] < V, op, ": eos_ids[", e, "] = ", eos[e], " is outside the vocabulary of ", V);
-  int64_t* tok = tokens.data<int64_t>();
-  float* lp = logprobs.data<float>();
-  const float t_lp = greedy ? 1.0f : temperature;
-#pragma omp parallel
-  {
-    // Per-thread scratch kept across calls: (V,) shaped logits, (V,) probabilities, (V,) candidate
-    // indices, and the block sums.
-    thread_local std::vector<float> w, tmp;
-    thread_local std::vector<int32_t> idx;
-    thread_local std::vector<double> block;
-    if (static_cast<int64_t>(w.size()) < V) {
-      w.resize(V), tmp.resize(V), idx.resize(V);
-      block.resize((V + kBlock - 1) / kBlock);
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b) {
-      const float* raw = logits + b * V;
-      const RowDraw draw = sample_row(raw, pres + b * V, eos, E, V, seed, step, min_new_tokens, temperature, top_k,
-                                      top_p, min_p, repetition_penalty, greedy, row_keys[b], w.data(), tmp.data(), idx.data(),
-                                      block.data());
-      tok[b] = draw.token;
-      // log_softmax(raw / t)[token]: the policy's log-prob, without any shaping.
-      const float inv_t = 1.0f / t_lp;
-      float mx = draw.mx;
-      double z = draw.z;
-      if (!draw.unshaped) {
-        mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, raw[v] * inv_t);
-        z = 0.0;  // float within blocks, double across, as exp_with_block_sums
-        for (int64_t lo = 0; lo < V; lo += kBlock) {
-          const int64_t hi = std::min(V, lo + kBlock);
-          float zf = 0.0f;
-#pragma omp simd reduction(+ : zf)
-          for (int64_t v = lo; v < hi; ++v) zf += exp_nonpos(raw[v] * inv_t - mx);
-          z += zf;
-        }
-      }
-      lp[b] = static_cast<float>(static_cast<double>(raw[draw.token] * inv_t - mx) - std::log(z));
-    }
+  const grpo::SampleSettings settings{seed, step, min_new_tokens, temperature, top_k, top_p, min_p,
+                                      repetition_penalty, greedy};
+  if (on_gpu(logits_in, op)) {
+#ifdef GRPO_WITH_CUDA
+    grpo::sample_cuda(dense(logits_in), dense(presence_in), dense(eos_in), dense(row_keys_in), settings, tokens,
+                      logprobs);
+#endif
+    return {tokens, logprobs};
   }
+  const auto l_t = dense(logits_in), p_t = dense(presence_in), k_t = dense(row_keys_in);
+  grpo::sample_rows(l_t.data<float>(), p_t.data<uint8_t>(), eos, E, B, V, k_t.data<int64_t>(), settings,
+                    tokens.data<int64_t>(), logprobs.data<float>());
   return {tokens, logprobs};
 }
 

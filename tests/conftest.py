@@ -13,10 +13,11 @@ REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 
 # make test-all (what CI runs) sets up every environment a test can need, so there a skip is a failure: a reference
-# check that silently stopped running. The one skip it allows is for an instruction set this CPU lacks; such a skip
-# gives a reason that starts with CPU_SKIP.
+# check that silently stopped running. The skips it allows are for what no CI machine has: an instruction set this CPU
+# lacks (a reason that starts with CPU_SKIP) and a CUDA GPU (GPU_SKIP: tests/test_cuda_kernels.py, make test-gpu).
 REQUIRE_ALL = os.environ.get("GRPO_REQUIRE_ALL") == "1"
 CPU_SKIP = "this CPU lacks"
+GPU_SKIP = "no CUDA GPU here"
 
 # The seed of every test's random draws: GRPO_TEST_SEED (CI pins it), else a fresh one, printed in the header and in
 # the failure messages of the tests that draw from it, so that GRPO_TEST_SEED=<seed> replays a failure.
@@ -37,7 +38,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if REQUIRE_ALL and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        if not reason.removeprefix("Skipped: ").startswith(CPU_SKIP):
+        if not reason.removeprefix("Skipped: ").startswith((CPU_SKIP, GPU_SKIP)):
             report.outcome = "failed"
             report.longrepr = f"skipped where every environment was set up (GRPO_REQUIRE_ALL=1): {reason}"
 
@@ -45,7 +46,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter):
     if REQUIRE_ALL:
         skipped = terminalreporter.stats.get("skipped", [])
-        terminalreporter.write_line(f"skipped for this CPU's instruction set: {len(skipped)}")
+        terminalreporter.write_line(f"skipped for this CPU's instruction set or for want of a GPU: {len(skipped)}")
         for report in skipped:
             terminalreporter.write_line(
                 f"  {report.nodeid}: {report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr}"

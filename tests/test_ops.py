@@ -467,3 +467,47 @@ def test_gpu_dispatch_of_the_cpp_source_compiles():
            str(REPO / "csrc" / "grpo_ops.cc")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"g++ failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}"
+
+
+# --------------------------------------------------------------------------------------------- one sampling definition
+
+
+def test_sampling_draws_the_recorded_tokens(ops):
+    """The CPU kernel against tests/data/sampling_tokens.json, which the CUDA kernel must also draw row for row
+    (tests/test_cuda_kernels.py on a GPU machine): a change of the sampling definition shows here first. The cases at
+    SmolLM2's vocabulary; the GPU test checks the CPU kernel on all of them."""
+    import json
+
+    from sampling_cases import EOS, RECORD, VOCABS, all_cases, inputs
+
+    record = json.loads(RECORD.read_text())
+    for key, V, kind, s in all_cases():
+        if V != VOCABS[0]:
+            continue
+        logits, presence, row_keys = inputs(kind, V, key)
+        tokens, _ = sample(ops, logits, presence, EOS, s["seed"], s["step"], s["min_new_tokens"], s["temperature"],
+                           s["top_k"], s["top_p"], s["min_p"], s["repetition_penalty"], s["greedy"], row_keys)
+        differ = np.flatnonzero(tokens != np.asarray(record[key]))
+        assert differ.size == 0, f"{key}: rows {differ[:8].tolist()} drew other tokens than the record"
+
+
+def test_top_p_keeps_ties_at_the_cut_in_index_order(ops):
+    # Four tokens of equal logit hold 1/4 of the mass each: top_p 0.5 keeps the first two by index (mass above the
+    # third is exactly 0.5), whatever their positions.
+    logits = np.full((4000, 9), -np.inf, np.float32)
+    logits[:, [6, 1, 8, 3]] = 0.5
+    tokens, _ = sample(ops, logits, seed=3, top_p=0.5, row_keys=np.arange(4000))
+    assert set(tokens.tolist()) == {1, 3}
+
+
+def test_top_k_takes_minus_zero_as_plus_zero(ops):
+    # -0.0 and +0.0 are one value: with top_k = 2 both zeros tie with the second largest and stay.
+    logits = np.array([[1.0, -0.0, -1.0, 0.0, -2.0] * 1], np.float32).repeat(3000, 0)
+    tokens, _ = sample(ops, logits, seed=5, top_k=2, row_keys=np.arange(3000))
+    assert set(tokens.tolist()) == {0, 1, 3}
+
+
+@pytest.mark.parametrize("min_p,eos,match", [(1.5, [1], "min_p must be <= 1"), (0.0, [12], r"eos_ids\[0\] = 12 is outside")])
+def test_sample_refuses_what_the_gpu_refuses(ops, min_p, eos, match):
+    with pytest.raises(Exception, match=match):
+        sample(ops, np.zeros((2, 10), np.float32), eos=eos, min_p=min_p)

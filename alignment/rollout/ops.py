@@ -39,7 +39,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "csrc"
 LIBRARY = CSRC / "build" / "grpo_ops" / "grpo_ops.so"
-SOURCE_PATTERNS = ("*.cc", "*.cu", "*.h")
+SOURCE_PATTERNS = ("*.cc", "*.cu", "*.cuh", "*.h")
 
 
 def _run(name: str, *args):
