@@ -30,11 +30,6 @@ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 inline int grid_for(int64_t n, int threads) {
   return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
 }
@@ -459,7 +454,7 @@ struct SampleShared {
   uint32_t count_hist[256];
   int list_size;
   uint32_t key;
-  uint64_t base, mass_of_key;
+  uint64_t base, window_mass;
   int64_t token;
   float f;
   uint64_t total;
@@ -754,7 +749,6 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
   const bool eos_blocked = s.step < s.min_new_tokens && a.E > 0;
   // Pass 1: shaped logits, their argmax (greedy) and max, and the log-sum-exp of raw / t for the log-prob.
   ArgMax best{-INFINITY, V};
-  LseState lse{-INFINITY, 0.0};
   float lse_m = -INFINITY, lse_s = 0.0f;  // this thread's part, in float; merged in double
   auto visit = [&](int64_t v, float r, bool present) {
     float x = shaped_logit(r, present, s.repetition_penalty, inv_t);
@@ -781,11 +775,10 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
   } else {
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) visit(v, raw[v], pres[v] != 0);
   }
-  lse = {lse_m, static_cast<double>(lse_s)};
   best = SampleShared::Arg(sh.u.arg).Reduce(best, ArgMaxMerge());
   if (threadIdx.x == 0) sh.token = best.v == -INFINITY ? 0 : best.i, sh.f = best.v;
   __syncthreads();
-  lse = SampleShared::Lse(sh.u.lse).Reduce(lse, LseMerge());
+  const LseState lse = SampleShared::Lse(sh.u.lse).Reduce(LseState{lse_m, static_cast<double>(lse_s)}, LseMerge());
   if (threadIdx.x == 0) sh.log_z = static_cast<double>(lse.m) + log(lse.s);
   __syncthreads();
   const float mx = sh.f;
@@ -802,7 +795,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
       const uint32_t floor = select_by_count(w, V, window, 2, sh, &count_ge);
       const bool gather = count_ge <= kCandidates;
       // One pass: the mass of the row and of the window (warp sums, then integer atomics), and the window gathered.
-      if (threadIdx.x == 0) sh.list_size = 0, sh.total = 0, sh.mass_of_key = 0;
+      if (threadIdx.x == 0) sh.list_size = 0, sh.total = 0, sh.window_mass = 0;
       __syncthreads();
       uint64_t all = 0, in_window = 0;
       scan_row(w, V, [&](int64_t v, float x, bool valid) {
@@ -823,10 +816,10 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
       }
       if (threadIdx.x % kWarp == 0) {
         atomicAdd(reinterpret_cast<unsigned long long*>(&sh.total), all);
-        atomicAdd(reinterpret_cast<unsigned long long*>(&sh.mass_of_key), in_window);
+        atomicAdd(reinterpret_cast<unsigned long long*>(&sh.window_mass), in_window);
       }
       __syncthreads();
-      all = sh.total, in_window = sh.mass_of_key;
+      all = sh.total, in_window = sh.window_mass;
       if (gather && (use_top_k || past_nucleus(in_window, all, s.top_p))) {
         token = sample_candidates(w, mx, all, use_top_k, s, u, sh);
       } else {  // the full row: ties or a flat tail that the window cannot hold

@@ -580,8 +580,8 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits_in, const paddle
   PD_CHECK(min_p <= 1.0f, op, ": min_p must be <= 1 (a share of the top token's probability), got ", min_p);
   auto tokens = paddle::empty({B}, paddle::DataType::INT64, logits_in.place());
   auto logprobs = paddle::empty({B}, paddle::DataType::FLOAT32, logits_in.place());
-  // eos ids index every row: checked on the host for both devices (E is a handful of ids).
-  const auto e_t = dense(eos_in).copy_to(phi::CPUPlace(), true);
+  // eos ids index every row: checked on the host for both devices (E is a handful of ids, copied from a GPU).
+  const auto e_t = eos_in.is_cpu() ? dense(eos_in) : dense(eos_in).copy_to(phi::CPUPlace(), true);
   const int64_t* eos = e_t.data<int64_t>();
   for (int64_t e = 0; e < E; ++e)
     PD_CHECK(eos[e] >= 0 && eos[e] < V, op, ": eos_ids[", e, "] = ", eos[e], " is outside the vocabulary of ", V);

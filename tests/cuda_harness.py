@@ -11,8 +11,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CSRC = REPO / "csrc"
 BUILD = REPO / "build" / "gpu_harness"
-SOURCES = [CSRC / "gpu_harness" / "harness.cu", CSRC / "grpo_kernels.cuh", CSRC / "grpo_sampling.h"]
+HARNESS_SOURCE = CSRC / "gpu_harness" / "harness.cu"
 SANITIZE_SOURCE = CSRC / "gpu_harness" / "sanitize.cu"
+HEADERS = [CSRC / "grpo_kernels.cuh", CSRC / "grpo_sampling.h"]  # what both sources include
 
 F32, BF16 = 0, 1
 
@@ -56,7 +57,7 @@ def compile_flags() -> list[str]:
 
 def build(source: Path, target: Path, extra: list[str]) -> Path:
     """nvcc source -> target, unless target is newer than every source."""
-    inputs = [source, CSRC / "grpo_kernels.cuh", CSRC / "grpo_sampling.h"]
+    inputs = [source, *HEADERS]
     if target.is_file() and target.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ _LIB = None
 def lib() -> ctypes.CDLL:
     global _LIB
     if _LIB is None:
-        path = build(SOURCES[0], BUILD / "libgrpo_harness.so", ["-shared", "-Xcompiler", "-fPIC"])
+        path = build(HARNESS_SOURCE, BUILD / "libgrpo_harness.so", ["-shared", "-Xcompiler", "-fPIC"])
         _LIB = ctypes.CDLL(str(path))
         i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
         signatures = {
