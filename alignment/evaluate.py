@@ -48,6 +48,7 @@ OVERRIDES = {  # flag -> type; each defaults to the model's run's value
     "top_p": float,
     "prompt_key": str,
     "response_key": str,
+    "calculation_steps": str,
 }
 SIGNIFICANCE = 0.05
 

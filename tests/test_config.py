@@ -165,6 +165,8 @@ def test_wrong_types_name_the_key(tmp_path, values, message):
         ({"logprob_chunk_tokens": 0}, ["logprob_chunk_tokens"]),
         ({"resume_from_checkpoint": "output/none-such"}, ["resume_from_checkpoint", "output/none-such", "not a complete checkpoint"]),
         ({"train_datasets": "data/nope.jsonl"}, ["train_datasets", "data/nope.jsonl"]),
+        ({"calculation_steps": "one-two"}, ["calculation_steps = 'one-two'", "a count (2) or a range (1-2)"]),
+        ({"calculation_steps": "2-1"}, ["calculation_steps = '2-1'", "runs backwards"]),
         ({"actor_model_name_or_path": "models/nope"}, ["actor_model_name_or_path", "models/nope", "not a local model folder"]),
         ({"top_p": 0}, ["top_p"]),
         ({"max_steps": -1, "num_train_epochs": 0}, ["max_steps", "num_train_epochs"]),

@@ -4,7 +4,7 @@ import pytest
 
 from alignment.errors import DataError
 from alignment.models.modeling import load_tokenizer
-from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records
+from alignment.run.data import PromptSchedule, encode_prompts, parse_step_range, read_prompt_records, select_by_calculation_steps
 
 
 def jsonl(tmp_path, rows, name="data.jsonl"):
@@ -38,6 +38,49 @@ def test_gsm8k_question_answer_rows(gsm8k_dir):
     assert len(records) == 7473
     assert records[0].question.startswith("Natalia sold clips")
     assert records[0].answer.endswith("#### 72")  # the accuracy reward reads the number after ####
+
+
+# Hand-made GSM8K-layout references and the number of <<...>> calculations each marks.
+STEP_ROWS = [
+    ("Tom has 3 + 5 = <<3+5=8>>8 apples.\n#### 8", 1),
+    ("16 - 3 - 4 = <<16-3-4=9>>9 eggs.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 18", 2),
+    ("<<2*3=6>>6, then <<6+1=7>>7, then <<7*2=14>>14\n#### 14", 3),
+    ("No marked calculation here.\n#### 4", 0),
+    ("A stray << without its end, 2 + 2 = 4\n#### 4", 0),
+    ("Two marks on one line: <<1+1=2>><<2+2=4>>\n#### 4", 2),
+]
+
+
+@pytest.mark.parametrize(
+    "steps, kept",
+    [("1", [1]), ("2", [2, 6]), ("1-2", [1, 2, 6]), ("0", [4, 5]), ("0-3", [1, 2, 3, 4, 5, 6]), (" 3 ", [3]), (None, [1, 2, 3, 4, 5, 6])],
+)
+def test_calculation_steps_select_rows_by_their_marked_calculations(tmp_path, steps, kept):
+    path = jsonl(tmp_path, [{"question": f"q{i}", "answer": answer} for i, (answer, _) in enumerate(STEP_ROWS, 1)])
+    records = select_by_calculation_steps(read_prompt_records(path), steps, path)
+    assert [r.question for r in records] == [f"q{i}" for i in kept]
+    assert [r.source for r in records] == [f"{path}:{i}" for i in kept]  # each keeps its file and line
+
+
+def test_calculation_steps_that_keep_nothing_name_the_files_and_the_counts_found(tmp_path):
+    path = jsonl(tmp_path, [{"question": f"q{i}", "answer": answer} for i, (answer, _) in enumerate(STEP_ROWS, 1)])
+    with pytest.raises(DataError, match=r"data.jsonl: no row's reference marks 4-5 <<...>> calculations \(calculation_steps\); "
+                                        r"the counts found: 0, 1, 2, 3"):
+        select_by_calculation_steps(read_prompt_records(path), "4-5", path)
+
+
+@pytest.mark.parametrize("text, message", [("two", "expected a count"), ("1-", "expected a count"), ("-1", "expected a count"),
+                                           ("1,2", "expected a count"), ("3-1", "runs backwards")])
+def test_step_ranges_are_refused_with_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_step_range(text)
+
+
+def test_gsm8k_test_split_has_65_one_step_and_357_two_step_problems(gsm8k_dir):
+    path = str(gsm8k_dir / "test.jsonl")
+    records = read_prompt_records(path)
+    counts = {steps: len(select_by_calculation_steps(records, steps, path)) for steps in ("1", "2", "1-2", "3")}
+    assert counts == {"1": 65, "2": 357, "1-2": 422, "3": 364}
 
 
 def test_chat_messages_with_final_assistant_turn_as_reference(tmp_path):

@@ -100,7 +100,21 @@ def test_a_tools_run_is_evaluated_with_its_tools(tmp_path):
     assert model["greedy_accuracy"]["correct"] == sum(r["correct"] for r in records)
 
 
-@pytest.mark.parametrize("case", ["missing model", "no answer column", "unknown reward"])
+def test_calculation_steps_choose_the_problems_by_their_marked_steps(tmp_path):
+    """GSM8K-layout rows of one, two and three <<...>> steps: --calculation_steps 2 evaluates the two-step rows only,
+    each record naming its line."""
+    answers = ["3 + 5 = <<3+5=8>>8\n#### 8", "<<2*3=6>>6 and <<6+1=7>>7\n#### 7", "<<1+1=2>>2, <<2+2=4>>4, <<4+4=8>>8\n#### 8",
+               "<<9-4=5>>5 then <<5*2=10>>10\n#### 10"]
+    data = tmp_path / "gsm8k_layout.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Question {i}?", "answer": a}) + "\n" for i, a in enumerate(answers, 1)))
+    output = tmp_path / "eval"
+    done = evaluate("data/tiny-qwen2", "--data", str(data), "--calculation_steps", "2", "--max_dec_len", "8", "--output", str(output))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [(r["source"], r["prompt"]) for r in read_records(output)] == [(f"{data}:2", "Question 2?"), (f"{data}:4", "Question 4?")]
+    assert "2 problems of" in done.stdout
+
+
+@pytest.mark.parametrize("case", ["missing model", "no answer column", "unknown reward", "backward step range"])
 def test_bad_input_is_one_line_naming_it(tmp_path, capsys, case):
     data = tmp_path / "questions.jsonl"
     data.write_text(json.dumps({"src": "What is 6 times 7?"}) + "\n")
@@ -108,6 +122,7 @@ def test_bad_input_is_one_line_naming_it(tmp_path, capsys, case):
         "missing model": [str(tmp_path / "no-model"), "--data", DATA],
         "no answer column": ["data/tiny-qwen2", "--data", str(data)],
         "unknown reward": ["data/tiny-qwen2", "--data", DATA, "--reward_funcs", "acuracy"],
+        "backward step range": ["data/tiny-qwen2", "--data", DATA, "--calculation_steps", "3-1"],
     }[case]
     assert main([*args, "--output", str(tmp_path / "eval")]) == 2
     (line,) = capsys.readouterr().err.splitlines()
@@ -115,6 +130,7 @@ def test_bad_input_is_one_line_naming_it(tmp_path, capsys, case):
         "missing model": f"evaluate: error: {tmp_path / 'no-model'} is not a model folder (no such folder) nor a LoRA checkpoint",
         "no answer column": f"evaluate: error: {data}: no row has a usable reference in any column",
         "unknown reward": "evaluate: error: reward_functions / accuracy_function: unknown reward function 'acuracy'. Did you mean",
+        "backward step range": "evaluate: error: calculation_steps = '3-1': the range runs backwards (3 > 1)",
     }[case]
     assert line.startswith(expected)
     assert not (tmp_path / "eval").exists()

@@ -22,7 +22,7 @@ from alignment.rewards.logic_rewards import kk_reference_roles
 SOLVERS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 BUILT_INS = (
     "accuracy", "correctness", "cosine", "format", "int_answer", "knights_knaves",
-    "repetition", "soft_format", "soft_overlong", "strict_format", "xmlcount",
+    "repetition", "soft_format", "soft_overlong", "step_results", "strict_format", "xmlcount",
 )
 
 
@@ -153,6 +153,42 @@ def test_accuracy_table(completion, answer, expected):
 def test_accuracy_raises_without_a_reference(sample, error):
     with pytest.raises(error):
         get_reward("accuracy").fn("<answer>18</answer>", sample)
+
+
+# --- step_results ---------------------------------------------------------------------------------
+TWO_STEPS = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18"
+STEP_RESULTS_TABLE = [
+    ("She has 16 - 3 - 4 = 9 eggs. 9 * 2 = 18 dollars. The answer is 18.", TWO_STEPS, 1.0),
+    ("16 - 3 - 4 = 9 eggs left, so she makes 9 * 3 = 27. The answer is 27.", TWO_STEPS, 0.5),  # the first step only
+    ("9 * 2 = $18", TWO_STEPS, 0.5),
+    ("She has 9 eggs and makes 18 dollars.", TWO_STEPS, 0.0),  # results not stated after '=' earn nothing
+    ("16 - 3 = 13, 13 - 4 = 9.0, 9 x 2 = 18.00", TWO_STEPS, 1.0),  # the same values written otherwise
+    ("= 9 = 9 = 9", TWO_STEPS, 0.5),  # a result stated twice counts once
+    ("", TWO_STEPS, 0.0),
+    ("1200 + 30 = 1,230 and 1,230 / 3 = 410", "<<1200+30=1230>>1230, <<1230/3=410>>410\n#### 410", 1.0),
+    ("2 * 0.2 = .4 and 0.4 * 1000 = 400", "<<2*.2=.4>>.4 liter = <<.4*1000=400>>400 ml\n#### 400", 1.0),
+    ("5 - 8 = -3", "<<5-8=-3>>-3\n#### -3", 1.0),
+    ("8 - 5 = 3", "<<5-8=-3>>-3\n#### -3", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion,answer,expected", STEP_RESULTS_TABLE)
+def test_step_results_table(completion, answer, expected):
+    assert score("step_results", completion, answer) == expected
+
+
+def test_step_results_refuses_a_reference_without_marks():
+    with pytest.raises(ValueError, match="marks no <<...>> calculation"):
+        score("step_results", "2 + 2 = 4", "#### 4")
+
+
+def test_step_results_gives_every_gsm8k_worked_answer_full_credit(train_rows):
+    # Each train answer with its marks written out as "a+b = " before the result the text already states: every step of
+    # all 7,378 marked answers is found (.5 for 0.5, 1,200 for 1200, "$18" included).
+    marked = [row["answer"] for row in train_rows if "<<" in row["answer"]]
+    written_out = [re.sub(r"<<([^<>]*)=[^<>=]*>>", r"\1 = ", answer) for answer in marked]
+    scores = [score("step_results", text, answer) for text, answer in zip(written_out, marked)]
+    assert len(marked) == 7378 and scores == [1.0] * len(marked)
 
 
 def test_accuracy_agrees_with_is_correct_on_all_model_solutions(model_solutions):

@@ -14,16 +14,19 @@ from test_gguf import smollm2_file
 from alignment.gguf import import_gguf
 from alignment.models.modeling import load_tokenizer
 from alignment.run.config import load_config
+from alignment.run.data import read_prompt_records, select_by_calculation_steps
 
 GSM8K = Path("../shared/data/gsm8k")
 RECIPES = {
     "arith": [],
     "gsm8k": ["--train_datasets", str(GSM8K / "train.jsonl"), "--eval_datasets", str(GSM8K / "test.jsonl")],
+    "gsm8k_short": ["--train_datasets", str(GSM8K / "train.jsonl"), "--eval_datasets", str(GSM8K / "test.jsonl")],
 }
+SYSTEM_PROMPTS = {"arith": "arith", "gsm8k": "gsm8k", "gsm8k_short": "arith"}  # config/smollm2/<name>_system_prompt.txt
 pytestmark = pytest.mark.real
 # completion tokens in the one-step runs: enough for some of a group's completions to reach a reward the others miss,
 # so that step 1 has a gradient (24 tokens of GSM8K reasoning all end truncated with the same format score)
-ONE_STEP_TOKENS = {"arith": 24, "gsm8k": 96}
+ONE_STEP_TOKENS = {"arith": 24, "gsm8k": 96, "gsm8k_short": 48}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def smollm2(tmp_path_factory) -> Path:
 
 
 def recipe_args(recipe: str, model: Path) -> list:
-    if recipe == "gsm8k" and not GSM8K.is_dir():
+    if recipe.startswith("gsm8k") and not GSM8K.is_dir():
         pytest.skip(f"GSM8K is not at {GSM8K} (the shared data folder beside the checkout)")
     return [f"config/smollm2/grpo_{recipe}.json", "--actor_model_name_or_path", str(model), *RECIPES[recipe]]
 
@@ -43,7 +46,16 @@ def recipe_args(recipe: str, model: Path) -> list:
 def test_recipe_validates_against_the_imported_model(recipe, smollm2):
     config = load_config(recipe_args(recipe, smollm2))
     assert config.use_fusemt and config.use_fused_train_ops and config.kl_loss_coeff == 0.0
-    assert config.system_prompt == Path(f"config/smollm2/{recipe}_system_prompt.txt").read_text()
+    assert config.system_prompt == Path(f"config/smollm2/{SYSTEM_PROMPTS[recipe]}_system_prompt.txt").read_text()
+    if recipe == "gsm8k_short":  # SmolLM2's ChatML, a one-step and a two-step worked exchange, each ending "The answer is N."
+        assert config.calculation_steps == "1-2"
+        tokenizer = load_tokenizer(str(smollm2), config.chat_template)
+        turns = [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": "2+2?"}]
+        prompt = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        assert prompt.startswith("<|im_start|>system\n" + config.system_prompt + "<|im_end|>\n<|im_start|>user\nA baker makes 24 muffins")
+        assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+        assert "24 - 15 = 9 muffins left.\nThe answer is 9.<|im_end|>" in prompt
+        assert "12 + 2 = 14 dollars.\nThe answer is 14.<|im_end|>" in prompt
     if recipe == "gsm8k":  # SmolLM2's ChatML, two worked exchanges, the assistant's turn opened with the first tag
         tokenizer = load_tokenizer(str(smollm2), config.chat_template)
         for system in ([], [{"role": "system", "content": config.system_prompt}]):
@@ -61,8 +73,10 @@ def test_recipe_validates_against_the_imported_model(recipe, smollm2):
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_path):
-    eval_file = tmp_path / "eval.jsonl"  # the recipe's evaluation set, cut to 4 prompts
-    eval_file.write_text("".join(open(load_config(recipe_args(recipe, smollm2)).eval_datasets).readlines()[:4]))
+    eval_file = tmp_path / "eval.jsonl"  # the recipe's evaluation set (its calculation_steps applied), cut to 4 prompts
+    config = load_config(recipe_args(recipe, smollm2))
+    rows = select_by_calculation_steps(read_prompt_records(config.eval_datasets), config.calculation_steps, config.eval_datasets)
+    eval_file.write_text("".join(json.dumps(record.columns) + "\n" for record in rows[:4]))
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir", str(tmp_path / "launch"),
         "run_grpo.py", *recipe_args(recipe, smollm2), "--output_dir", str(tmp_path / "out"), "--eval_datasets", str(eval_file),
@@ -76,7 +90,6 @@ def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_p
     metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     evals, steps = [m for m in metrics if "eval_accuracy" in m], [m for m in metrics if "reward_mean" in m]
     assert [m["step"] for m in evals] == [0, 1] and evals[0]["eval_samples"] == 4
-    config = load_config(recipe_args(recipe, smollm2))
     assert {f"reward/{name}" for name in config.reward_functions} <= set(steps[0]) and steps[0]["reward_errors"] == 0
     assert steps[0]["grad_norm"] > 0 and steps[0]["response_length_max"] <= ONE_STEP_TOKENS[recipe]
     # every weight moved, by about one AdamW step of the learning rate

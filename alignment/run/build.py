@@ -20,7 +20,7 @@ from alignment.run.scorer import build_scorer
 from alignment.rollout import EngineSettings, SamplingParams, build_engine
 from alignment.rollout.multi_turn import TurnLimits, TurnSettings, check_template, tool_schemas, with_environment
 from alignment.run.config import GRPOConfig
-from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records
+from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records, select_by_calculation_steps
 from alignment.run.memory_plan import MemoryPlan, plan_memory
 from alignment.run.plugins import plugin_sources
 from alignment.run.start import model_folders
@@ -101,6 +101,7 @@ def load_prompts(paths: str, tokenizer, config: GRPOConfig):
     if needed_by is None and reference_readers([config.accuracy_function]):
         needed_by = f"accuracy_function {config.accuracy_function}; name one there that reads none"
     records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by)
+    records = select_by_calculation_steps(records, config.calculation_steps, paths)
     return encode_prompts(
         records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt, tool_schemas(config.tools)
     )

@@ -32,6 +32,7 @@ from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES
 from alignment.algo.schedule import SCHEDULES
 from alignment.errors import ConfigError
 from alignment.run.checks import check, show
+from alignment.run.data import parse_step_range
 from alignment.step.dashboards import DASHBOARDS, NONE, DashboardSettings
 
 
@@ -65,6 +66,11 @@ class GRPOConfig:
     eval_datasets: Optional[str] = _key(None, "Held-out jsonl file(s), comma-separated; none: no evaluation.")
     prompt_key: Optional[str] = _key(None, "Column holding the prompt; default: detected (src, question, messages, prompt).")
     response_key: Optional[str] = _key(None, "Column holding the reference answer; default: detected (tgt, answer, solution).")
+    calculation_steps: Optional[str] = _key(
+        None,
+        "Keep only the rows whose reference answer marks this many <<...>> calculations, as GSM8K's worked answers do: a count (2) "
+        "or a range (1-2); applies to train_datasets and eval_datasets. Default: every row.",
+    )
     system_prompt: Optional[str] = _key(None, "System prompt (text or a file) put before every prompt without one.")
     max_prompt_len: int = _key(512, "Longest prompt in tokens, chat template included.")
     skip_bad_rows: bool = _key(
@@ -892,6 +898,7 @@ def validate(c: GRPOConfig) -> GRPOConfig:
     for key in ("train_datasets", "eval_datasets"):
         _check_names_a_dataset(c, key)
         preflight.check_dataset_files(c, key)
+    _check_calculation_steps(c)
     prompt_batch, accumulation, mini_batch = _batch_sizes(c)
     _check_lengths(c)
     preflight.check_lengths_fit_model(c)
@@ -949,6 +956,7 @@ def validate_generation(c: GRPOConfig) -> GRPOConfig:
     from alignment.run import preflight
 
     _check_numbers_fit(c)
+    _check_calculation_steps(c)
     _check_lengths(c)
     _check_sampling(c)
     _check_reward_functions_named(c)
@@ -985,6 +993,14 @@ def _check_numbers_fit(c: GRPOConfig) -> None:
 def _check_names_a_dataset(c: GRPOConfig, key: str) -> None:
     paths = getattr(c, key) or ""
     check(key == "eval_datasets" and not paths or any(p.strip() for p in paths.split(",")), f"{key} = '{paths}' names no file")
+
+
+def _check_calculation_steps(c: GRPOConfig) -> None:
+    if c.calculation_steps is not None:
+        try:
+            parse_step_range(c.calculation_steps)
+        except ValueError as e:
+            raise ConfigError(f"calculation_steps = {e}") from None
 
 
 def _batch_sizes(c: GRPOConfig) -> tuple:

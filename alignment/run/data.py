@@ -11,6 +11,7 @@ Every other column of a row travels with it to the reward functions.
 import codecs
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -26,6 +27,8 @@ ROLES = ("system", "user", "assistant")
 # must not be read into memory as one line. Rows with long reference solutions or test cases fit well within it.
 MAX_LINE_BYTES = 64 * 2**20
 SKIPPED_SHOWN = 20  # skipped rows printed per file; the count covers them all
+# GSM8K's worked answers mark each calculation as <<48/2=24>>; the count of marks is the problem's number of steps.
+CALCULATION_MARK = re.compile(r"<<[^<>]*>>")
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,38 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
                 f"{path}: no rows left, all {len(skipped)} are bad; the first: {skipped[0]}" if skipped else f"{path}: the file has no rows"
             )
     return records
+
+
+def parse_step_range(text: str) -> tuple:
+    """calculation_steps' value -> (fewest, most): "2" -> (2, 2), "1-2" -> (1, 2); ValueError saying what is wrong."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if match is None:
+        raise ValueError(f"'{text}': expected a count (2) or a range (1-2) of calculation steps")
+    fewest, most = int(match[1]), int(match[2] or match[1])
+    if fewest > most:
+        raise ValueError(f"'{text}': the range runs backwards ({fewest} > {most})")
+    return fewest, most
+
+
+def calculation_steps(reference: Optional[str]) -> int:
+    """The <<...>> calculations a GSM8K-layout reference answer marks; 0 for a row without a reference."""
+    return len(CALCULATION_MARK.findall(reference or ""))
+
+
+def select_by_calculation_steps(records: list, steps: Optional[str], paths: str) -> list:
+    """The records whose reference marks a number of calculations within steps ("2", "1-2"; None: every record).
+    A selection that keeps nothing is a DataError naming the files and what their references hold."""
+    if steps is None:
+        return records
+    fewest, most = parse_step_range(steps)
+    kept = [r for r in records if fewest <= calculation_steps(r.answer) <= most]
+    if not kept:
+        found = sorted({calculation_steps(r.answer) for r in records})
+        raise DataError(
+            f"{paths}: no row's reference marks {steps} <<...>> calculations (calculation_steps); "
+            f"the counts found: {', '.join(map(str, found[:10]))}"
+        )
+    return kept
 
 
 def _reference_place(response_key: Optional[str]) -> str:

@@ -207,9 +207,9 @@ def resolve_resume(
 # batch keys are per process: they are compared times the number of processes, so a run may resume on
 # another layout with the same global batch.
 TRAINING_KEYS = (
-    "actor_model_name_or_path", "tokenizer_name_or_path", "chat_template", "train_datasets", "prompt_key", "response_key",
-    "system_prompt", "max_prompt_len", "prompt_truncation", "max_dec_len", "rollout_n", "seed", "lora_rank", "target_modules",
-    "tools", "environment", "max_turns", "max_turn_tokens", "async_generate",
+    "actor_model_name_or_path", "tokenizer_name_or_path", "chat_template", "train_datasets", "calculation_steps", "prompt_key",
+    "response_key", "system_prompt", "max_prompt_len", "prompt_truncation", "max_dec_len", "rollout_n", "seed", "lora_rank",
+    "target_modules", "tools", "environment", "max_turns", "max_turn_tokens", "async_generate",
 )
 PER_PROCESS_KEYS = ("per_device_prompt_batch_size", "mini_batch_size")
 # how to start, not what to train
