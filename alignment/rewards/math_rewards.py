@@ -2,7 +2,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .answers import answers_match, completion_answer, numbers_close, parse_number, reference_answer, sample_answer
+from .answers import _DIGITS, answers_match, completion_answer, numbers_close, parse_number, reference_answer, sample_answer
 from .registry import register_reward
 
 
@@ -23,7 +23,7 @@ def accuracy(completion: str, sample: Mapping[str, Any]) -> float:
 # GSM8K's worked answers mark each calculation as <<16-3-4=9>>: the text after the mark's last "=" is the step's result.
 _MARKED_RESULT = re.compile(r"<<[^<>]*=([^<>=]*)>>")
 # What a completion states after an equals sign: "= 9", "= $18", "=1,200.5", "= .5" (the sign and unit words aside).
-_STATED_RESULT = re.compile(r"=\s*\$?\s*(-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+))")
+_STATED_RESULT = re.compile(rf"=\s*\$?\s*(-?(?:{_DIGITS}|\.\d+))")
 
 
 def _step_value(text: str):
