@@ -12,7 +12,7 @@ grpo_config.json, ...) behind. The files are copied into a hidden folder beside 
 renamed into place once complete: an interrupted export leaves no half-written OUTPUT_DIR.
 
 --format gguf writes the model, tokenizer and chat template as one .gguf file (alignment/models/gguf_export.py) in
---outtype f32, f16 or q8_0; a LoRA checkpoint is first merged into its base model (alignment/merge_lora.py, in
+--outtype f32, f16, bf16 or q8_0; a LoRA checkpoint is first merged into its base model (alignment/merge_lora.py, in
 float32, into a hidden folder that is removed afterwards).
 
 A checkpoint whose run had a system_prompt (its grpo_config.json) is exported with that prompt as the chat template's

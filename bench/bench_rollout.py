@@ -1,12 +1,19 @@
 """Generation throughput of the rollout engines: tokens per second for the eager engine, the fused engine
 (built as the trainer builds it with use_fusemt; skipped with the reason on stderr where it cannot run:
 not written yet, operators not built, failed weight check), fused-bf16 (the same with cpu_bf16_matmul's bf16
-weight copies, on its own copy of the model) and, with
---torch-python, transformers' generate in PyTorch (bench/torch_generate.py under that interpreter).
+weight copies, on its own copy of the model), with --torch-python, transformers' generate in PyTorch
+(bench/torch_generate.py under that interpreter), and with --llama-cpp-python, llama.cpp (bench/llama_cpp_generate.py
+under that interpreter, llama-cpp-python 0.3.36 in .venv-llamacpp) on GGUF files of the same model.
 
     .venv/bin/python bench/bench_rollout.py [--shapes tiny,qwen2.5-0.5b] [--batches 8,32,128]
         [--engines eager,fused,fused-bf16] [--new-tokens 128] [--prompt 64] [--repeats N]
         [--torch-python /work/torch-venv/bin/python]
+        [--llama-cpp-python .venv-llamacpp/bin/python [--llama-cpp-types f16,bf16,q8_0]]
+
+Our bf16 engine beside llama.cpp's settings on the same CPU, at SmolLM2-135M's shape:
+
+    .venv/bin/python bench/bench_rollout.py --shapes smollm2-135m --batches 64 --engines fused-bf16 --new-tokens 128
+        --llama-cpp-python .venv-llamacpp/bin/python --llama-cpp-types f16,bf16,q8_0
 
 Models are Qwen2 with random (seeded) float32 weights, built from a config, never downloaded:
 tiny = hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate 768, vocabulary 4096;
@@ -17,16 +24,28 @@ eos out), sampled at temperature 1 over the whole vocabulary. Each engine runs o
 generate of 8 tokens, then --repeats timed ones (default 3 for tiny, 1 for qwen2.5-0.5b: one eager generate of
 128 x 128 tokens at that shape takes minutes here); tokens_per_second = batch * new_tokens / median
 seconds. Prints one JSON object per (shape, batch, engine) and a last one with the ratios between
-engines per shape and batch.
+engines per shape and batch (with llama.cpp: fused and fused-bf16 over each llama.cpp type and over the fastest,
+"..._over_llama.cpp_best").
+
+llama.cpp: the shape's model (build_model, the same seed: the same weights) is saved as a Hugging Face folder with
+the tiny model's tokenizer (data/tiny-qwen2, 451 tokens: the prompts are ids, never text) and written as one GGUF file
+per --llama-cpp-types entry by the project's exporter (alignment/models/gguf_export.py: linear weights in that type,
+norms and biases f32) into a temporary folder. Each (type, batch) runs in one llama_context with one sequence per
+prompt: all prompts prefilled in one llama_decode, then one llama_batch of one token per sequence per step, sampled
+by llama.cpp's temp(1) + dist sampler chain, eos ignored, warm-up and repeats as above (bench/llama_cpp_generate.py).
+Engine "llama.cpp-<type>", threads = OMP_NUM_THREADS. A missing interpreter or a llama_cpp that does not import is
+reported on stderr and the engine skipped.
 """
 
 import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -61,6 +80,8 @@ SHAPES = {
 }
 COMMON = dict(rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=2, pad_token_id=0, hidden_act="silu")
 DEFAULT_REPEATS = {"tiny": 3, "smollm2-135m": 1, "qwen2.5-0.5b": 1}
+# The GGUF files' tokenizer: byte-level BPE, 451 tokens (fewer than any shape's vocabulary), bos 0, eos 2 as COMMON
+GGUF_TOKENIZER = Path(__file__).resolve().parents[1] / "data" / "tiny-qwen2"
 
 
 def make_prompts(vocab: int, batch: int, length: int, seed: int) -> list:
@@ -133,6 +154,53 @@ def run_torch(python: str, shape: str, batches: list, args, repeats: int):
         print(f"bench_rollout: {' '.join(command[:2])} exited with {child.returncode}", file=sys.stderr)
 
 
+def llama_cpp_missing(python: str) -> str | None:
+    """Why `python` cannot run bench/llama_cpp_generate.py (no such interpreter, llama_cpp does not import), or None."""
+    try:
+        done = subprocess.run([python, "-c", "import llama_cpp, numpy"], capture_output=True, text=True, timeout=300)
+    except OSError as error:
+        return f"{python}: {error.strerror or error}"
+    lines = done.stderr.strip().splitlines()
+    return f"{python}: {lines[-1] if lines else f'exited with {done.returncode}'}" if done.returncode else None
+
+
+def export_ggufs(shape: str, seed: int, types: list, folder: Path) -> dict:
+    """build_model(shape, seed) -> {type: folder/<shape>-<type>.gguf}: saved as a Hugging Face folder with
+    GGUF_TOKENIZER's files (as tests/test_gguf_export.py exports random models), then the project's exporter."""
+    from alignment.models.gguf_export import write_gguf_file
+    from alignment.models.modeling import save_model
+
+    model_folder = folder / "model"
+    save_model(build_model(shape, seed), str(model_folder))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(GGUF_TOKENIZER / name, model_folder / name)
+    files = {kind: folder / f"{shape}-{kind}.gguf" for kind in types}
+    for kind, path in files.items():
+        write_gguf_file(model_folder, path, kind)
+    shutil.rmtree(model_folder)
+    return files
+
+
+def run_llama_cpp(python: str, shape: str, batches: list, args, repeats: int, types: list):
+    """bench/llama_cpp_generate.py under `python` on the shape's model exported as GGUF in each of `types`; yields
+    its JSON objects as they come."""
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-gguf-") as folder:
+        files = export_ggufs(shape, args.seed, types, Path(folder))
+        gc.collect()
+        command = [
+            python, str(Path(__file__).with_name("llama_cpp_generate.py")), "--shape", shape,
+            "--vocab", str(SHAPES[shape]["vocab_size"]), "--gguf", ",".join(f"{kind}={path}" for kind, path in files.items()),
+            "--batches", ",".join(map(str, batches)), "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt),
+            "--repeats", str(repeats), "--seed", str(args.seed),
+        ]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
+            for line in child.stdout:
+                if line.startswith("{"):
+                    yield json.loads(line)
+    if child.returncode:
+        print(f"bench_rollout: {' '.join(command[:2])} exited with {child.returncode}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="tiny,qwen2.5-0.5b")
@@ -143,6 +211,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed generates per point (default: 3 tiny, 1 qwen2.5-0.5b)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-python", default=None, help="a Python with torch + transformers: also run bench/torch_generate.py")
+    parser.add_argument("--llama-cpp-python", default=None,
+                        help="a Python with llama-cpp-python (.venv-llamacpp/bin/python): also run bench/llama_cpp_generate.py")
+    parser.add_argument("--llama-cpp-types", default="f16,bf16,q8_0", help="with --llama-cpp-python: the GGUF files' weight types")
     args = parser.parse_args()
     shapes = args.shapes.split(",")
     batches = [int(b) for b in args.batches.split(",")]
@@ -154,6 +225,16 @@ def main() -> None:
     for name in engines:
         if name not in ("eager", "fused", "fused-bf16"):
             parser.error(f"unknown engine '{name}' (eager, fused, fused-bf16; torch comes with --torch-python)")
+    llama_cpp_types = []
+    if args.llama_cpp_python:
+        from alignment.models.gguf_export import OUTTYPES
+
+        llama_cpp_types = [t for t in args.llama_cpp_types.split(",") if t]
+        if unknown := [t for t in llama_cpp_types if t not in OUTTYPES]:
+            parser.error(f"unknown --llama-cpp-types {unknown}; the GGUF export writes {', '.join(OUTTYPES)}")
+        if why_not := llama_cpp_missing(args.llama_cpp_python):
+            print(f"bench_rollout: llama.cpp is not available ({why_not}); skipping it", file=sys.stderr)
+            llama_cpp_types = []
 
     params = SamplingParams(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, temperature=1.0)
     threads = int(os.environ["OMP_NUM_THREADS"])
@@ -186,12 +267,21 @@ def main() -> None:
             for record in run_torch(args.torch_python, shape, batches, args, repeats):
                 speeds.setdefault((record["shape"], record["batch"]), {})["torch"] = record["tokens_per_second"]
                 print(json.dumps(record), flush=True)
+        if llama_cpp_types:
+            for record in run_llama_cpp(args.llama_cpp_python, shape, batches, args, repeats, llama_cpp_types):
+                speeds.setdefault((record["shape"], record["batch"]), {})[record["engine"]] = record["tokens_per_second"]
+                print(json.dumps(record), flush=True)
 
     ratios = {}
     for (shape, batch), by_engine in speeds.items():
         pairs = {f"{a}_over_{b}": round(by_engine[a] / by_engine[b], 2)
                  for a, b in (("fused", "eager"), ("fused-bf16", "fused"), ("fused", "torch"), ("eager", "torch"))
                  if a in by_engine and b in by_engine}
+        llama_cpp = {name: speed for name, speed in by_engine.items() if name.startswith("llama.cpp-")}
+        for ours in ("fused", "fused-bf16"):
+            if ours in by_engine and llama_cpp:
+                pairs.update({f"{ours}_over_{name}": round(by_engine[ours] / speed, 2) for name, speed in llama_cpp.items()})
+                pairs[f"{ours}_over_llama.cpp_best"] = round(by_engine[ours] / max(llama_cpp.values()), 2)
         if pairs:
             ratios[f"{shape}/{batch}"] = pairs
     print(json.dumps({"ratios": ratios}))

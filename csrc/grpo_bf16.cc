@@ -4,6 +4,7 @@
 // paddle 3.3 has no CPU bf16 matmul kernel, but the oneDNN it ships (paddle/libs/libdnnl.so.3) exports
 // dnnl_gemm_bf16bf16f32: C = alpha op(A) op(B) + beta C, row-major, bf16 A and B, fp32 C; oneDNN picks the
 // AMX, AVX512-BF16 or emulated kernel for the CPU it runs on. Measured with bench/bench_bf16_gemm.py.
+// grpo_dnnl_matmul.cc: the same products through oneDNN's matmul primitive on weights packed once, an alternative.
 //
 //   grpo_to_bf16(X fp32) -> bf16                      weight copies, made once per optimizer step
 //   grpo_bf16_matmul(X, Y, tx, ty) -> fp32            op(X) op(Y), X and Y fp32 or bf16; no gradient
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "grpo_bf16.h"
 #include "grpo_ops.h"
 
 extern "C" int dnnl_gemm_bf16bf16f32(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -63,20 +65,26 @@ void convert(const float* src, uint16_t* dst, int64_t n) {
 uint16_t* bf16_data(paddle::Tensor& t) { return static_cast<uint16_t*>(t.data()); }
 const uint16_t* bf16_data(const paddle::Tensor& t) { return static_cast<const uint16_t*>(t.data()); }
 
-void check_input(const paddle::Tensor& t, const char* op, const char* name, bool bf16_allowed) {
+}  // namespace
+
+void grpo::check_bf16_input(const paddle::Tensor& t, const char* op, const char* name, bool bf16_allowed) {
   PD_CHECK(t.is_cpu(), op, ": ", name, " must be on the CPU, it is on ", t.place().DebugString());
   PD_CHECK(t.dtype() == kF32 || (bf16_allowed && t.dtype() == kBF16), op, ": ", name, " must be float32",
            bf16_allowed ? " or bfloat16" : "", ", got ", phi::DataTypeToString(t.dtype()));
 }
 
-// A bf16 view of t: t itself when it is bf16 already, else a converted copy.
-paddle::Tensor as_bf16(const paddle::Tensor& t) {
+paddle::Tensor grpo::as_bf16(const paddle::Tensor& t) {
   const auto d = dense(t);
   if (d.dtype() == kBF16) return d;
   auto out = paddle::empty(d.shape(), kBF16, d.place());
   convert(d.data<float>(), bf16_data(out), d.numel());
   return out;
 }
+
+namespace {
+
+using grpo::as_bf16;
+using grpo::check_bf16_input;
 
 #ifdef __AVX512BF16__
 // Decode's products: a few rows of A (one per sequence) times B given as (n, k), one row per output. oneDNN's gemm
@@ -146,7 +154,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const paddle::Tenso
 }
 
 std::vector<paddle::Tensor> ToBf16(const paddle::Tensor& x) {
-  check_input(x, "grpo_to_bf16", "x", false);
+  check_bf16_input(x, "grpo_to_bf16", "x", false);
   return {as_bf16(x)};
 }
 
@@ -154,8 +162,8 @@ std::vector<paddle::Tensor> ToBf16(const paddle::Tensor& x) {
 std::vector<paddle::Tensor> Bf16Matmul(const paddle::Tensor& x_in, const paddle::Tensor& y_in, bool transpose_x,
                                        bool transpose_y) {
   const char* op = "grpo_bf16_matmul";
-  check_input(x_in, op, "x", true);
-  check_input(y_in, op, "y", true);
+  check_bf16_input(x_in, op, "x", true);
+  check_bf16_input(y_in, op, "y", true);
   PD_CHECK(y_in.shape().size() == 2 && (transpose_x ? x_in.shape().size() == 2 : !x_in.shape().empty()), op,
            ": y must be 2-D and x 2-D (or [..., K] without transpose_x), got x ", shape_str(x_in.shape()), " and y ",
            shape_str(y_in.shape()));
@@ -174,8 +182,8 @@ std::vector<paddle::Tensor> Bf16Matmul(const paddle::Tensor& x_in, const paddle:
 }
 
 void check_linear(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& wb, const char* op) {
-  check_input(x, op, "x", false);
-  check_input(w, op, "weight", false);
+  check_bf16_input(x, op, "x", false);
+  check_bf16_input(w, op, "weight", false);
   PD_CHECK(wb.is_cpu() && wb.dtype() == kBF16, op, ": weight_bf16 must be a bfloat16 CPU tensor, got ",
            phi::DataTypeToString(wb.dtype()));
   PD_CHECK(!x.shape().empty() && w.shape().size() == 2 && wb.shape() == w.shape() && x.shape().back() == w.shape()[0],

@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "grpo_math.h"
 #include "grpo_ops.h"
 
 namespace {
@@ -54,39 +55,8 @@ void cpu_only(const paddle::Tensor& t, const char* op) {
 }
 
 
-// exp for x <= 0 (arguments are max-subtracted logits), vectorisable under `omp simd`: Cephes
-// range reduction to 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, relative error ~2e-7,
-// about 0.5 ns an element on the build machine.
-// Returns exactly 0 for x < -87 (and -inf), where expf underflows anyway.
-#pragma omp declare simd
-inline float exp_nonpos(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;
-  // n = round(x / ln2) by the 1.5 * 2^23 trick, which vectorises where std::floor does not (8x here).
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof(scale));
-  return x < -87.0f ? 0.0f : p * scale;
-}
-
-// x[i] = exp(x[i] - mx) in place for the n values of one softmax row, mx their max -> the sum.
-inline float exp_shifted_sum(float* x, int64_t n, float mx) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = exp_nonpos(x[i] - mx);
-    sum += x[i];
-  }
-  return sum;
-}
+using grpo::exp_nonpos;
+using grpo::exp_shifted_sum;
 
 // ---------------------------------------------------------------------------------------------
 // 1. grpo_add_rms_norm

@@ -151,6 +151,75 @@ def test_linear_with_a_frozen_weight_gives_its_input_a_gradient_only(bf16_ops, r
     assert_within_bf16_bound(x.grad.numpy(), np.ones((5, 4)), w.numpy().astype(np.float64).T, "dx")
 
 
+# --------------------------------------------------------------------------------------------- prepacked weights
+
+
+@pytest.fixture
+def prepacked_ops(bf16_ops):
+    """oneDNN's bf16 matmul primitive exists on CPUs with AVX512 (bf16 emulated on AVX512F) or AMX; on an AVX2-only CPU
+    its gemm still emulates bf16 (the operators above) but the primitive has no implementation."""
+    try:
+        bf16_ops.grpo_prepack_bf16(paddle.ones([32, 32]), False, 1)
+    except Exception as error:  # OSError: grpo_prepack_bf16: oneDNN has no bf16 matmul for ...
+        pytest.skip(f"this CPU lacks a oneDNN bf16 matmul primitive ({str(error).splitlines()[0]})")
+    return bf16_ops
+
+
+def as_input(ops, a: np.ndarray, dtype: str):
+    tensor = paddle.to_tensor(a)
+    return ops.grpo_to_bf16(tensor) if dtype == "bfloat16" else tensor
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("transpose_w", [False, True])
+@pytest.mark.parametrize("k, n", [(576, 960), (100, 37)])  # SmolLM2's q|k|v, and sizes no block divides
+def test_prepacked_matmul_against_float64(prepacked_ops, rng, k, n, transpose_w, dtype):
+    """x (m, K) @ w through oneDNN's matmul primitive on w packed once for 64 rows, for fewer and more rows too (which
+    run primitives created for those rows, on the same packed layout)."""
+    rows_hint = 64
+    w = rng.standard_normal((n, k) if transpose_w else (k, n)).astype(np.float32)
+    packed = prepacked_ops.grpo_prepack_bf16(as_input(prepacked_ops, w, dtype), transpose_w, rows_hint)
+    assert packed.dtype == paddle.uint8 and packed.ndim == 1
+    w16 = bf16_round(w.T if transpose_w else w)  # (K, N): what either dtype holds once in bf16
+    for m in (1, 7, 64, 300):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        out = prepacked_ops.grpo_prepacked_matmul(as_input(prepacked_ops, x, dtype), packed, k, n, rows_hint).numpy()
+        assert out.shape == (m, n) and out.dtype == np.float32
+        assert_within_bf16_bound(out, x.astype(np.float64), (w.T if transpose_w else w).astype(np.float64), f"m = {m}")
+        # exactly the products of the bf16-rounded operands, up to fp32 summation (at most K 2^-24 |x| @ |w|)
+        x16 = bf16_round(x)
+        excess = np.abs(out - x16 @ w16) - 1.01 * k * 2.0**-24 * (np.abs(x16) @ np.abs(w16))
+        assert excess.max() <= 0, f"m = {m}: {excess.max():.3g} over fp32 summation's bound"
+
+
+def test_prepacked_matmul_keeps_leading_dimensions_and_empty_inputs(prepacked_ops, rng):
+    w = rng.standard_normal((24, 8)).astype(np.float32)
+    packed = prepacked_ops.grpo_prepack_bf16(paddle.to_tensor(w), False, 6)
+    x = rng.standard_normal((2, 3, 24)).astype(np.float32)
+    out = prepacked_ops.grpo_prepacked_matmul(paddle.to_tensor(x), packed, 24, 8, 6)
+    assert out.shape == [2, 3, 8]
+    np.testing.assert_array_equal(out.numpy(), prepacked_ops.grpo_bf16_matmul(paddle.to_tensor(x), paddle.to_tensor(w)).numpy())
+    assert prepacked_ops.grpo_prepacked_matmul(paddle.zeros([0, 24]), packed, 24, 8, 6).shape == [0, 8]
+
+
+def test_prepacked_matmul_names_a_packed_tensor_that_does_not_match(prepacked_ops):
+    packed = prepacked_ops.grpo_prepack_bf16(paddle.ones([576, 960]), False, 8)  # (K, N) = (576, 960)
+    x = paddle.ones([4, 960])
+    # (960, 576) packs to as many bytes as (576, 960): the header tells them apart
+    with pytest.raises(Exception, match=r"packed for \(k, n\) = \(576, 960\) with rows_hint 8, not for \(960, 576\)"):
+        prepacked_ops.grpo_prepacked_matmul(x, packed, 960, 576, 8)
+    with pytest.raises(Exception, match=r"with rows_hint 8, not for \(576, 960\) with rows_hint 16"):
+        prepacked_ops.grpo_prepacked_matmul(paddle.ones([4, 576]), packed, 576, 960, 16)
+    with pytest.raises(Exception, match=r"x must be \[\.\.\., 576\], got \[4, 960\]"):
+        prepacked_ops.grpo_prepacked_matmul(x, packed, 576, 960, 8)
+    with pytest.raises(Exception, match="not a packed weight"):
+        prepacked_ops.grpo_prepacked_matmul(paddle.ones([4, 576]), paddle.zeros([packed.shape[0]], "uint8"), 576, 960, 8)
+    with pytest.raises(Exception, match="packed must be a 1-D uint8 CPU tensor"):
+        prepacked_ops.grpo_prepacked_matmul(paddle.ones([4, 576]), paddle.ones([576, 960]), 576, 960, 8)
+    with pytest.raises(Exception, match="packed holds 100 bytes of weights"):
+        prepacked_ops.grpo_prepacked_matmul(paddle.ones([4, 576]), packed[: 64 + 100], 576, 960, 8)
+
+
 # --------------------------------------------------------------------------------------------- the actor
 
 

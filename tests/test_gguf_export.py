@@ -1,9 +1,9 @@
 """GGUF out (alignment/models/gguf_export.py, python -m alignment.export CHECKPOINT OUT.gguf --format gguf): a checkpoint of
-the bundled tiny model exported in f32, f16 and q8_0 and imported back (alignment/gguf.py) gives the weights, config,
-special tokens, chat template and tokenization back (f32 exactly, f16 / q8_0 as their rounding); a random Llama and
+the bundled tiny model exported in f32, f16, bf16 and q8_0 and imported back (alignment/gguf.py) gives the weights, config,
+special tokens, chat template and tokenization back (f32 exactly, f16 / bf16 / q8_0 as their rounding); a random Llama and
 Qwen3 round-trip through the q/k permutation and the per-head norms; a LoRA checkpoint is merged first. With
 GRPO_LLAMA_CPP_PYTHON (make test-gguf), llama.cpp's greedy continuation of the exported file equals the trainer's, token
-for token at f32, for the tiny model and for SmolLM2-135M-Instruct; at f16 / q8_0 the agreement is measured."""
+for token at f32, for the tiny model and for SmolLM2-135M-Instruct; at f16 / bf16 / q8_0 the agreement is measured."""
 
 import json
 import os
@@ -76,10 +76,18 @@ def test_f32_export_imports_back_exactly(checkpoint, tmp_path):
         assert tokenizer_back(text, add_special_tokens=False)["input_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"], text
 
 
-@pytest.mark.parametrize("outtype,qtype", [("f16", Q.F16), ("q8_0", Q.Q8_0)])
-def test_f16_and_q8_0_exports_hold_the_rounded_weights(checkpoint, outtype, qtype, tmp_path):
-    """Matrices rounded once: to fp16 (within 2^-11 of each value), or to Q8_0 blocks of 32 (within half a step, the
-    block's largest magnitude / 127, plus the fp16 rounding of that step); norms and biases stay fp32."""
+def bf16_rounded(w: np.ndarray) -> np.ndarray:
+    """w rounded to bfloat16 (8 significant bits) to the nearest, ties to even, in float64: frexp's mantissa in [0.5, 1)
+    times 2^8, rounded by np.rint (ties to even); exact for the normal numbers that weights are."""
+    mantissa, exponent = np.frexp(w.astype(np.float64))
+    return np.ldexp(np.rint(mantissa * 2.0**8), exponent - 8).astype(np.float32)
+
+
+@pytest.mark.parametrize("outtype,qtype", [("f16", Q.F16), ("bf16", Q.BF16), ("q8_0", Q.Q8_0)])
+def test_f16_bf16_and_q8_0_exports_hold_the_rounded_weights(checkpoint, outtype, qtype, tmp_path):
+    """Matrices rounded once: to fp16 (within 2^-11 of each value), to bf16 (the float64 rounding to 8 significant bits,
+    ties to even, as ggml's fp32 -> bf16 rounds; within 2^-8 of each value), or to Q8_0 blocks of 32 (within half a step,
+    the block's largest magnitude / 127, plus the fp16 rounding of that step); norms and biases stay fp32."""
     assert export_gguf(checkpoint, tmp_path / "tiny.gguf", outtype)["outtype"] == outtype
     imported = load_file(str(import_gguf(tmp_path / "tiny.gguf", tmp_path / "back") / "model.safetensors"))
     original = load_file(str(checkpoint / "model.safetensors"))
@@ -89,6 +97,10 @@ def test_f16_and_q8_0_exports_hold_the_rounded_weights(checkpoint, outtype, qtyp
             np.testing.assert_array_equal(weight, w, err_msg=name)
             continue
         np.testing.assert_array_equal(weight, dequantize(quantize(w, qtype), qtype).reshape(w.shape), err_msg=name)
+        if qtype == Q.BF16:
+            np.testing.assert_array_equal(weight, bf16_rounded(w), err_msg=name)
+            assert np.all(np.abs(weight - w) <= np.abs(w) * 2.0**-8), name
+            continue
         blocks = np.abs(w).reshape(w.shape[0], -1, 32)
         bound = blocks.max(axis=-1, keepdims=True) / 127 / 2 + blocks * 2.0**-10 if qtype == Q.Q8_0 else blocks * 2.0**-11 + 2.0**-25
         assert np.all(np.abs(weight - w).reshape(bound.shape) <= bound), name
@@ -224,7 +236,7 @@ def greedy_agreement(folder: Path, prompt_ids: list, max_new_tokens: int, tmp_pa
     """-> {outtype: (llama.cpp's answers identical, fraction of identical tokens, first divergence per answer)}."""
     expected, stop = trainer_greedy(folder, prompt_ids, max_new_tokens)
     measured = {}
-    for outtype in ("f32", "f16", "q8_0"):
+    for outtype in ("f32", "f16", "bf16", "q8_0"):
         assert export_gguf(folder, tmp_path / f"{outtype}.gguf", outtype)["pre"] == pre
         got = llama_cpp_greedy(tmp_path / f"{outtype}.gguf", prompt_ids, stop, max_new_tokens)
         measured[outtype] = (got == expected, *agreement(expected, got))
@@ -237,7 +249,7 @@ def greedy_agreement(folder: Path, prompt_ids: list, max_new_tokens: int, tmp_pa
 def test_tiny_greedy_equals_llama_cpp(checkpoint, tmp_path):
     measured = greedy_agreement(checkpoint, prompts(load_tokenizer(str(checkpoint)), 16), 48, tmp_path, "gpt-2")
     assert measured["f32"][0], measured["f32"]
-    assert measured["f16"][1] >= 0.9 and measured["q8_0"][1] >= 0.8, measured
+    assert measured["f16"][1] >= 0.9 and measured["bf16"][1] >= 0.9 and measured["q8_0"][1] >= 0.8, measured  # bf16: 0.95 here
 
 
 @pytest.mark.llamacpp

@@ -171,6 +171,7 @@ def test_the_update_estimate_is_near_the_measured_peak(ops):
     settings = MemorySettings(
         prompt_width=measured["prompt_width"], completion_width=96, group_size=8, generations=((4, 8),), training_ops=True,
         prefix_grouper=True, recompute=False, reference_model=False, lora_parameters=None, optimizer_share=1.0, logprob_chunk_tokens=512,
+        attention_weights_kept=not hasattr(ops, "grpo_attention"),
     )
     estimated = update_bytes(shape, settings, 32)
     assert abs(estimated / measured["added"] - 1) < 0.25, (estimated, measured)

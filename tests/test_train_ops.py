@@ -132,6 +132,61 @@ def test_masked_softmax_checks_the_mask(ops):
         ops.grpo_masked_softmax(paddle.ones([2, 2, 10, 4]), paddle.zeros([2, 1, 3, 4]), 1.0)
 
 
+def attention_reference(q, k, v, mask, group, scale):
+    """float64 softmax(scale q k^T + mask) v with the group's heads stacked: q (B, KVH, G T, D), mask (B, 1, T, S)."""
+    B, KVH, rows, D = q.shape
+    scores = paddle.matmul(q, k, transpose_y=True).reshape([B, KVH, group, rows // group, -1]) * scale
+    probs = paddle.nn.functional.softmax(scores + mask.astype("float64").unsqueeze(1), axis=-1)
+    return paddle.matmul(probs.reshape([B, KVH, rows, -1]), v)
+
+
+def needs_attention_op(ops):
+    if not hasattr(ops, "grpo_attention"):
+        pytest.skip("the operators were built without oneDNN (no libdnnl.so.3 in paddle's libs): no grpo_attention")
+
+
+# T past one 64-query block and not a multiple of it; G 1 and 3 (SmolLM2); S > T: a cached prompt of 5 keys that
+# every query sees (prefix_grouper's forward); padding of 0 to all but one key, and rows with none visible.
+@pytest.mark.parametrize("B,KVH,G,T,cached,D", [(3, 2, 3, 70, 0, 16), (2, 1, 1, 130, 0, 8), (2, 3, 3, 9, 5, 64), (1, 1, 2, 1, 0, 4)])
+def test_attention(ops, rng, B, KVH, G, T, cached, D):
+    needs_attention_op(ops)
+    first = [0, T - 1, T + 3][:B] if T > 1 else [0]
+    mask_np = padded_causal_mask(first, T)
+    if cached:  # every query also sees the cached keys in front
+        mask_np = np.concatenate([np.zeros((B, 1, T, cached), np.float32), mask_np], axis=-1)
+    mask = paddle.to_tensor(mask_np)
+    S, scale = T + cached, D**-0.5
+    inputs = [rng.standard_normal(shape) for shape in ((B, KVH, G * T, D), (B, KVH, S, D), (B, KVH, S, D))]
+    check_op(lambda q, k, v: ops.grpo_attention(q, k, v, mask, scale)[0],
+             lambda q, k, v: attention_reference(q, k, v, mask, G, scale), inputs, rng, "attention")
+
+
+def test_attention_gives_hidden_queries_the_uniform_average_and_no_gradient(ops, rng):
+    """A padded query sees no key: paddle's softmax gives it the mean of all values (the stored-weights path does too);
+    its output never reaches the loss, so its upstream gradient is 0 and so are its contributions."""
+    needs_attention_op(ops)
+    B, KVH, G, T, D = 1, 1, 2, 8, 4
+    mask = paddle.to_tensor(padded_causal_mask([3], T))
+    q, k, v = [leaf(rng.standard_normal(shape)) for shape in ((B, KVH, G * T, D), (B, KVH, T, D), (B, KVH, T, D))]
+    out = ops.grpo_attention(q, k, v, mask, 0.5)[0]
+    for head in range(G):
+        close(out.numpy()[0, 0, head * T : head * T + 3], np.tile(v.numpy()[0, 0].mean(0), (3, 1)), rng, "hidden queries")
+    upstream = np.ones(out.shape, np.float32)
+    upstream[0, 0, 0:3] = upstream[0, 0, T : T + 3] = 0.0  # the hidden queries' outputs are not used
+    grads = paddle.grad(out, [q, k, v], paddle.to_tensor(upstream))
+    assert not grads[0].numpy()[0, 0, 0:3].any() and not grads[0].numpy()[0, 0, T : T + 3].any()
+    assert not grads[1].numpy()[0, 0, :3].any() and not grads[2].numpy()[0, 0, :3].any()
+
+
+def test_attention_checks_its_inputs(ops):
+    needs_attention_op(ops)
+    k = v = paddle.ones([2, 1, 5, 4])
+    with pytest.raises(Exception, match=r"shapes disagree"):
+        ops.grpo_attention(paddle.ones([2, 1, 10, 4]), k, v, paddle.zeros([2, 1, 3, 5]), 1.0)  # 10 rows: not G x 3
+    with pytest.raises(Exception, match=r"must be float32"):
+        ops.grpo_attention(paddle.ones([2, 1, 10, 4], "float64"), k, v, paddle.zeros([2, 1, 5, 5]), 1.0)
+
+
 @pytest.mark.parametrize("B,H,T,D", [(2, 9, 5, 64), (1, 3, 1, 16), (3, 2, 7, 8)])
 def test_heads_to_tokens(ops, rng, B, H, T, D):
     def reference(x):

@@ -4,8 +4,9 @@ On a CPU, paddle runs Qwen2 / Llama's RMSNorm, rotary embedding, SwiGLU and atte
 chains of broadcast elementwise kernels, and their backward passes (MultiplyGrad, PowGrad, TileGrad)
 took more of a policy update than the matmuls did (bench/RESULTS.md). use_training_ops swaps, in every
 decoder layer, the two norms, the attention and the MLP, and the final norm, for modules that call
-grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens and grpo_silu_mul, which have
-backward kernels; Qwen3's per-head q/k RMSNorms go through grpo_rms_norm too.
+grpo_rms_norm, grpo_rope_qkv, grpo_attention (or, built without oneDNN, grpo_masked_softmax between two matmuls),
+grpo_heads_to_tokens and grpo_silu_mul, which have backward kernels; Qwen3's per-head q/k RMSNorms go through
+grpo_rms_norm too.
 
 The swapped modules hold the model's own Parameter objects (and Linear layers) under the same names:
 the state_dict, checkpoints, the optimizer's state and the fused rollout engine's in-place weight
@@ -195,11 +196,19 @@ class TrainingAttention(nn.Layer):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)  # (B, KVH, S, D) with the cached tokens
         grouped = q.reshape([batch, self.num_kv_heads, -1, self.head_dim])  # (B, KVH, G T, D)
-        scores = paddle.matmul(grouped, k, transpose_y=True)  # (B, KVH, G T, S)
-        probs = self.ops.grpo_masked_softmax(scores, attention_mask, self.scaling)  # mask (B, 1, T, S)
-        out = paddle.matmul(probs, v).reshape([batch, self.num_heads, length, self.head_dim])  # (B, H, T, D)
+        out = self._attend(grouped, k, v, attention_mask).reshape([batch, self.num_heads, length, self.head_dim])  # (B, H, T, D)
         out = self.ops.grpo_heads_to_tokens(out, self.num_heads)  # (B, T, H D)
         return _project(out, [self.o_proj], self.o_proj.bias, self.bf16), None
+
+    def _attend(self, grouped, k, v, attention_mask):
+        """softmax(q k^T * scaling + mask) v: (B, KVH, G T, D) queries, (B, KVH, S, D) keys and values, mask (B, 1, T, S).
+        grpo_attention never stores the (B, KVH, G T, S) weights (where paddle ships oneDNN); else two matmuls around
+        the masked softmax."""
+        if hasattr(self.ops, "grpo_attention"):
+            return self.ops.grpo_attention(grouped, k, v, attention_mask, self.scaling)[0]
+        scores = paddle.matmul(grouped, k, transpose_y=True)  # (B, KVH, G T, S)
+        probs = self.ops.grpo_masked_softmax(scores, attention_mask, self.scaling)
+        return paddle.matmul(probs, v)
 
     def _norm_qk_heads(self, qkv):
         """RMSNorm over each q head with q_norm and each k head with k_norm (weights (D,)): (B, T, (H + 2 KVH) D)

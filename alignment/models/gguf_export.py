@@ -3,9 +3,9 @@ of alignment/gguf.py and what llama.cpp's convert_hf_to_gguf.py writes for the s
 
 - the hyperparameters as {arch}.* keys (attention.key_length always with attention.value_length: llama.cpp reads
   a key length without a value length as a model it cannot build);
-- linear weights in the chosen type (F32, F16, or Q8_0 through the `gguf` package's numpy quantizer), norms and
-  biases in F32; a tied model has no `output` tensor; for the llama architecture the rows of q and k interleaved
-  per head (llama.cpp rotates adjacent pairs, transformers rotates halves);
+- linear weights in the chosen type (F32, F16, BF16 or Q8_0; BF16 and Q8_0 through the `gguf` package's numpy
+  quantizer, which rounds as ggml does), norms and biases in F32; a tied model has no `output` tensor; for the llama
+  architecture the rows of q and k interleaved per head (llama.cpp rotates adjacent pairs, transformers rotates halves);
 - Llama 3.1+'s rotary scaling (rope_scaling with rope_type llama3) as the rope_freqs.weight tensor (F32, head_dim/2
   divisors of the inverse frequencies), and its original context as {arch}.rope.scaling.original_context_length (which
   llama.cpp uses for YaRN only), so that the import reads the parameters back;
@@ -57,6 +57,7 @@ logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer logs each file
 OUTTYPES = {
     "f32": (Q.F32, gguf.LlamaFileType.ALL_F32),
     "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": (Q.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
 }
 

@@ -6,7 +6,7 @@ The activations are counted tensor by tensor from what the decoder layers keep f
 fused_train.py's modules; paddleformers' own are measured to keep more, ACTIVATION_FACTOR_EAGER): per token of a row,
 each layer keeps its input, the normed input, q, k, v, the attention output, the residual, the second norm, gate|up and
 silu(gate)*up: 6 H + 2 KVH D + 3 I floats; and per pair of (query, key) positions each head keeps one softmax
-probability. bench/bench_step.py prints each run's estimate beside its measured peak (bench/RESULTS.md, "Memory")."""
+probability, or, with grpo_attention (csrc/grpo_attention.cc), per query two floats. bench/bench_step.py prints each run's estimate beside its measured peak (bench/RESULTS.md, "Memory")."""
 
 import math
 from dataclasses import dataclass
@@ -93,6 +93,9 @@ class MemorySettings:
     lora_parameters: Optional[int]  # the adapters' parameters with LoRA; None: every weight is trained
     optimizer_share: float  # the fraction of AdamW's state this process keeps (1 / sharding degree)
     logprob_chunk_tokens: int
+    # the attention's softmax weights, one float per (query, key) pair and head (the training operators built without
+    # oneDNN); grpo_attention keeps two floats per query and head instead (its row max and 1 / sum)
+    attention_weights_kept: bool = True
 
     @property
     def row_tokens(self) -> int:  # padded tokens of one row, as the token budget counts them
@@ -143,7 +146,8 @@ def update_bytes(shape: ModelShape, settings: MemorySettings, rows: int) -> int:
         pairs = groups * width * width + rows * length * keys
     else:
         tokens, pairs = rows * keys, rows * keys * keys
-    layer = tokens * shape.kept_floats_per_token + shape.heads * pairs  # floats one layer keeps
+    attention = pairs if settings.attention_weights_kept else 2 * tokens
+    layer = tokens * shape.kept_floats_per_token + shape.heads * attention  # floats one layer keeps
     kept = shape.layers * layer if not settings.recompute else shape.layers * tokens * shape.hidden + layer
     if not settings.training_ops:
         kept *= ACTIVATION_FACTOR_EAGER

@@ -25,6 +25,9 @@ Inputs come first and attributes after them, positionally or by keyword:
     weight_bf16 = ops.grpo_to_bf16(weight)                    # where paddle ships oneDNN: bf16 products, fp32 sums
     out = ops.grpo_bf16_matmul(x, y, transpose_x, transpose_y)  # x, y float32 or bfloat16; no gradient
     out, x_saved = ops.grpo_bf16_linear(x, weight, weight_bf16, weight_grad)  # with backward to x and weight
+    out, row_max, row_inv_sum = ops.grpo_attention(q, k, v, mask, scale)  # softmax(scale q k^T + mask) v, with backward
+    packed = ops.grpo_prepack_bf16(weight, transpose_w, rows_hint)  # weight (K, N) or (N, K) in oneDNN matmul's layout
+    out = ops.grpo_prepacked_matmul(x, packed, k, n, rows_hint)  # x (..., K) @ the packed weight, fp32; no gradient
 
 grpo_silu_mul has a backward kernel too. grpo_rope_kv_write, grpo_stop_update and grpo_compact_rows
 write their cache / presence / x argument in place and also return it, as grpo_logprob_rows_grad writes the
@@ -124,11 +127,24 @@ def grpo_bf16_linear(x, weight, weight_bf16, weight_grad: bool):
     return _run("grpo_bf16_linear", x, weight, weight_bf16, bool(weight_grad))
 
 
+def grpo_attention(q, k, v, mask, scale: float):
+    return _run("grpo_attention", q, k, v, mask, float(scale))
+
+
+def grpo_prepack_bf16(weight, transpose_w: bool, rows_hint: int):
+    return _run("grpo_prepack_bf16", weight, bool(transpose_w), int(rows_hint))
+
+
+def grpo_prepacked_matmul(x, packed, k: int, n: int, rows_hint: int):
+    return _run("grpo_prepacked_matmul", x, packed, int(k), int(n), int(rows_hint))
+
+
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
        grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens, grpo_logprob_rows,
        grpo_logprob_rows_grad)
 MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
-DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear)  # csrc/grpo_bf16.cc: only where paddle ships oneDNN
+# csrc/grpo_bf16.cc, grpo_attention.cc and grpo_dnnl_matmul.cc: only where paddle ships oneDNN
+DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear, grpo_attention, grpo_prepack_bf16, grpo_prepacked_matmul)
 
 
 def _stale() -> bool:

@@ -15,6 +15,7 @@ from alignment.errors import MemoryPlanError
 from alignment.models.memory import (
     FAST_ACTIVATIONS, MemoryEstimate, MemorySettings, ModelShape, TokenBudget, estimate_memory, gigabytes, lora_parameters, rows_within,
 )
+from alignment.rollout.ops import load_ops
 from alignment.run.config import GRPOConfig
 
 TARGET_SHARE = 0.6  # the default budget keeps the estimated peak under this share of the limit: room for the estimate's error
@@ -72,6 +73,7 @@ def memory_settings(config: GRPOConfig, shape: ModelShape, prompt_width: int, wo
         lora_parameters=lora_parameters(shape, config.lora_rank, config.target_modules) if config.lora else None,
         optimizer_share=1.0 / sharding if config.sharding else 1.0,
         logprob_chunk_tokens=config.logprob_chunk_tokens,
+        attention_weights_kept=not (config.use_fused_train_ops and hasattr(load_ops()[0], "grpo_attention")),
     )
 
 

@@ -1,0 +1,230 @@
+"""Where a GRPO step's time goes: each phase's matrix products against everything else, per operator, from paddle's
+profiler.
+
+    .venv/bin/python bench/bench_profile.py [--model models/SmolLM2-135M-Instruct] [--phases rollout,update]
+        [--prompts 8] [--rollout_n 8] [--prompt 64] [--completion 128] [--precisions bf16,fp32] [--repeats 2]
+
+bench/bench_step.py's SmolLM2 workload (8 prompts x 8 completions, a 64-token prompt and exactly 128 completion
+tokens, one micro-batch), with random prompt ids, as the trainer runs it with use_fusemt and use_fused_train_ops:
+- rollout: the fused engine (alignment/rollout/fused.py; bf16 copies of the weights with bf16) generates the 64
+  completions at temperature 1 (min_new_tokens = max_new_tokens: eos never ends a row);
+- update: one micro-batch's forward (the decoder layers with each shared prompt run once, alignment/models/
+  prefix_grouper.py, then the log-prob head 512 tokens at a time), a GRPO-style loss (sum of log-prob x advantage
+  over the tokens), its backward, and one AdamW step.
+Each phase runs once to warm up, --repeats times timed without the profiler (seconds_per_<phase>), then --repeats
+times under paddle.profiler (CPU events), each operator's own time (its events less those inside them) summed into:
+- matmul: the projections' and the head's products (grpo_bf16_linear and its grad, grpo_bf16_matmul; the fused
+  engine's packed and paddle matmuls in fp32);
+- attention: the training attention and its grad (grpo_attention; or the paddle matmuls around grpo_masked_softmax),
+  the rollout's attention over its cache (grpo_cache_attention);
+- optimizer (AdamW), weight_copies (the bf16 copies remade after an optimizer step), elementwise (the rest: norms,
+  rotary, SwiGLU, the head's row kernels, sampling, adds, copies).
+In fp32 the update's projections are paddle matmuls (F.linear) like the attention's batched products, which the
+events cannot tell apart: there "attention" holds both. Prints one JSON object per (phase, precision): seconds, each
+category's seconds and its share of the phase's wall time (the rest: Python and the framework between operators),
+and the ten largest operators.
+"""
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+
+configure_cpu_runtime()
+paddle = import_paddle()
+
+import numpy as np  # noqa: E402
+
+from alignment.algo.logprobs import chunked_token_logprobs  # noqa: E402
+from alignment.models.fused_train import groups_prompts, head_kernels, use_training_ops, weights_changed  # noqa: E402
+from alignment.models.modeling import completion_hidden, make_token_batch, output_head  # noqa: E402
+from alignment.rollout import EngineSettings, build_engine  # noqa: E402
+from alignment.rollout.base import SamplingParams  # noqa: E402
+from alignment.rollout.ops import load_ops  # noqa: E402
+
+# What each operator is, by the name its profiler event gets (see event_name). In bf16 the update's projections are
+# grpo_bf16_linear and the head's products grpo_bf16_matmul, so its only paddle matmuls are the attention's (where
+# grpo_attention is not built); in fp32 the projections are paddle matmuls too and count as attention (docstring).
+MATMUL = ("grpo_bf16_linear", "grpo_bf16_linear_grad", "grpo_bf16_matmul", "grpo_packed_matmul")
+ATTENTION = (
+    "grpo_attention", "grpo_attention_grad", "grpo_cache_attention", "matmul", "MatmulGradNode", "grpo_masked_softmax",
+    "grpo_masked_softmax_grad",
+)
+OPTIMIZER = ("adamw_",)
+WEIGHT_COPIES = ("grpo_to_bf16",)  # the bf16 copies of the weights, remade after each optimizer step
+
+
+def category(name: str, phase: str) -> str:
+    if name in MATMUL or (phase == "rollout" and name == "matmul"):  # the fused engine's fp32 products
+        return "matmul"
+    if name in ATTENTION:
+        return "attention"
+    if name in OPTIMIZER:
+        return "optimizer"
+    if name in WEIGHT_COPIES:
+        return "weight_copies"
+    return "elementwise"
+
+
+def event_name(event: dict) -> str:
+    """'matmul dygraph[1.2 ms]' -> 'matmul'; 'Global_CustomOpGradNode: grpo_bf16_linear_grad[..]' ->
+    'grpo_bf16_linear_grad'; 'Global_MatmulGradNode[..]' -> 'MatmulGradNode'; a RecordEvent keeps its name."""
+    name = re.sub(r"\[[^\]]*\]$", "", event["name"]).removesuffix(" dygraph")
+    return name.split(": ")[-1].removeprefix("Global_")
+
+
+def record_custom_ops(ops) -> None:
+    """The compiled operators' forward calls get no profiler event of their own (their backward does, as a grad node):
+    wrap each in one named after it. The model's modules and the engine hold this same namespace, so they call the
+    wrappers."""
+    import paddle.profiler as profiler
+
+    def recorded(name, function):
+        def call(*args, **kwargs):
+            with profiler.RecordEvent(name):
+                return function(*args, **kwargs)
+
+        return call
+
+    for name in [n for n in dir(ops) if n.startswith("grpo_")]:
+        setattr(ops, name, recorded(name, getattr(ops, name)))
+
+
+def operator_seconds(trace: Path) -> dict:
+    """Each operator's own time in a chrome-trace JSON: its events' durations less those of the events inside them
+    (an operator calling another, the head's backward calling its products), so that nothing counts twice. The
+    Python-side events (the wrappers of record_custom_ops) and the C++ ones of the same thread carry different tid
+    labels ("123(Python)", "123(C++)"): both are the thread 123."""
+    events = [
+        e for e in json.loads(trace.read_text())["traceEvents"]
+        if e.get("ph") == "X" and (e.get("cat") == "Operator" or (e.get("cat") == "PythonUserDefined" and e["name"].startswith("grpo_")))
+    ]
+    totals = defaultdict(float)
+    for thread in {re.match(r"\d+", str(e["tid"])).group() for e in events}:
+        stack = []  # [end time, name, own microseconds] of the events that enclose the current one
+        ordered = sorted((e for e in events if re.match(r"\d+", str(e["tid"])).group() == thread), key=lambda e: (e["ts"], -e["dur"]))
+        for event in ordered + [None]:
+            while stack and (event is None or event["ts"] >= stack[-1][0]):
+                _, name, own = stack.pop()
+                totals[name] += own / 1e6
+            if event is not None:
+                if stack:
+                    stack[-1][2] -= event["dur"]
+                stack.append([event["ts"] + event["dur"], event_name(event), event["dur"]])
+    return totals
+
+
+def build(model_dir: str, bf16: bool):
+    from alignment.model_source import load_model
+
+    model = load_model(Path(model_dir))
+    why_not = use_training_ops(model, bf16=bf16)
+    if why_not:
+        sys.exit(f"bench_profile: the training operators cannot run: {why_not}")
+    return model
+
+
+def rollout_phase(model, bf16: bool, prompts: list, rollout_n: int, completion: int):
+    eos = model.config.eos_token_id
+    engine = build_engine(EngineSettings(fused=True), model, eos if isinstance(eos, list) else [eos], 0, bf16)
+    params = SamplingParams(max_new_tokens=completion, min_new_tokens=completion, temperature=1.0)
+    return lambda: engine.generate(prompts, rollout_n, params)
+
+
+def update_phase(model, prompts: list, rollout_n: int, completion: int, rng):
+    model.train()
+    optimizer = paddle.optimizer.AdamW(learning_rate=1e-6, parameters=model.parameters())
+    rows = [p for p in prompts for _ in range(rollout_n)]
+    vocab = model.config.vocab_size
+    batch = make_token_batch(rows, rng.integers(3, vocab, size=(len(rows), completion)), np.ones((len(rows), completion), np.float32), 0)
+    advantages = paddle.to_tensor(rng.standard_normal((len(rows), 1)).astype(np.float32))
+
+    def one_update():
+        hidden = completion_hidden(model, batch, groups_prompts(model, recompute=False))
+        weight, bias = output_head(model)
+        logprobs, _ = chunked_token_logprobs(hidden, weight, bias, batch.completion_ids, 1.0, 512, head_kernels(model))
+        loss = -(logprobs * advantages).sum() / logprobs.numel()
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        weights_changed(model)
+
+    return one_update
+
+
+def profile(run, repeats: int) -> tuple:
+    """-> (wall seconds per run without the profiler, {operator: own seconds per run} under it)."""
+    import paddle.profiler as profiler
+
+    run()  # warm-up
+    began = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    wall = (time.perf_counter() - began) / repeats
+    with tempfile.TemporaryDirectory() as folder:
+        prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], on_trace_ready=lambda _: None)
+        prof.start()
+        for _ in range(repeats):
+            run()
+        prof.stop()
+        trace = Path(folder) / "trace.json"
+        prof.export(str(trace), format="json")
+        return wall, {name: seconds / repeats for name, seconds in operator_seconds(trace).items()}
+
+
+def report(phase: str, precision: str, wall: float, totals: dict, args) -> dict:
+    by_category = defaultdict(float)
+    for name, seconds in totals.items():
+        by_category[category(name, phase)] += seconds
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:10]
+    return {
+        "phase": phase, "precision": precision, "seconds": round(wall, 2),
+        **{f"{key}_seconds": round(value, 2) for key, value in sorted(by_category.items())},
+        **{f"{key}_share": round(value / wall, 3) for key, value in sorted(by_category.items())},
+        "outside_operators_seconds": round(wall - sum(by_category.values()), 2),
+        "top_operators": {name: round(seconds, 3) for name, seconds in top},
+        "prompts": args.prompts, "rollout_n": args.rollout_n, "prompt": args.prompt, "completion": args.completion, "model": args.model,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="models/SmolLM2-135M-Instruct")
+    parser.add_argument("--phases", default="rollout,update")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--rollout_n", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--completion", type=int, default=128)
+    parser.add_argument("--precisions", default="bf16,fp32")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    phases, precisions = args.phases.split(","), args.precisions.split(",")
+    if set(phases) - {"rollout", "update"} or set(precisions) - {"bf16", "fp32"}:
+        parser.error("phases: rollout, update; precisions: bf16, fp32")
+    ops, why_not = load_ops()
+    if ops is None:
+        sys.exit(f"bench_profile: the compiled operators are not available: {why_not}")
+    record_custom_ops(ops)
+    rng = np.random.default_rng(0)
+    for precision in precisions:
+        model = build(args.model, precision == "bf16")
+        prompts = [rng.integers(3, model.config.vocab_size, size=args.prompt).tolist() for _ in range(args.prompts)]
+        for phase in phases:
+            if phase == "rollout":
+                run = rollout_phase(model, precision == "bf16", prompts, args.rollout_n, args.completion)
+            else:
+                run = update_phase(model, prompts, args.rollout_n, args.completion, rng)
+            wall, totals = profile(run, args.repeats)
+            print(json.dumps(report(phase, precision, wall, totals, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

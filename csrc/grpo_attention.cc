@@ -1,0 +1,231 @@
+// grpo_attention: the training attention softmax(scale * q k^T + mask) v, forward and backward, without the
+// (B, KVH, G T, S) score and weight tensors in memory: the update kept one fp32 copy of each per layer for backward
+// (85 MB a layer at 64 rows of 192 tokens) and spent more time writing and reading them than multiplying.
+//
+//   grpo_attention(Q (B, KVH, G T, D), K (B, KVH, S, D), V (B, KVH, S, D), Mask (B, 1, T, S), scale)
+//       -> Out (B, KVH, G T, D), RowMax (B, KVH, G T), RowInvSum (B, KVH, G T)
+//
+// The G query heads sharing a KV head are stacked (row g T + t is head g's query t), as TrainingAttention lays them
+// out; the mask is paddleformers' additive one. Per (sequence, KV head) and block of kBlock queries, the products
+// run through oneDNN's sgemm (fp32: its bf16 gemm is slower than its sgemm with an inner dimension of 64, measured in
+// bench/RESULTS.md) on the block's scores kept in cache, and only each row's max and 1 / sum are stored. Backward
+// recomputes the weights from them: dP = dO V^T, dS = scale P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q, dV = P^T dO.
+//
+// Keys that the mask hides from every query of a block (a value below kHidden: paddleformers writes float32's
+// lowest) are skipped: causal attention over a block sees only the keys up to its last query, and left padding
+// hides the first ones. Their weights would be exactly 0 (exp of less than -87 is 0 in exp_nonpos), so skipping
+// changes no value. A query that sees no key at all (a padding position) keeps paddle's softmax's answer, the
+// uniform average over all S keys: its block then spans every key.
+
+#ifdef GRPO_WITH_DNNL
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "grpo_math.h"
+#include "grpo_ops.h"
+
+extern "C" int dnnl_sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+namespace {
+
+using grpo::dense;
+using grpo::exp_nonpos;
+using grpo::shape_str;
+constexpr auto kF32 = paddle::DataType::FLOAT32;
+constexpr int64_t kBlock = 64;     // queries of one head per block
+constexpr float kHidden = -1e30f;  // a mask value below this hides the key
+
+struct Dims {
+  int64_t B, KVH, G, T, S, D;
+};
+
+// C (m, n) = alpha op(A) op(B) + beta C, row-major; one thread (called inside the parallel loops).
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const int status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  PD_CHECK(status == 0, "grpo_attention: dnnl_sgemm failed with oneDNN status ", status);
+}
+
+// The keys [first, last) that some query t0 <= t < t1 of sequence b sees; all S where one of them sees none.
+std::pair<int64_t, int64_t> visible_keys(const float* mask, const Dims& d, int64_t b, int64_t t0, int64_t t1) {
+  int64_t first = d.S, last = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* row = mask + (b * d.T + t) * d.S;
+    int64_t lo = 0, hi = d.S;
+    while (lo < hi && row[lo] < kHidden) ++lo;
+    if (lo == hi) return {0, d.S};
+    while (row[hi - 1] < kHidden) --hi;
+    first = std::min(first, lo);
+    last = std::max(last, hi);
+  }
+  return {first, last};
+}
+
+// scores (rows, n) -> scale * scores + mask in place, over the keys [first, first + n) (mask_rows points at the first
+// row's key `first`) -> each row's max.
+void scale_and_mask(float* scores, int64_t rows, int64_t n, const float* mask_rows, int64_t mask_stride, float scale,
+                    float* row_max) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = scores + r * n;
+    const float* m = mask_rows + r * mask_stride;
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; ++j) {
+      x[j] = x[j] * scale + m[j];
+      mx = std::max(mx, x[j]);
+    }
+    row_max[r] = mx;
+  }
+}
+
+// Masked, scaled scores (rows, n) -> the attention weights exp(x - max) / sum in place, 1 / sum of each row stored.
+void weights_from_scores(float* x, int64_t rows, int64_t n, const float* row_max, float* row_inv_sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * n;
+    const float inv = 1.0f / grpo::exp_shifted_sum(xr, n, row_max[r]);
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) xr[j] *= inv;
+    row_inv_sum[r] = inv;
+  }
+}
+
+// The same in backward from the forward's stored max and 1 / sum: the weights are the forward's to the bit.
+void recomputed_weights(float* x, int64_t rows, int64_t n, const float* row_max, const float* row_inv_sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * n;
+    const float mx = row_max[r], inv = row_inv_sum[r];
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) xr[j] = exp_nonpos(xr[j] - mx) * inv;
+  }
+}
+
+Dims check_inputs(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v, const paddle::Tensor& mask) {
+  const char* op = "grpo_attention";
+  for (const auto* t : {&q, &k, &v, &mask}) {
+    PD_CHECK(t->is_cpu() && t->dtype() == kF32, op, ": inputs must be float32 CPU tensors, got ",
+             phi::DataTypeToString(t->dtype()), " on ", t->place().DebugString());
+  }
+  const auto qs = q.shape(), ks = k.shape(), ms = mask.shape();
+  PD_CHECK(qs.size() == 4 && ks.size() == 4 && v.shape() == ks && ms.size() == 4, op,
+           ": expected q [B, KVH, G T, D], k and v [B, KVH, S, D], mask [B, 1, T, S], got q ", shape_str(qs), ", k ",
+           shape_str(ks), ", v ", shape_str(v.shape()), ", mask ", shape_str(ms));
+  const int64_t T = ms[2];
+  PD_CHECK(ks[0] == qs[0] && ks[1] == qs[1] && ks[3] == qs[3] && ms[0] == qs[0] && ms[1] == 1 && ms[3] == ks[2] &&
+               T > 0 && qs[2] % T == 0,
+           op, ": shapes disagree: q ", shape_str(qs), ", k ", shape_str(ks), ", mask ", shape_str(ms));
+  return {qs[0], qs[1], qs[2] / T, T, ks[2], qs[3]};
+}
+
+std::vector<paddle::Tensor> Attention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, const paddle::Tensor& v_in,
+                                      const paddle::Tensor& mask_in, float scale) {
+  const Dims d = check_inputs(q_in, k_in, v_in, mask_in);
+  const auto q_t = dense(q_in), k_t = dense(k_in), v_t = dense(v_in), m_t = dense(mask_in);
+  auto out = paddle::empty(q_t.shape(), kF32, q_t.place());
+  auto row_max = paddle::empty({d.B, d.KVH, d.G * d.T}, kF32, q_t.place());
+  auto row_inv_sum = paddle::empty({d.B, d.KVH, d.G * d.T}, kF32, q_t.place());
+  const float *q = q_t.data<float>(), *k = k_t.data<float>(), *v = v_t.data<float>(), *mask = m_t.data<float>();
+  float *o = out.data<float>(), *mx = row_max.data<float>(), *inv = row_inv_sum.data<float>();
+  const int64_t blocks = (d.T + kBlock - 1) / kBlock;
+  // `parallel for` with each task's scratch its own: a `for` inside a `parallel` region did not share out its
+  // iterations with the OpenMP runtime this library links (paddle's libiomp5 serving GCC's calls): every thread ran all.
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < d.B * d.KVH * blocks; ++task) {
+    std::vector<float> scores(kBlock * d.S);
+    const int64_t bh = task / blocks, b = bh / d.KVH, t0 = task % blocks * kBlock;
+    const int64_t rows = std::min(kBlock, d.T - t0);
+    const auto [first, last] = visible_keys(mask, d, b, t0, t0 + rows);
+    const float* kb = k + (bh * d.S + first) * d.D;
+    const float* vb = v + (bh * d.S + first) * d.D;
+    for (int64_t g = 0; g < d.G; ++g) {
+      const int64_t row0 = bh * d.G * d.T + g * d.T + t0;  // the block's first row in q, out and the row stats
+      sgemm(false, true, rows, last - first, d.D, 1.0f, q + row0 * d.D, d.D, kb, d.D, 0.0f, scores.data(), last - first);
+      scale_and_mask(scores.data(), rows, last - first, mask + (b * d.T + t0) * d.S + first, d.S, scale, mx + row0);
+      weights_from_scores(scores.data(), rows, last - first, mx + row0, inv + row0);
+      sgemm(false, false, rows, d.D, last - first, 1.0f, scores.data(), last - first, vb, d.D, 0.0f, o + row0 * d.D, d.D);
+    }
+  }
+  return {out, row_max, row_inv_sum};
+}
+
+std::vector<paddle::Tensor> AttentionGrad(const paddle::Tensor& q_in, const paddle::Tensor& k_in,
+                                          const paddle::Tensor& v_in, const paddle::Tensor& mask_in,
+                                          const paddle::Tensor& row_max, const paddle::Tensor& row_inv_sum,
+                                          const paddle::Tensor& dout_in, float scale) {
+  const Dims d = check_inputs(q_in, k_in, v_in, mask_in);
+  const auto q_t = dense(q_in), k_t = dense(k_in), v_t = dense(v_in), m_t = dense(mask_in), do_t = dense(dout_in);
+  auto dq = paddle::empty(q_t.shape(), kF32, q_t.place());
+  auto dk = paddle::zeros(k_t.shape(), kF32, k_t.place());
+  auto dv = paddle::zeros(v_t.shape(), kF32, v_t.place());
+  const float *q = q_t.data<float>(), *k = k_t.data<float>(), *v = v_t.data<float>(), *mask = m_t.data<float>();
+  const float *dout = do_t.data<float>(), *mx = row_max.data<float>(), *inv = row_inv_sum.data<float>();
+  float *dqp = dq.data<float>(), *dkp = dk.data<float>(), *dvp = dv.data<float>();
+  const int64_t blocks = (d.T + kBlock - 1) / kBlock;
+  // one task per (sequence, KV head): its blocks all add into the same dK and dV rows
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < d.B * d.KVH; ++bh) {
+    std::vector<float> weights(kBlock * d.S), dweights(kBlock * d.S), maxima(kBlock);  // maxima: recomputed, unused
+    const int64_t b = bh / d.KVH;
+    for (int64_t t0 = 0; t0 < d.T; t0 += kBlock) {
+      const int64_t rows = std::min(kBlock, d.T - t0);
+      const auto [first, last] = visible_keys(mask, d, b, t0, t0 + rows);
+      const int64_t n = last - first;
+      const float* kb = k + (bh * d.S + first) * d.D;
+      const float* vb = v + (bh * d.S + first) * d.D;
+      for (int64_t g = 0; g < d.G; ++g) {
+        const int64_t row0 = bh * d.G * d.T + g * d.T + t0;
+        float *p = weights.data(), *dp = dweights.data();
+        sgemm(false, true, rows, n, d.D, 1.0f, q + row0 * d.D, d.D, kb, d.D, 0.0f, p, n);
+        scale_and_mask(p, rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale, maxima.data());
+        recomputed_weights(p, rows, n, mx + row0, inv + row0);
+        sgemm(false, true, rows, n, d.D, 1.0f, dout + row0 * d.D, d.D, vb, d.D, 0.0f, dp, n);  // dP = dO V^T
+        for (int64_t r = 0; r < rows; ++r) {  // dS = scale P (dP - rowsum(P dP)), as grpo_masked_softmax's grad
+          float* pr = p + r * n;
+          float* dr = dp + r * n;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
+        }
+        sgemm(false, false, rows, d.D, n, 1.0f, dp, n, kb, d.D, 0.0f, dqp + row0 * d.D, d.D);  // dQ = dS K
+        float* dkb = dkp + (bh * d.S + first) * d.D;
+        float* dvb = dvp + (bh * d.S + first) * d.D;
+        sgemm(true, false, n, d.D, rows, 1.0f, dp, n, q + row0 * d.D, d.D, 1.0f, dkb, d.D);        // dK += dS^T Q
+        sgemm(true, false, n, d.D, rows, 1.0f, p, n, dout + row0 * d.D, d.D, 1.0f, dvb, d.D);      // dV += P^T dO
+      }
+    }
+  }
+  return {dq, dk, dv};
+}
+
+std::vector<std::vector<int64_t>> AttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>&,
+                                                 const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return {q, {q[0], q[1], q[2]}, {q[0], q[1], q[2]}};
+}
+std::vector<paddle::DataType> AttentionDtype(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+                                             const paddle::DataType&) {
+  return {kF32, kF32, kF32};
+}
+
+}  // namespace
+
+PD_BUILD_OP(grpo_attention)
+    .Inputs({"Q", "K", "V", "Mask"})
+    .Outputs({"Out", "RowMax", "RowInvSum"})
+    .Attrs({"scale: float"})
+    .SetKernelFn(PD_KERNEL(Attention))
+    .SetInferShapeFn(PD_INFER_SHAPE(AttentionShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(AttentionDtype));
+
+PD_BUILD_GRAD_OP(grpo_attention)
+    .Inputs({"Q", "K", "V", "Mask", "RowMax", "RowInvSum", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
+    .Attrs({"scale: float"})
+    .SetKernelFn(PD_KERNEL(AttentionGrad));
+
+#endif  // GRPO_WITH_DNNL
