@@ -146,6 +146,12 @@ def run_torch(python: str, shape: str, batches: list, args, repeats: int):
         "--config", json.dumps({**SHAPES[shape], **COMMON}), "--batches", ",".join(map(str, batches)),
         "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--repeats", str(repeats), "--seed", str(args.seed),
     ]
+    yield from side_records(command)
+
+
+def side_records(command: list):
+    """Run a side script (another interpreter's bench/*_generate.py); yield the JSON objects it prints, as they come,
+    and say on stderr if it failed."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
         for line in child.stdout:
             if line.startswith("{"):
@@ -193,12 +199,7 @@ def run_llama_cpp(python: str, shape: str, batches: list, args, repeats: int, ty
             "--batches", ",".join(map(str, batches)), "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt),
             "--repeats", str(repeats), "--seed", str(args.seed),
         ]
-        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
-            for line in child.stdout:
-                if line.startswith("{"):
-                    yield json.loads(line)
-    if child.returncode:
-        print(f"bench_rollout: {' '.join(command[:2])} exited with {child.returncode}", file=sys.stderr)
+        yield from side_records(command)
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ ACTIVATION_FACTOR_EAGER = 2.0  # paddleformers' layers keep more per token (sepa
 ALLOCATOR_SLACK = 1.15
 # The default token budget keeps a micro-batch's activations under this: larger micro-batches ran no faster (SmolLM2 at 128 new
 # tokens: the update took 65 s in micro-batches of 16 rows, 68 s of 32, 73-78 s of 64), because glibc gives each tensor over 32 MB
-# fresh pages from mmap that the kernel must fault in and zero (with mmap off, 64 rows took 66-68 s)
+# fresh pages from mmap that the kernel must fault in and zero (with mmap off, 64 rows took 66-68 s). Measured before
+# alignment/run/runtime.py kept freed memory (_keep_freed_memory), which removes that cost: not measured again since
 FAST_ACTIVATIONS = 4 * 2**30
 
 

@@ -13,7 +13,7 @@ Measured on the 2-core AMD EPYC build machine (bench/RESULTS.md, ../shared/DESIG
 - glibc's malloc keeps freed memory for the next allocation (`_keep_freed_memory`): by default it hands every block
   over 32 MB back to the kernel when freed and takes fresh pages, zeroed one page fault at a time, for the next,
   and a policy update allocates and frees hundreds of such activations and gradients. On the AVX512-BF16 EPYC one
-  bf16 update of bench/bench_update_profile.py took 44.7 s by default and 33.8 s with freed memory kept.
+  bf16 update of bench/bench_profile.py took 33.0 s by default and 24.6-28.5 s with freed memory kept.
 - OMP_NUM_THREADS = usable cores / processes on this node. paddle.distributed.launch exports
   OMP_NUM_THREADS=1 to its workers when the user set nothing, so under the launcher a value of 1 is
   taken as that default; set GRPO_CPU_THREADS to force a count.
