@@ -208,7 +208,8 @@ def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(mon
     assert handshake(genuine, rollout_link._authkey(key, "127.0.0.1", 4001)) == ("AuthenticationError", "AuthenticationError")
     monkeypatch.setattr(rollout_link, "HANDSHAKE_SECONDS", 0.5)
     started = time.monotonic()
-    assert handshake(genuine, genuine, silent_worker=True)[0] in ("EOFError", "OSError")  # cut off, not waited for
+    # cut off, not waited for: EOF, or an OSError (a reset where the silent end's socket closed with data unread)
+    assert handshake(genuine, genuine, silent_worker=True)[0] in ("EOFError", "OSError", "ConnectionResetError")
     assert time.monotonic() - started < 30
 
 
