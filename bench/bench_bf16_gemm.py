@@ -21,10 +21,10 @@ and the head: bf16_ops / bf16_gemm (the issue asks at least 0.6), bf16_ops / bf1
 
 With --decode_rows (a comma-separated list of row counts, e.g. 8,64: sequences decoding at once), also the fused
 engine's decode products at those rows: x (rows, K) float32 times each layer weight and the head, as the engine runs
-them now (grpo_bf16_matmul on its bf16 copy held (N, K) with transpose_y, which takes csrc's small-M kernel up to
-16 rows, oneDNN's gemm above) against grpo_prepacked_matmul on the same copy packed for that many rows; both convert
-x. One JSON object per product (microseconds, mean of a batch of calls, best of --repeats) and one per row count with
-a decode step's products (num_hidden_layers layers and the head) in milliseconds.
+them (grpo_prepacked_matmul on copies packed for PACKED_ROWS = 64 rows, alignment/rollout/fused.py) against oneDNN's
+gemm on a plain bf16 copy held (N, K) (grpo_bf16_matmul with transpose_y, which copies it into its blocked layout on
+every call); both convert x. One JSON object per product (microseconds, mean of a batch of calls, best of --repeats)
+and one per row count with a decode step's products (num_hidden_layers layers and the head) in milliseconds.
 """
 
 import argparse
@@ -40,6 +40,7 @@ from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: 
 configure_cpu_runtime()
 paddle = import_paddle()
 
+from alignment.rollout.fused import PACKED_ROWS  # noqa: E402
 from alignment.rollout.ops import load_ops  # noqa: E402
 
 
@@ -121,15 +122,17 @@ def update_products(ops, config: dict, args) -> None:
 
 
 def decode_products(ops, config: dict, rows: int, repeats: int) -> None:
-    step = {"bf16_matmul": 0.0, "bf16_prepacked": 0.0}
+    step = {"bf16_gemm": 0.0, "bf16_prepacked": 0.0}
     for name, k, n in weights(config):
         x = paddle.randn([rows, k])  # the engine's float32 activations
-        w = ops.grpo_to_bf16(paddle.randn([n, k]))  # the engine's bf16 copy, (N, K)
-        packed = ops.grpo_prepack_bf16(w, True, rows)
+        w = ops.grpo_to_bf16(paddle.randn([n, k]))  # a plain bf16 copy, (N, K)
+        packed = ops.grpo_prepack_bf16(w, True, PACKED_ROWS)  # the engine's
         calls = max(1, int(2e8 // (2 * rows * k * n)))  # about 0.2 GFLOP per timed batch
         seconds = {
-            "bf16_matmul": best_seconds(lambda: ops.grpo_bf16_matmul(x, w, False, True)._clear_data(), repeats, calls),
-            "bf16_prepacked": best_seconds(lambda: ops.grpo_prepacked_matmul(x, packed, k, n, rows)._clear_data(), repeats, calls),
+            "bf16_gemm": best_seconds(lambda: ops.grpo_bf16_matmul(x, w, False, True)._clear_data(), repeats, calls),
+            "bf16_prepacked": best_seconds(
+                lambda: ops.grpo_prepacked_matmul(x, packed, k, n, PACKED_ROWS)._clear_data(), repeats, calls
+            ),
         }
         count = 1 if name == "head" else config["num_hidden_layers"]
         for key, value in seconds.items():
@@ -143,7 +146,7 @@ def decode_products(ops, config: dict, rows: int, repeats: int) -> None:
     print(json.dumps({
         "decode_rows": rows,
         **{f"{key}_step_ms": round(s * 1e3, 2) for key, s in step.items()},
-        "prepacked_speedup": round(step["bf16_matmul"] / step["bf16_prepacked"], 2),
+        "prepacked_speedup": round(step["bf16_gemm"] / step["bf16_prepacked"], 2),
         "layers": config["num_hidden_layers"],
     }), flush=True)
 

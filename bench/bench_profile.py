@@ -6,7 +6,7 @@ profiler.
 
 bench/bench_step.py's SmolLM2 workload (8 prompts x 8 completions, a 64-token prompt and exactly 128 completion
 tokens, one micro-batch), with random prompt ids, as the trainer runs it with use_fusemt and use_fused_train_ops:
-- rollout: the fused engine (alignment/rollout/fused.py; bf16 copies of the weights with bf16) generates the 64
+- rollout: the fused engine (alignment/rollout/fused.py; packed bf16 copies of the weights with bf16) generates the 64
   completions at temperature 1 (min_new_tokens = max_new_tokens: eos never ends a row);
 - update: one micro-batch's forward (the decoder layers with each shared prompt run once, alignment/models/
   prefix_grouper.py, then the log-prob head 512 tokens at a time), a GRPO-style loss (sum of log-prob x advantage
@@ -14,7 +14,7 @@ tokens, one micro-batch), with random prompt ids, as the trainer runs it with us
 Each phase runs once to warm up, --repeats times timed without the profiler (seconds_per_<phase>), then --repeats
 times under paddle.profiler (CPU events), each operator's own time (its events less those inside them) summed into:
 - matmul: the projections' and the head's products (grpo_bf16_linear and its grad, grpo_bf16_matmul; the fused
-  engine's packed and paddle matmuls in fp32);
+  engine's grpo_prepacked_matmul in bf16, its MKL-packed and paddle matmuls in fp32);
 - attention: the training attention and its grad (grpo_attention; or the paddle matmuls around grpo_masked_softmax),
   the rollout's attention over its cache (grpo_cache_attention);
 - optimizer (AdamW), weight_copies (the bf16 copies remade after an optimizer step), elementwise (the rest: norms,
@@ -53,7 +53,7 @@ from alignment.rollout.ops import load_ops  # noqa: E402
 # What each operator is, by the name its profiler event gets (see event_name). In bf16 the update's projections are
 # grpo_bf16_linear and the head's products grpo_bf16_matmul, so its only paddle matmuls are the attention's (where
 # grpo_attention is not built); in fp32 the projections are paddle matmuls too and count as attention (docstring).
-MATMUL = ("grpo_bf16_linear", "grpo_bf16_linear_grad", "grpo_bf16_matmul", "grpo_packed_matmul")
+MATMUL = ("grpo_bf16_linear", "grpo_bf16_linear_grad", "grpo_bf16_matmul", "grpo_packed_matmul", "grpo_prepacked_matmul")
 ATTENTION = (
     "grpo_attention", "grpo_attention_grad", "grpo_cache_attention", "matmul", "MatmulGradNode", "grpo_masked_softmax",
     "grpo_masked_softmax_grad",

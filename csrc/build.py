@@ -9,6 +9,7 @@ compiled only when paddle itself is built with CUDA; the CPU build needs no nvcc
 import glob
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,20 @@ CXX_FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=c++
 # The .cu files register no ops, so they skip paddle's Python bindings (PADDLE_NO_PYTHON), whose
 # headers would also pull in cuBLAS.
 CUDA_FLAGS = ["-O3", "-DGRPO_WITH_CUDA", "-DPADDLE_NO_PYTHON", "--expt-relaxed-constexpr"]
+
+
+def missing_openmp_entry_points(library: Path, runtime: Path) -> list:
+    """The GOMP_* functions `library` calls that `runtime` (paddle's libiomp5) does not define. GCC emits such calls
+    for OpenMP constructs; one libiomp5 lacks (GOMP_loop_nonmonotonic_dynamic_*, from schedule(dynamic)) binds to the
+    libgomp paddle also loads, whose loop knows nothing of libiomp5's thread team, so every thread runs every
+    iteration: grpo_sample drew each row once per thread until this check found it. Uses binutils' nm."""
+
+    def symbols(path: Path, which: str) -> set:
+        listing = subprocess.run(["nm", "-D", which, str(path)], capture_output=True, text=True, check=True).stdout
+        return {line.split()[-1].split("@")[0] for line in listing.splitlines() if line.strip()}
+
+    called = {name for name in symbols(library, "--undefined-only") if name.startswith("GOMP_")}
+    return sorted(called - symbols(runtime, "--defined-only"))
 
 
 def main() -> None:
@@ -75,6 +90,13 @@ def main() -> None:
     library = BUILD_DIR / NAME / f"{NAME}.so"
     if not library.is_file():
         raise SystemExit(f"build finished but {library} is missing")
+    missing = missing_openmp_entry_points(library, paddle_libs / "libiomp5.so") if "-liomp5" in openmp else []
+    if missing:
+        library.unlink()
+        raise SystemExit(
+            f"{library.name} calls OpenMP entry points paddle's libiomp5 lacks: {', '.join(missing)}; libgomp would "
+            "run them and every thread would run every iteration. Use schedule(static) or monotonic:dynamic there."
+        )
     names = ", ".join(Path(s).name for s in sources)
     print(f"built {library.relative_to(CSRC.parent)} from {names} in {time.perf_counter() - began:.1f} s")
 

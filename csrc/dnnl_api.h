@@ -88,6 +88,7 @@ const_dnnl_memory_desc_t dnnl_primitive_desc_query_md(const_dnnl_primitive_desc_
 dnnl_status_t dnnl_primitive_desc_destroy(dnnl_primitive_desc_t primitive_desc);
 
 dnnl_status_t dnnl_primitive_create(dnnl_primitive_t* primitive, const_dnnl_primitive_desc_t primitive_desc);
+dnnl_status_t dnnl_primitive_destroy(dnnl_primitive_t primitive);
 dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t primitive, dnnl_stream_t stream, int nargs,
                                      const dnnl_exec_arg_t* args);
 

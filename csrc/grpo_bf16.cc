@@ -4,7 +4,7 @@
 // paddle 3.3 has no CPU bf16 matmul kernel, but the oneDNN it ships (paddle/libs/libdnnl.so.3) exports
 // dnnl_gemm_bf16bf16f32: C = alpha op(A) op(B) + beta C, row-major, bf16 A and B, fp32 C; oneDNN picks the
 // AMX, AVX512-BF16 or emulated kernel for the CPU it runs on. Measured with bench/bench_bf16_gemm.py.
-// grpo_dnnl_matmul.cc: the same products through oneDNN's matmul primitive on weights packed once, an alternative.
+// grpo_dnnl_matmul.cc: the same products through oneDNN's matmul primitive on weights packed once (the fused engine's).
 //
 //   grpo_to_bf16(X fp32) -> bf16                      weight copies, made once per optimizer step
 //   grpo_bf16_matmul(X, Y, tx, ty) -> fp32            op(X) op(Y), X and Y fp32 or bf16; no gradient
@@ -86,56 +86,6 @@ namespace {
 using grpo::as_bf16;
 using grpo::check_bf16_input;
 
-#ifdef __AVX512BF16__
-// Decode's products: a few rows of A (one per sequence) times B given as (n, k), one row per output. oneDNN's gemm
-// copies B into its blocked layout on every call, which at these shapes costs more than the product; here each row
-// of B is read once, straight from the engine's bf16 copy, for all rows of A (in L1), with the AVX512-BF16 dot
-// product (pairs of bf16 products summed into fp32 lanes).
-constexpr int64_t kSmallRows = 16;
-
-inline __m512bh load_bf16(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
-inline __m512bh load_bf16(const uint16_t* p, int64_t count) {  // count in 1..31: the rest read as 0
-  return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << count) - 1), p);
-}
-
-// M rows at once: one load of B's chunk serves M independent sums (one dependency chain per row, so the dot
-// products' latency overlaps).
-template <int M>
-void small_m_rows(int64_t n, int64_t k, const uint16_t* a, const uint16_t* b, float* c, bool accumulate) {
-  const int64_t whole = k / 32 * 32;
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* b_row = b + j * k;
-    __m512 sums[M];
-    for (int i = 0; i < M; ++i) sums[i] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < whole; p += 32) {
-      const __m512bh chunk = load_bf16(b_row + p);
-      for (int i = 0; i < M; ++i) sums[i] = _mm512_dpbf16_ps(sums[i], load_bf16(a + i * k + p), chunk);
-    }
-    if (whole < k) {
-      const __m512bh chunk = load_bf16(b_row + whole, k - whole);
-      for (int i = 0; i < M; ++i) sums[i] = _mm512_dpbf16_ps(sums[i], load_bf16(a + i * k + whole, k - whole), chunk);
-    }
-    for (int i = 0; i < M; ++i) {
-      const float value = _mm512_reduce_add_ps(sums[i]);
-      c[i * n + j] = accumulate ? c[i * n + j] + value : value;
-    }
-  }
-}
-
-template <int M>
-void small_m_dispatch(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b, float* c, bool accumulate) {
-  if constexpr (M > 1) {
-    if (m < M) return small_m_dispatch<M - 1>(m, n, k, a, b, c, accumulate);
-  }
-  small_m_rows<M>(n, k, a, b, c, accumulate);
-}
-
-void small_m_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b, float* c, bool accumulate) {
-  small_m_dispatch<kSmallRows>(m, n, k, a, b, c, accumulate);
-}
-#endif
-
 // C (m, n) = op(A) op(B) (+ C when accumulate), op(A) (m, k), op(B) (k, n), row-major with the given leading dims.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const paddle::Tensor& a, const paddle::Tensor& b,
           float* c, bool accumulate, const char* op) {
@@ -144,9 +94,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const paddle::Tenso
     if (!accumulate) std::memset(c, 0, sizeof(float) * m * n);
     return;
   }
-#ifdef __AVX512BF16__
-  if (!ta && tb && m <= kSmallRows) return small_m_gemm(m, n, k, bf16_data(a), bf16_data(b), c, accumulate);
-#endif
   const int status = dnnl_gemm_bf16bf16f32(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, bf16_data(a), ta ? m : k,
                                            bf16_data(b), tb ? k : n, accumulate ? 1.0f : 0.0f, c, n);
   PD_CHECK(status == 0, op, ": dnnl_gemm_bf16bf16f32 failed with oneDNN status ", status, " for (m, n, k) = (", m,

@@ -1,30 +1,37 @@
 // bf16 products with fp32 results through oneDNN's matmul primitive, on weights reordered once ("prepacked") into
-// the layout the primitive picks: a measured alternative to dnnl_gemm_bf16bf16f32 (grpo_bf16.cc), which copies its
-// B operand into its blocked layout on every call. bench/bench_bf16_gemm.py compares them; nothing else calls these.
+// the layout the primitive picks, instead of dnnl_gemm_bf16bf16f32 (grpo_bf16.cc), which copies its B operand into
+// its blocked layout on every call. The fused rollout engine holds its bf16 weights packed (alignment/rollout/fused.py);
+// bench/bench_bf16_gemm.py measures both.
 //
 //   grpo_prepack_bf16(W, transpose_w, rows_hint) -> Packed uint8     W (K, N), or (N, K) with transpose_w (the fused
 //                                                                    engine's copies); float32 or bfloat16
 //   grpo_prepacked_matmul(X, Packed, k, n, rows_hint) -> fp32 (..., N)   X (..., K) float32 or bfloat16
 //
 // The layout is the one oneDNN picks (weights format_tag any) for src (rows_hint, K) bf16 x weights (K, N) bf16 ->
-// dst (rows_hint, N) fp32, so the primitive for rows_hint rows reads Packed as it is. For X with another number of
-// rows M, the primitive for M is created on the same layout: with format_tag any when oneDNN picks the same one for
-// M, else with Packed's layout given explicitly (oneDNN's brgemm matmul then keeps its N block). On the AVX512-BF16
-// EPYC (no AMX) oneDNN 3.6.2 picked BA16a64b2a (panels of 64 columns, blocks of 32 K rows in interleaved pairs) for
-// every M from 1 to 12,288 and every SmolLM2 weight; its brgemm matmul may narrow the N block for some M on other
-// ISAs (AMX), which the explicit layout covers. oneDNN's runtime M (DNNL_RUNTIME_DIM_VAL) is not used: v3.6's brgemm
-// matmul takes it only on AMX, elsewhere a slower implementation would run.
+// dst (rows_hint, N) fp32, so the primitive for rows_hint rows reads Packed as it is. X's M rows are multiplied
+// rows_hint at a time, the last piece by the primitive for its M % rows_hint rows, so a weight shape never needs more
+// than rows_hint primitives (a rollout's prefill has a new row count every step). A primitive for fewer rows is created
+// on the same layout: with format_tag any when oneDNN picks the same one, else with Packed's layout given explicitly
+// (oneDNN's brgemm matmul then keeps its N block). On the AVX512-BF16 EPYC (no AMX) oneDNN 3.6.2 picked BA16a64b2a
+// (panels of 64 columns, blocks of 32 K rows in interleaved pairs) for every M from 1 to 12,288 and every SmolLM2
+// weight; its brgemm matmul may narrow the N block for some M on other ISAs (AMX), which the explicit layout covers.
+// oneDNN's runtime M (DNNL_RUNTIME_DIM_VAL) is not used: v3.6's brgemm matmul takes it only on AMX, elsewhere a slower
+// implementation would run.
 //
 // Packed = a 64-byte header (k, n, rows_hint and the layout's size) + the reordered weights, so a packed tensor is
-// never read as another shape's. Engine, stream and the primitives (matmul per (M, K, N, rows_hint), reorder per
-// (K, N, rows_hint, transpose_w)) live in one process-wide cache under a mutex; they are never freed.
+// never read as another shape's. Engine, stream and the primitives live in one process-wide cache under a mutex: a
+// reorder per (K, N, rows_hint, transpose_w) and the matmul for rows_hint rows per (K, N, rows_hint) are kept for the
+// process (one per weight shape), the matmuls for fewer rows up to kOtherRowsKept, the least recently used dropped
+// first (each holds about 240 KB: 300 of them measured 73 MB of RSS).
 
 #ifdef GRPO_WITH_DNNL
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <utility>
@@ -55,19 +62,34 @@ void check(dnnl_status_t status, const char* op, const char* what) {
 struct Matmul {
   dnnl_primitive_t primitive = nullptr;
   dnnl_memory_desc_t src = nullptr, weights = nullptr, dst = nullptr;  // (M, K) bf16, (K, N) bf16 packed, (M, N) fp32
+  Matmul() = default;
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+  ~Matmul() {
+    if (primitive) dnnl_primitive_destroy(primitive);
+    for (auto md : {src, weights, dst}) {
+      if (md) dnnl_memory_desc_destroy(md);
+    }
+  }
 };
+using MatmulPtr = std::shared_ptr<const Matmul>;  // a caller executing one keeps it alive past its eviction
 
 struct Reorder {
   dnnl_primitive_t primitive = nullptr;
   dnnl_memory_desc_t from = nullptr, to = nullptr;  // plain (K, N) bf16 (row- or column-major), the packed layout
 };
 
+constexpr size_t kOtherRowsKept = 256;  // matmuls for row counts other than their rows_hint
+
 struct Cache {
   std::mutex mutex;
   dnnl_engine_t engine = nullptr;
   dnnl_stream_t stream = nullptr;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, Matmul> matmuls;   // (M, K, N, rows_hint)
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Reorder> reorders;    // (K, N, rows_hint, transpose_w)
+  std::map<std::tuple<int64_t, int64_t, int64_t>, MatmulPtr> layouts;  // (K, N, rows_hint) -> rows_hint's matmul
+  // (M, K, N, rows_hint) -> (the matmul for M rows, the value of `uses` at its last use)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::pair<MatmulPtr, uint64_t>> others;
+  uint64_t uses = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Reorder> reorders;  // (K, N, rows_hint, transpose_w)
 };
 
 // The cache, its engine and stream created on first use by a caller holding its mutex; refuses a oneDNN other than 3.x.
@@ -112,36 +134,56 @@ void finish(Matmul& mm, dnnl_primitive_desc_t pd, const char* op) {
   check(status, op, "matmul primitive creation");
 }
 
-// The primitive for m rows on the layout oneDNN picks for rows_hint rows (k, n, rows_hint > 0, m > 0); c.mutex held.
-const Matmul& matmul_locked(Cache& c, int64_t m, int64_t k, int64_t n, int64_t rows_hint, const char* op) {
-  const auto key = std::make_tuple(m, k, n, rows_hint);
-  auto found = c.matmuls.find(key);
-  if (found != c.matmuls.end()) return found->second;
-  ensure_engine(c, op);
-  const Matmul* packed_for = m == rows_hint ? nullptr : &matmul_locked(c, rows_hint, k, n, rows_hint, op);
-  Matmul mm;
-  mm.src = plain_md(m, k, dnnl_bf16, false, op);
-  mm.dst = plain_md(m, n, dnnl_f32, false, op);
+// A new primitive for m rows: on the layout oneDNN picks, or, where it would pick another, on packed_for's.
+MatmulPtr create_matmul(Cache& c, int64_t m, int64_t k, int64_t n, const Matmul* packed_for, int64_t rows_hint,
+                        const char* op) {
+  auto mm = std::make_shared<Matmul>();
+  mm->src = plain_md(m, k, dnnl_bf16, false, op);
+  mm->dst = plain_md(m, n, dnnl_f32, false, op);
   dnnl_memory_desc_t any = nullptr;
   dnnl_dims_t dims = {k, n};
   check(dnnl_memory_desc_create_with_tag(&any, 2, dims, dnnl_bf16, dnnl_format_tag_any), op,
         "memory descriptor creation");
-  dnnl_primitive_desc_t pd = matmul_pd(c, mm, any);
+  dnnl_primitive_desc_t pd = matmul_pd(c, *mm, any);
   dnnl_memory_desc_destroy(any);
   PD_CHECK(pd, op, ": oneDNN has no bf16 matmul for (", m, ", ", k, ") x (", k, ", ", n, ") -> fp32");
   if (packed_for &&
       !dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0), packed_for->weights)) {
     // oneDNN would pick another layout for m rows: ask for the one the weights were packed in
     dnnl_primitive_desc_destroy(pd);
-    pd = matmul_pd(c, mm, packed_for->weights);
+    pd = matmul_pd(c, *mm, packed_for->weights);
     PD_CHECK(pd, op, ": oneDNN has no bf16 matmul for ", m, " rows on weights packed for rows_hint = ", rows_hint,
              " (K = ", k, ", N = ", n, "): pack them with rows_hint = ", m);
   }
-  finish(mm, pd, op);
-  return c.matmuls.emplace(key, mm).first->second;
+  finish(*mm, pd, op);
+  return mm;
 }
 
-const Matmul& matmul_for(int64_t m, int64_t k, int64_t n, int64_t rows_hint, const char* op) {
+// The primitive for m rows on the layout oneDNN picks for rows_hint rows (k, n, rows_hint > 0, m > 0); c.mutex held.
+MatmulPtr matmul_locked(Cache& c, int64_t m, int64_t k, int64_t n, int64_t rows_hint, const char* op) {
+  ensure_engine(c, op);
+  auto& layout = c.layouts[std::make_tuple(k, n, rows_hint)];
+  if (!layout) layout = create_matmul(c, rows_hint, k, n, nullptr, rows_hint, op);
+  if (m == rows_hint) return layout;
+  const auto key = std::make_tuple(m, k, n, rows_hint);
+  auto found = c.others.find(key);
+  if (found != c.others.end()) {
+    found->second.second = ++c.uses;
+    return found->second.first;
+  }
+  MatmulPtr mm = create_matmul(c, m, k, n, layout.get(), rows_hint, op);
+  if (c.others.size() >= kOtherRowsKept) {
+    auto oldest = c.others.begin();
+    for (auto it = c.others.begin(); it != c.others.end(); ++it) {
+      if (it->second.second < oldest->second.second) oldest = it;
+    }
+    c.others.erase(oldest);
+  }
+  c.others.emplace(key, std::make_pair(mm, ++c.uses));
+  return mm;
+}
+
+MatmulPtr matmul_for(int64_t m, int64_t k, int64_t n, int64_t rows_hint, const char* op) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   return matmul_locked(c, m, k, n, rows_hint, op);
@@ -153,10 +195,10 @@ const Reorder& reorder_for(int64_t k, int64_t n, int64_t rows_hint, bool transpo
   const auto key = std::make_tuple(k, n, rows_hint, transpose_w);
   auto found = c.reorders.find(key);
   if (found != c.reorders.end()) return found->second;
-  const Matmul& mm = matmul_locked(c, rows_hint, k, n, rows_hint, op);
+  const MatmulPtr mm = matmul_locked(c, rows_hint, k, n, rows_hint, op);
   Reorder r;
   r.from = plain_md(k, n, dnnl_bf16, transpose_w, op);  // (N, K) row-major is (K, N) column-major
-  r.to = mm.weights;
+  r.to = mm->weights;  // the layout's matmul is kept for the process
   dnnl_primitive_desc_t pd = nullptr;
   check(dnnl_reorder_primitive_desc_create(&pd, r.from, c.engine, r.to, c.engine, nullptr), op,
         "reorder primitive desc creation");
@@ -188,7 +230,7 @@ void execute(dnnl_primitive_t primitive, std::initializer_list<Arg> args, const 
 }
 
 int64_t layout_bytes(int64_t k, int64_t n, int64_t rows_hint, const char* op) {
-  return static_cast<int64_t>(dnnl_memory_desc_get_size(matmul_for(rows_hint, k, n, rows_hint, op).weights));
+  return static_cast<int64_t>(dnnl_memory_desc_get_size(matmul_for(rows_hint, k, n, rows_hint, op)->weights));
 }
 
 // (K, N) of w as transpose_w reads it, checked.
@@ -251,12 +293,15 @@ std::vector<paddle::Tensor> PrepackedMatmul(const paddle::Tensor& x_in, const pa
   const int64_t m = x_in.numel() / k;
   if (m == 0) return {out};
   const auto xb = grpo::as_bf16(x_in);  // (M, K), dense
-  const Matmul& mm = matmul_for(m, k, n, rows_hint, op);
-  execute(mm.primitive,
-          {{DNNL_ARG_SRC, mm.src, xb.data()},
-           {DNNL_ARG_WEIGHTS, mm.weights, packed.data<uint8_t>() + kHeaderBytes},
-           {DNNL_ARG_DST, mm.dst, out.data<float>()}},
-          op);
+  const auto* x_rows = static_cast<const uint16_t*>(xb.data());  // bf16 bits
+  for (int64_t row = 0; row < m; row += rows_hint) {  // rows_hint rows at a time: at most rows_hint primitives a shape
+    const MatmulPtr mm = matmul_for(std::min(rows_hint, m - row), k, n, rows_hint, op);
+    execute(mm->primitive,
+            {{DNNL_ARG_SRC, mm->src, x_rows + row * k},
+             {DNNL_ARG_WEIGHTS, mm->weights, packed.data<uint8_t>() + kHeaderBytes},
+             {DNNL_ARG_DST, mm->dst, out.data<float>() + row * n}},
+            op);
+  }
   return {out};
 }
 

@@ -400,10 +400,7 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
 #pragma omp parallel
   {
     std::vector<float> scores(S);  // (S,) softmax weights of one query
-    // static: with schedule(dynamic, 1), test_cache_attention's D = 32 case (whose fallback accumulates into its
-    // output) intermittently gave doubled outputs with 2 threads, as if some items ran twice; the cause is not known
-    // (libgomp and paddle's libiomp5 are both loaded)
-#pragma omp for schedule(static)
+#pragma omp for schedule(static)  // not dynamic: see csrc/build.py's missing_openmp_entry_points
     for (int64_t item = 0; item < B * T * items_per_query; ++item) {
       const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
       const int64_t lo = first[b], hi = start + t;  // inclusive slot range

@@ -292,7 +292,7 @@ inline void sample_rows(const float* logits, const uint8_t* presence, const int6
       scratch.w.resize(V), scratch.tmp.resize(V), scratch.mass.resize(V), scratch.idx.resize(V);
       scratch.block.resize((V + kSampleBlock - 1) / kSampleBlock);
     }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)  // not dynamic: see csrc/build.py's missing_openmp_entry_points
     for (int64_t b = 0; b < B; ++b) {
       const float* raw = logits + b * V;
       const RowDraw draw = sample_row(raw, presence + b * V, eos, E, V, s, row_keys[b], scratch);

@@ -417,6 +417,30 @@ def test_compact_rows_rejects_unordered_keep(ops):
         ops.grpo_compact_rows(paddle.zeros([4, 3]), t(np.array([2, 1]), "int64"), 0, -1)
 
 
+# --------------------------------------------------------------------------------------------- OpenMP runtime
+
+
+def test_the_build_finds_openmp_entry_points_paddles_runtime_lacks(ops, tmp_path):
+    """schedule(dynamic) compiles to GOMP_loop_nonmonotonic_dynamic_*, which paddle's libiomp5 lacks: the libgomp
+    paddle also loads served them and every thread ran every iteration. csrc/build.py refuses such a library."""
+    build, _ = build_flags()
+    runtime = Path(paddle.__file__).parent / "libs" / "libiomp5.so"
+    if not runtime.is_file():
+        pytest.skip(f"paddle ships no {runtime}: the operators link GCC's libgomp, which has every entry point")
+    found = {}
+    for schedule in ("dynamic, 1", "static"):
+        source = tmp_path / "loop.cc"
+        source.write_text(
+            f'extern "C" void add_one(int* out, int n) {{\n#pragma omp parallel for schedule({schedule})\n'
+            "  for (int i = 0; i < n; ++i) out[i] += 1;\n}\n"
+        )
+        library = tmp_path / f"loop_{schedule[0]}.so"
+        subprocess.run(["g++", "-O2", "-fopenmp", "-shared", "-fPIC", str(source), "-o", str(library)], check=True, timeout=120)
+        found[schedule] = build.missing_openmp_entry_points(library, runtime)
+    assert found == {"dynamic, 1": ["GOMP_loop_nonmonotonic_dynamic_next", "GOMP_loop_nonmonotonic_dynamic_start"], "static": []}
+    assert build.missing_openmp_entry_points(ops_module.LIBRARY, runtime) == []
+
+
 # --------------------------------------------------------------------------------------------- CUDA sources
 
 

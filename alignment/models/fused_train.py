@@ -26,7 +26,7 @@ from alignment.algo.logprobs import HeadKernels
 from alignment.models.cpu_bf16 import Bf16Matmuls
 from alignment.models.lora import lora_update
 from alignment.models.modeling import layout_unsupported
-from alignment.rollout.ops import load_ops
+from alignment.rollout.ops import bf16_primitive_missing, load_ops
 
 
 # The models whose decoder layers the training modules replace: their own list, not the rollout engine's, so that a
@@ -65,9 +65,7 @@ def bf16_unavailable(model, training_ops_on: bool) -> Optional[str]:
     if not training_ops_on:
         return "they run in the training operators and use_fused_train_ops is false"
     reason = training_ops_unavailable(model)
-    if reason is None and not hasattr(load_ops()[0], "grpo_bf16_linear"):
-        reason = "the operators were built without oneDNN (paddle/libs has no libdnnl.so.3)"
-    return reason
+    return reason or bf16_primitive_missing()
 
 
 def use_training_ops(model, bf16: bool = False) -> Optional[str]:

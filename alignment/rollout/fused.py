@@ -17,13 +17,13 @@ packed GEMM where the operators have it (csrc/grpo_gemm.cc: plain sgemm re-packs
 weight on every call, which at a few rows per decode step costs as much as the multiplication). `sync()`
 rebuilds these copies after every optimizer step and then checks the engine against the actor on a fixed
 probe: the log-probs the engine computes must equal the actor's forward ones within `tolerance`, or the
-run stops (WeightSyncError). With bf16 matmuls (cpu_bf16_matmul) the engine holds bf16 copies of the four
-matrices of each layer and of lm_head instead, made at sync(), each (N, K): a decode step's few rows read every
-row of a copy once (csrc/grpo_bf16.cc's small-M product, AVX512-BF16), prefill's many go through oneDNN;
-the two forwards then differ by rounding (bf16 rounding of inputs that differ in their last fp32 bits), so
-the tolerance is wider (BF16_TOLERANCE), and check_weight_sync() first compares every bf16 copy with a fresh
-conversion of the actor's weight, bit for bit: a stale copy fails however small the change (sync(), which has
-just made the copies, checks the probe only).
+run stops (WeightSyncError). With bf16 matmuls (cpu_bf16_matmul) the engine holds the four matrices of each layer
+and lm_head as bf16 copies packed for oneDNN's matmul primitive instead (`PackedBf16`, csrc/grpo_dnnl_matmul.cc),
+made at sync(): reordered once into the primitive's blocked layout, where oneDNN's gemm would copy each weight into it
+on every call (1.16x decode's products at 64 rows, bench/RESULTS.md); the two forwards then differ by rounding (bf16
+rounding of inputs that differ in their last fp32 bits), so the tolerance is wider (BF16_TOLERANCE), and
+check_weight_sync() first compares every packed copy with a fresh one from the actor's weight, byte for byte: a stale
+copy fails however small the change (sync(), which has just made the copies, checks the probe only).
 Multi-turn rollouts (alignment/rollout/multi_turn.py) call generate_turn: each row's context starts from the keys and
 values its last turn left, copied into the new cache, and only the tokens after them are prefilled.
 A projection with a LoRA adapter (alignment/models/lora.py) enters as its merged weight W + A @ B * scale, a copy
@@ -63,22 +63,45 @@ def unsupported_reason(model) -> Optional[str]:
     return layout_unsupported(model)
 
 
+PACKED_ROWS = 64  # the rows oneDNN's layout is picked for: decode's at the SmolLM2 workload (8 prompts x 8); prefill's
+# more rows are multiplied 64 at a time, so each weight shape needs at most 64 primitives (csrc/grpo_dnnl_matmul.cc)
+
+
+@dataclass(frozen=True)
+class PackedBf16:
+    """A (K, N) weight as a bf16 copy in the layout of oneDNN's matmul primitive: self(x (..., K)) -> fp32 (..., N)."""
+
+    packed: paddle.Tensor  # uint8 (64-byte header + the layout's bytes,)
+    k: int
+    n: int
+    ops: object
+
+    @classmethod
+    def of(cls, weight: paddle.Tensor, ops, transpose: bool = False) -> "PackedBf16":
+        """weight (K, N), or (N, K) with transpose (lm_head's)."""
+        k, n = (weight.shape[1], weight.shape[0]) if transpose else weight.shape
+        return cls(ops.grpo_prepack_bf16(weight, transpose, PACKED_ROWS), k, n, ops)
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.ops.grpo_prepacked_matmul(x, self.packed, self.k, self.n, PACKED_ROWS)
+
+
 class Projection:
-    """x (..., K) -> x @ W (..., N) for a (K, N) weight (or W^T of a (N, K) one, as lm_head's): in bf16 on a
-    bf16 copy (cpu_bf16_matmul), through the packed copy the csrc operators make on the CPU, or paddle.matmul
+    """x (..., K) -> x @ W (..., N) for a (K, N) weight (or W^T of a (N, K) one, as lm_head's): in bf16 on a packed
+    copy (cpu_bf16_matmul), through the copy packed for MKL's GEMM the csrc operators make on the CPU, or paddle.matmul
     on a GPU or where they were built without MKL."""
 
     def __init__(self, weight: paddle.Tensor, ops, transpose: bool = False, bf16: bool = False):
         self.n = weight.shape[0] if transpose else weight.shape[1]
         packable = hasattr(ops, "grpo_pack_weight") and weight.place.is_cpu_place() and not bf16
         self.packed = ops.grpo_pack_weight(weight, transpose) if packable else None
-        self.bf16 = ops.grpo_to_bf16(weight) if bf16 else None
+        self.bf16 = PackedBf16.of(weight, ops, transpose) if bf16 else None
         self.weight = weight if self.packed is None and self.bf16 is None else None
         self.transpose, self.ops = transpose, ops
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         if self.bf16 is not None:
-            return self.ops.grpo_bf16_matmul(x, self.bf16, False, self.transpose)
+            return self.bf16(x)
         if self.packed is not None:
             return self.ops.grpo_packed_matmul(x, self.packed, self.n)
         return paddle.matmul(x, self.weight, transpose_y=self.transpose)
@@ -86,21 +109,21 @@ class Projection:
 
 @dataclass
 class LayerWeights:
-    """The four matrices are bfloat16 copies, transposed to (N, K), when the engine multiplies in bf16 (cpu_bf16_matmul)."""
+    """The four matrices are PackedBf16 copies when the engine multiplies in bf16 (cpu_bf16_matmul)."""
 
     input_norm: paddle.Tensor  # (Hd,) the actor's
-    qkv: paddle.Tensor  # (Hd, (H + 2 KVH) D) concatenated copy
+    qkv: paddle.Tensor | PackedBf16  # (Hd, (H + 2 KVH) D) concatenated copy
     qkv_bias: Optional[paddle.Tensor]  # ((H + 2 KVH) D,) concatenated copy, None without biases
     q_norm: Optional[paddle.Tensor]  # (D,) the actor's per-head q RMSNorm weight (Qwen3), None without
     k_norm: Optional[paddle.Tensor]  # (D,) the same for k
-    o_proj: paddle.Tensor  # (H D, Hd) the actor's (a merged copy with a LoRA adapter)
+    o_proj: paddle.Tensor | PackedBf16  # (H D, Hd) the actor's (a merged copy with a LoRA adapter)
     post_norm: paddle.Tensor  # (Hd,) the actor's
-    gate_up: paddle.Tensor  # (Hd, 2 I) concatenated copy
-    down_proj: paddle.Tensor  # (I, Hd) the actor's (a merged copy with a LoRA adapter)
+    gate_up: paddle.Tensor | PackedBf16  # (Hd, 2 I) concatenated copy
+    down_proj: paddle.Tensor | PackedBf16  # (I, Hd) the actor's (a merged copy with a LoRA adapter)
 
 
 def _fuse_layer(layer, matrix) -> LayerWeights:
-    """matrix: what each (K, N) weight matrix is held as (the fp32 tensor itself, or its bf16 copy)."""
+    """matrix: what each (K, N) weight matrix is held as (the fp32 tensor itself, or its PackedBf16 copy)."""
     attention, mlp = layer.self_attn, layer.mlp
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
     biases = [p.bias for p in projections]
@@ -149,14 +172,12 @@ class FusedEngine:
         return self._check_probe()
 
     def _layer_weights(self) -> list:
-        # bf16 copies are held transposed, (N, K) as lm_head's weight is: one row per output, which decode's few rows
-        # read once each (csrc/grpo_bf16.cc's small-M product) and prefill's many rows multiply through oneDNN
-        matrix = (lambda weight: self.ops.grpo_to_bf16(weight.T)) if self.bf16 else (lambda weight: weight)
+        matrix = (lambda weight: PackedBf16.of(weight, self.ops)) if self.bf16 else (lambda weight: weight)
         return [_fuse_layer(layer, matrix) for layer in self.model.model.layers]
 
     def _stale_bf16_copies(self) -> list:
-        """Names of the bf16 copies that differ from a fresh conversion of the actor's weights."""
-        fresh = self._layer_weights() + [self.ops.grpo_to_bf16(self.model.lm_head.weight)]
+        """Names of the packed bf16 copies that differ from a fresh packing of the actor's weights."""
+        fresh = self._layer_weights() + [PackedBf16.of(self.model.lm_head.weight, self.ops, transpose=True)]
         held = self.layers + [self.lm_head.bf16]
         stale = []
         for index, (mine, theirs) in enumerate(zip(held, fresh)):
@@ -165,7 +186,7 @@ class FusedEngine:
                 pairs = [(f"layer {index} {name}", getattr(mine, name), getattr(theirs, name)) for name in names]
             else:
                 pairs = [("lm_head", mine, theirs)]
-            stale += [name for name, a, b in pairs if not np.array_equal(a.numpy(), b.numpy())]  # bf16 as uint16 bits
+            stale += [name for name, a, b in pairs if not np.array_equal(a.packed.numpy(), b.packed.numpy())]
         return stale
 
     @paddle.no_grad()
@@ -260,9 +281,9 @@ class FusedEngine:
         return paddle.repeat_interleave(self._logits(hidden[:, -1]), group_size, axis=0)
 
     def _linear(self, x, weight, bias=None):
-        """x (..., K) @ weight (K, N) + bias, or with a bf16 copy (N, K) x @ copy^T in bf16 with fp32 sums."""
-        if weight.dtype == paddle.bfloat16:
-            out = self.ops.grpo_bf16_matmul(x, weight, False, True)
+        """x (..., K) @ weight (K, N) + bias, in bf16 with fp32 sums where weight is a PackedBf16."""
+        if isinstance(weight, PackedBf16):
+            out = weight(x)
             return out if bias is None else out + bias
         return F.linear(x, weight, bias)
 

@@ -38,6 +38,7 @@ csrc/grpo_ops.cc.
 import functools
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "csrc"
@@ -169,3 +170,20 @@ def load_ops():
     if missing:
         return None, f"the fused ops library lacks {', '.join(missing)}: rerun make ops"
     return SimpleNamespace(**{op.__name__: op for op in OPS + MKL_OPS + DNNL_OPS if op.__name__ in registered}), ""
+
+
+@functools.cache
+def bf16_primitive_missing() -> Optional[str]:
+    """Why oneDNN's bf16 matmul primitive, which the fused engine's bf16 copies are packed for, cannot run here (None:
+    it can). It runs where oneDNN finds AVX-512 or AMX; on an AVX2-only CPU (or with ONEDNN_MAX_CPU_ISA below AVX-512)
+    oneDNN has none."""
+    ops, reason = load_ops()
+    if ops is None or not hasattr(ops, "grpo_prepack_bf16"):
+        return reason or "the operators were built without oneDNN (paddle/libs has no libdnnl.so.3)"
+    import paddle
+
+    try:
+        ops.grpo_prepack_bf16(paddle.ones([32, 32]), False, 1)
+    except Exception as error:  # grpo_prepack_bf16: oneDNN has no bf16 matmul for (1, 32) x (32, 32) -> fp32
+        return f"oneDNN has no bf16 matmul primitive on this CPU ({str(error).splitlines()[0]})"
+    return None
