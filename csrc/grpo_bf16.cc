@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "grpo_bf16.h"
+#include "grpo_math.h"
 #include "grpo_ops.h"
 
 extern "C" int dnnl_gemm_bf16bf16f32(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -37,15 +38,6 @@ using grpo::shape_str;
 constexpr auto kF32 = paddle::DataType::FLOAT32;
 constexpr auto kBF16 = paddle::DataType::BFLOAT16;
 
-inline uint16_t bf16_of(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
-  if ((bits & 0x7F800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);  // subnormal -> signed 0
-  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 void convert(const float* src, uint16_t* dst, int64_t n) {
   constexpr int64_t kBlock = 1 << 14;
 #pragma omp parallel for schedule(static)
@@ -58,7 +50,7 @@ void convert(const float* src, uint16_t* dst, int64_t n) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(packed));
     }
 #endif
-    for (; i < end; ++i) dst[i] = bf16_of(src[i]);
+    for (; i < end; ++i) dst[i] = grpo::bf16_bits(src[i]);
   }
 }
 

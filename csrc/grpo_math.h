@@ -1,4 +1,5 @@
-// Vectorisable exponentials shared by the CPU kernels (grpo_ops.cc, grpo_attention.cc).
+// Vectorisable exponentials shared by the CPU kernels (grpo_ops.cc, grpo_attention.cc), and the bf16 conversion of
+// the bf16 weight copies (grpo_bf16.cc) and the fused engine's bf16 KV cache (grpo_ops.cc).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,24 @@ inline float exp_shifted_sum(float* x, int64_t n, float mx) {
     sum += x[i];
   }
   return sum;
+}
+
+// float32 -> bfloat16 bits, rounded to nearest even; float32 subnormals become a signed zero (as AVX512-BF16's
+// conversion does, so every element converts alike wherever it is converted) and NaN stays a (quiet) NaN.
+inline uint16_t bf16_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
+  if ((bits & 0x7F800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);  // subnormal -> signed 0
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+inline float bf16_float(uint16_t bits) {
+  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof value);
+  return value;
 }
 
 }  // namespace grpo

@@ -9,7 +9,9 @@
 // operators have CPU kernels only).
 //
 // Cache layout used by all attention ops: [L, 2, Bcap, S, KVH, D], one buffer for every layer;
-// cache[layer, 0] holds rotated keys and cache[layer, 1] values; slot s of row b holds token s.
+// cache[layer, 0] holds rotated keys and cache[layer, 1] values; slot s of row b holds token s. On the CPU the cache
+// may be bfloat16 (the fused engine's with bf16 matmuls): keys and values are computed in float32, rounded to bf16
+// when written and widened back when read, which halves what a decode step reads from memory.
 
 #include <immintrin.h>
 #include <omp.h>
@@ -18,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "grpo_math.h"
@@ -163,6 +166,56 @@ inline void rotate(const float* x, const float* c, const float* s, float* y, int
   }
 }
 
+// The cache may be float32 (either device) or bfloat16 (CPU only).
+void check_cache_dtype(const paddle::Tensor& cache, const char* op) {
+  const bool bf16 = cache.dtype() == paddle::DataType::BFLOAT16;
+  PD_CHECK(cache.dtype() == paddle::DataType::FLOAT32 || (bf16 && cache.is_cpu()), op,
+           ": cache must be float32 (or bfloat16 on the CPU), got ", phi::DataTypeToString(cache.dtype()), " on ",
+           cache.place().DebugString());
+}
+
+// n floats into the cache: as they are, or rounded to bf16.
+inline void store(const float* x, float* to, int64_t n) { std::memcpy(to, x, n * sizeof(float)); }
+inline void store(const float* x, uint16_t* to, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) to[i] = grpo::bf16_bits(x[i]);
+}
+
+struct RopeRows {  // grpo_rope_kv_write's checked inputs and q output
+  const float* qkv;  // (B, T, (H + 2 KVH) D)
+  const int64_t* pos;  // (B, T)
+  const float *cos, *sin;  // (P, D)
+  float* q;  // (B, T, H, D)
+  int64_t B, T, H, KVH, D, S, start;
+};
+
+// Rotates q and k of every token, writes k and v into cache slot start + t of its row; kc: the layer's keys (Bcap, S,
+// KVH, D), its values follow at kc + Bcap S KVH D.
+template <typename Elem>
+void write_rope_rows(const RopeRows& r, Elem* kc, int64_t Bcap) {
+  Elem* vc = kc + Bcap * r.S * r.KVH * r.D;
+  const int64_t width = (r.H + 2 * r.KVH) * r.D, D = r.D;
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < r.B * r.T; ++bt) {
+    const int64_t b = bt / r.T, t = bt % r.T;
+    const float* row = r.qkv + bt * width;
+    const float* c = r.cos + r.pos[bt] * D;
+    const float* s = r.sin + r.pos[bt] * D;
+    for (int64_t h = 0; h < r.H; ++h) rotate(row + h * D, c, s, r.q + (bt * r.H + h) * D, D);
+    const int64_t slot = ((b * r.S) + r.start + t) * r.KVH * D;
+    thread_local std::vector<float> rotated;
+    rotated.resize(D);
+    for (int64_t g = 0; g < r.KVH; ++g) {
+      if constexpr (std::is_same_v<Elem, float>) {
+        rotate(row + (r.H + g) * D, c, s, kc + slot + g * D, D);
+      } else {
+        rotate(row + (r.H + g) * D, c, s, rotated.data(), D);
+        store(rotated.data(), kc + slot + g * D, D);
+      }
+      store(row + (r.H + r.KVH + g) * D, vc + slot + g * D, D);
+    }
+  }
+}
+
 std::vector<paddle::Tensor> RopeKvWrite(const paddle::Tensor& qkv_in, const paddle::Tensor& positions_in,
                                         const paddle::Tensor& cos_in, const paddle::Tensor& sin_in,
                                         paddle::Tensor& cache, int layer, int start, int num_heads,
@@ -172,7 +225,7 @@ std::vector<paddle::Tensor> RopeKvWrite(const paddle::Tensor& qkv_in, const padd
   check_dtype(positions_in, paddle::DataType::INT64, op, "positions");
   check_dtype(cos_in, paddle::DataType::FLOAT32, op, "cos");
   check_dtype(sin_in, paddle::DataType::FLOAT32, op, "sin");
-  check_dtype(cache, paddle::DataType::FLOAT32, op, "cache");
+  check_cache_dtype(cache, op);
   for (const paddle::Tensor* t : {&positions_in, &cos_in, &sin_in, static_cast<const paddle::Tensor*>(&cache)})
     check_place(*t, qkv_in, op, "positions/cos/sin/cache");
   PD_CHECK(cache.is_contiguous(), op, ": cache is written in place and must be contiguous");
@@ -212,22 +265,12 @@ std::vector<paddle::Tensor> RopeKvWrite(const paddle::Tensor& qkv_in, const padd
   for (int64_t i = 0; i < B * T; ++i)
     PD_CHECK(pos[i] >= 0 && pos[i] < P, op, ": positions[", i / T, ", ", i % T, "] = ", pos[i],
              " is outside the rotary table of ", P, " rows");
-  float* qo = q.data<float>();
-  float* kc = cache.data<float>() + static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;  // [Bcap, S, KVH, D]
-  float* vc = kc + cd.Bcap * cd.S * KVH * D;
-  const int64_t width = (H + 2 * KVH) * D;
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t b = bt / T, t = bt % T;
-    const float* row = qkv + bt * width;
-    const float* c = cosp + pos[bt] * D;
-    const float* s = sinp + pos[bt] * D;
-    for (int64_t h = 0; h < H; ++h) rotate(row + h * D, c, s, qo + (bt * H + h) * D, D);
-    const int64_t slot = ((b * cd.S) + start + t) * KVH * D;
-    for (int64_t g = 0; g < KVH; ++g) {
-      rotate(row + (H + g) * D, c, s, kc + slot + g * D, D);
-      std::memcpy(vc + slot + g * D, row + (H + KVH + g) * D, D * sizeof(float));
-    }
+  const RopeRows rows{qkv, pos, cosp, sinp, q.data<float>(), B, T, H, KVH, D, cd.S, start};
+  const int64_t layer_offset = static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;  // to its [2, Bcap, S, KVH, D]
+  if (cache.dtype() == paddle::DataType::BFLOAT16) {
+    write_rope_rows(rows, static_cast<uint16_t*>(cache.data()) + layer_offset, cd.Bcap);
+  } else {
+    write_rope_rows(rows, cache.data<float>() + layer_offset, cd.Bcap);
   }
   return {q};
 }
@@ -271,9 +314,16 @@ inline __m512 lane_sums(__m512* sums) {
   return _mm512_permutexvar_ps(where, sums_shuffled);
 }
 
+// 16 cached floats, or 16 cached bf16 values widened to float (their bits shifted into the high half).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
+}
+
 // N = D / 16 registers per key or value.
-template <int N>
-float key_scores_avx512(const float* q, const float* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
+template <int N, typename Elem>
+float key_scores_avx512(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
   __m512 qv[N];
   for (int i = 0; i < N; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
   __m512 block_max = _mm512_set1_ps(kNegInf);
@@ -281,9 +331,9 @@ float key_scores_avx512(const float* q, const float* k, int64_t stride, int64_t 
   for (; s + 16 <= hi + 1; s += 16) {
     __m512 sums[16];
     for (int j = 0; j < 16; ++j) {
-      const float* key = k + (s + j) * stride;
-      sums[j] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
-      for (int i = 1; i < N; ++i) sums[j] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + 16 * i), sums[j]);
+      const Elem* key = k + (s + j) * stride;
+      sums[j] = _mm512_mul_ps(qv[0], load16(key));
+      for (int i = 1; i < N; ++i) sums[j] = _mm512_fmadd_ps(qv[i], load16(key + 16 * i), sums[j]);
     }
     const __m512 block = _mm512_mul_ps(lane_sums(sums), _mm512_set1_ps(scale));
     _mm512_storeu_ps(scores + s, block);
@@ -291,47 +341,51 @@ float key_scores_avx512(const float* q, const float* k, int64_t stride, int64_t 
   }
   float mx = _mm512_reduce_max_ps(block_max);
   for (; s <= hi; ++s) {
-    const float* key = k + s * stride;
-    __m512 sum = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
-    for (int i = 1; i < N; ++i) sum = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + 16 * i), sum);
+    const Elem* key = k + s * stride;
+    __m512 sum = _mm512_mul_ps(qv[0], load16(key));
+    for (int i = 1; i < N; ++i) sum = _mm512_fmadd_ps(qv[i], load16(key + 16 * i), sum);
     scores[s] = _mm512_reduce_add_ps(sum) * scale;
     mx = std::max(mx, scores[s]);
   }
   return mx;
 }
 
-template <int N>
-void weighted_values_avx512(const float* p, const float* v, int64_t stride, int64_t lo, int64_t hi, float inv, float* out) {
+template <int N, typename Elem>
+void weighted_values_avx512(const float* p, const Elem* v, int64_t stride, int64_t lo, int64_t hi, float inv, float* out) {
   __m512 even[N], odd[N];  // two sets of sums, so consecutive slots' FMAs do not wait on each other
   for (int i = 0; i < N; ++i) even[i] = odd[i] = _mm512_setzero_ps();
   int64_t s = lo;
   for (; s + 1 <= hi; s += 2) {
     const __m512 p0 = _mm512_set1_ps(p[s]), p1 = _mm512_set1_ps(p[s + 1]);
-    const float* v0 = v + s * stride;
-    const float* v1 = v0 + stride;
+    const Elem* v0 = v + s * stride;
+    const Elem* v1 = v0 + stride;
     for (int i = 0; i < N; ++i) {
-      even[i] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * i), even[i]);
-      odd[i] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * i), odd[i]);
+      even[i] = _mm512_fmadd_ps(p0, load16(v0 + 16 * i), even[i]);
+      odd[i] = _mm512_fmadd_ps(p1, load16(v1 + 16 * i), odd[i]);
     }
   }
   if (s <= hi)
-    for (int i = 0; i < N; ++i) even[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(v + s * stride + 16 * i), even[i]);
+    for (int i = 0; i < N; ++i) even[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), load16(v + s * stride + 16 * i), even[i]);
   for (int i = 0; i < N; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(_mm512_add_ps(even[i], odd[i]), _mm512_set1_ps(inv)));
 }
 #endif
 
-// scores[s] = scale * q . key(s) for s in lo..hi, key(s) = k + s * stride, D floats each -> their max.
-float key_scores(const float* q, const float* k, int64_t stride, int64_t lo, int64_t hi, int64_t D, float scale, float* scores) {
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return grpo::bf16_float(x); }
+
+// scores[s] = scale * q . key(s) for s in lo..hi, key(s) = k + s * stride, D elements each -> their max.
+template <typename Elem>
+float key_scores(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, int64_t D, float scale, float* scores) {
 #ifdef __AVX512F__
   if (D == 64) return key_scores_avx512<4>(q, k, stride, lo, hi, scale, scores);
   if (D == 128) return key_scores_avx512<8>(q, k, stride, lo, hi, scale, scores);
 #endif
   float mx = kNegInf;
   for (int64_t s = lo; s <= hi; ++s) {
-    const float* key = k + s * stride;
+    const Elem* key = k + s * stride;
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-    for (int64_t i = 0; i < D; ++i) dot += q[i] * key[i];
+    for (int64_t i = 0; i < D; ++i) dot += q[i] * widen(key[i]);
     scores[s] = dot * scale;
     mx = std::max(mx, scores[s]);
   }
@@ -339,26 +393,76 @@ float key_scores(const float* q, const float* k, int64_t stride, int64_t lo, int
 }
 
 // out (D,) = inv * sum over s in lo..hi of p[s] value(s), value(s) = v + s * stride.
-void weighted_values(const float* p, const float* v, int64_t stride, int64_t lo, int64_t hi, int64_t D, float inv, float* out) {
+template <typename Elem>
+void weighted_values(const float* p, const Elem* v, int64_t stride, int64_t lo, int64_t hi, int64_t D, float inv, float* out) {
 #ifdef __AVX512F__
   if (D == 64) return weighted_values_avx512<4>(p, v, stride, lo, hi, inv, out);
   if (D == 128) return weighted_values_avx512<8>(p, v, stride, lo, hi, inv, out);
 #endif
   std::fill(out, out + D, 0.0f);
   for (int64_t s = lo; s <= hi; ++s) {
-    const float* value = v + s * stride;
+    const Elem* value = v + s * stride;
 #pragma omp simd
-    for (int64_t i = 0; i < D; ++i) out[i] += p[s] * value[i];
+    for (int64_t i = 0; i < D; ++i) out[i] += p[s] * widen(value[i]);
   }
 #pragma omp simd
   for (int64_t i = 0; i < D; ++i) out[i] *= inv;
+}
+
+struct AttentionRows {  // grpo_cache_attention's checked inputs and output
+  const float* q;  // (B, T, H, D)
+  const int64_t* first;  // (B,) each row's first real slot
+  float* out;  // (B, T, H D)
+  int64_t B, T, H, KVH, D, S, start;
+};
+
+// kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D.
+template <typename Elem>
+void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
+  const int64_t B = r.B, T = r.T, H = r.H, KVH = r.KVH, D = r.D, S = r.S, start = r.start;
+  const int64_t row_stride = S * KVH * D;  // one batch row of keys or values: [S, KVH, D]
+  const Elem* vc = kc + Bcap * row_stride;
+  const float* q = r.q;
+  const int64_t* first = r.first;
+  float* o = r.out;
+  const int64_t group = H / KVH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t key_stride = KVH * D;
+  // A work item is a query's G heads that share a KV head, so its keys and values come into the core's cache once
+  // for all G; single heads where that would leave threads idle (a row or two of decode).
+  const int64_t heads_per_item = B * T * KVH >= 2 * omp_get_max_threads() ? group : 1;
+  const int64_t items_per_query = H / heads_per_item;
+#pragma omp parallel
+  {
+    std::vector<float> scores(S);  // (S,) softmax weights of one query
+#pragma omp for schedule(static)  // not dynamic: see csrc/build.py's missing_openmp_entry_points
+    for (int64_t item = 0; item < B * T * items_per_query; ++item) {
+      const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
+      const int64_t lo = first[b], hi = start + t;  // inclusive slot range
+      for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
+        const float* qv = q + (bt * H + h) * D;
+        float* ov = o + bt * H * D + h * D;
+        if (lo > hi) {
+          std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
+          continue;
+        }
+        const int64_t g = h / group;
+        const Elem* kb = kc + b * row_stride + g * D;  // key of slot s at kb + s * key_stride
+        const Elem* vb = vc + b * row_stride + g * D;
+        float* p = scores.data();
+        const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p);
+        const float sum = exp_shifted_sum(p + lo, hi - lo + 1, mx);
+        weighted_values(p, vb, key_stride, lo, hi, D, 1.0f / sum, ov);
+      }
+    }
+  }
 }
 
 std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const paddle::Tensor& cache_in,
                                            const paddle::Tensor& first_slot_in, int layer, int start) {
   const char* op = "grpo_cache_attention";
   check_dtype(q_in, paddle::DataType::FLOAT32, op, "q");
-  check_dtype(cache_in, paddle::DataType::FLOAT32, op, "cache");
+  check_cache_dtype(cache_in, op);
   check_dtype(first_slot_in, paddle::DataType::INT64, op, "first_slot");
   check_place(cache_in, q_in, op, "cache");
   check_place(first_slot_in, q_in, op, "first_slot");
@@ -382,44 +486,15 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
     return {out};
   }
   const auto q_t = dense(q_in), c_t = dense(cache_in), f_t = dense(first_slot_in);
-  const float* q = q_t.data<float>();
   const int64_t* first = f_t.data<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     PD_CHECK(first[b] >= 0, op, ": first_slot[", b, "] = ", first[b], " is negative");
-  const int64_t row_stride = cd.S * KVH * D;  // one batch row of keys or values: [S, KVH, D]
-  const float* kc = c_t.data<float>() + static_cast<int64_t>(layer) * 2 * cd.Bcap * row_stride;
-  const float* vc = kc + cd.Bcap * row_stride;
-  float* o = out.data<float>();
-  const int64_t group = H / KVH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t S = cd.S, key_stride = KVH * D;
-  // A work item is a query's G heads that share a KV head, so its keys and values come into the core's cache once
-  // for all G; single heads where that would leave threads idle (a row or two of decode).
-  const int64_t heads_per_item = B * T * KVH >= 2 * omp_get_max_threads() ? group : 1;
-  const int64_t items_per_query = H / heads_per_item;
-#pragma omp parallel
-  {
-    std::vector<float> scores(S);  // (S,) softmax weights of one query
-#pragma omp for schedule(static)  // not dynamic: see csrc/build.py's missing_openmp_entry_points
-    for (int64_t item = 0; item < B * T * items_per_query; ++item) {
-      const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
-      const int64_t lo = first[b], hi = start + t;  // inclusive slot range
-      for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
-        const float* qv = q + (bt * H + h) * D;
-        float* ov = o + bt * H * D + h * D;
-        if (lo > hi) {
-          std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
-          continue;
-        }
-        const int64_t g = h / group;
-        const float* kb = kc + b * row_stride + g * D;  // key of slot s at kb + s * key_stride
-        const float* vb = vc + b * row_stride + g * D;
-        float* p = scores.data();
-        const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p);
-        const float sum = exp_shifted_sum(p + lo, hi - lo + 1, mx);
-        weighted_values(p, vb, key_stride, lo, hi, D, 1.0f / sum, ov);
-      }
-    }
+  const AttentionRows rows{q_t.data<float>(), first, out.data<float>(), B, T, H, KVH, D, cd.S, start};
+  const int64_t layer_offset = static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;  // to its [2, Bcap, S, KVH, D]
+  if (c_t.dtype() == paddle::DataType::BFLOAT16) {
+    attend_rows(rows, static_cast<const uint16_t*>(c_t.data()) + layer_offset, cd.Bcap);
+  } else {
+    attend_rows(rows, c_t.data<float>() + layer_offset, cd.Bcap);
   }
   return {out};
 }

@@ -197,9 +197,13 @@ class PrefillAgain:
 
 
 @pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
-def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_nothing():
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_nothing(cache_dtype):
     """data/tiny-qwen2-tools with the real `tools` environment, sampled: its calls are answered by the calculator, and the
-    fused engine continuing each row from its kept keys and values samples what it samples prefilling each turn whole."""
+    fused engine continuing each row from its kept keys and values samples what it samples prefilling each turn whole
+    (with a bfloat16 cache too, whose kept keys and values are the rounded ones)."""
+    from alignment.rollout.fused import FusedEngine
+
     tokenizer, model = load_tokenizer("data/tiny-qwen2-tools"), load_causal_lm("data/tiny-qwen2-tools")
     model.eval()
     schemas = [get_tool("calculator").schema]
@@ -208,7 +212,7 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
     prompts = [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": row["src"]}],
                                              tools=schemas, add_generation_prompt=True, tokenize=True) for row in rows]
     sampling = SamplingParams(max_new_tokens=128, temperature=1.0, seed=3)
-    fused = engines(model, tokenizer)["fused"]
+    fused = FusedEngine(model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, OPS, cache_dtype=cache_dtype)
     kept, again = (multi_turn(engine, tokenizer, "tools", ("calculator",), max_total_tokens=128, max_turn_tokens=128)
                    .generate(prompts, 4, sampling)
                    for engine in (fused, PrefillAgain(fused)))

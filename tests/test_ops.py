@@ -36,6 +36,18 @@ def close(actual, expected, rng, what, rtol=1e-5, atol=1e-5):
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=f"{what} (seed {rng.seed})")
 
 
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest bf16 value (ties to even), as float64: the reference conversion."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def as_cache(a: np.ndarray, dtype: str):
+    """A float32 array as a cache tensor of dtype (bfloat16: a's values rounded)."""
+    return t(a) if dtype == "float32" else t(a).astype("bfloat16")
+
+
 def rope_tables(P, D):
     inv_freq = 1.0 / (10000.0 ** (np.arange(0, D, 2, dtype=np.float64) / D))
     freqs = np.outer(np.arange(P, dtype=np.float64), inv_freq)
@@ -90,15 +102,22 @@ ATTN_CASES = [  # B, Bcap, T, start, H, KVH, D, S
 ]
 
 
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("B,Bcap,T,start,H,KVH,D,S", ATTN_CASES)
-def test_rope_kv_write(ops, rng, B, Bcap, T, start, H, KVH, D, S):
+def test_rope_kv_write(ops, rng, B, Bcap, T, start, H, KVH, D, S, cache_dtype):
     L, layer, P = 3, 1, 64
     cos, sin = rope_tables(P, D)
     qkv = rng.standard_normal((B, T, (H + 2 * KVH) * D)).astype(np.float32)
     positions = rng.integers(0, P, size=(B, T))
     cache0 = rng.standard_normal((L, 2, Bcap, S, KVH, D)).astype(np.float32)
-    cache = t(cache0)
+    cache = as_cache(cache0, cache_dtype)
     q, cache_out = ops.grpo_rope_kv_write(t(qkv), t(positions, "int64"), t(cos), t(sin), cache, layer, start, H, KVH)
+    if cache_dtype == "bfloat16":  # keys and values rounded once from what the float32 cache holds, the rest untouched
+        fp32_cache = t(cache0)
+        ops.grpo_rope_kv_write(t(qkv), t(positions, "int64"), t(cos), t(sin), fp32_cache, layer, start, H, KVH)
+        np.testing.assert_array_equal(cache.astype("float32").numpy(), bf16_round(fp32_cache.numpy()))
+        assert cache_out.dtype == paddle.bfloat16
+        return
 
     c, s = cos[positions][:, :, None, :], sin[positions][:, :, None, :]  # (B, T, 1, D)
     x = qkv.astype(np.float64)
@@ -113,6 +132,15 @@ def test_rope_kv_write(ops, rng, B, Bcap, T, start, H, KVH, D, S):
     close(cache_out.numpy(), expected, rng, "returned cache")
 
 
+def test_the_cache_ops_name_a_cache_of_another_dtype(ops):
+    cache = paddle.zeros([1, 2, 2, 4, 2, 8], "float64")
+    table = paddle.ones([16, 8])
+    with pytest.raises(Exception, match=r"cache must be float32 \(or bfloat16 on the CPU\), got float64"):
+        ops.grpo_rope_kv_write(paddle.zeros([2, 1, 64]), paddle.zeros([2, 1], "int64"), table, table, cache, 0, 0, 4, 2)
+    with pytest.raises(Exception, match=r"cache must be float32 \(or bfloat16 on the CPU\), got float64"):
+        ops.grpo_cache_attention(paddle.zeros([2, 1, 4, 8]), cache, paddle.zeros([2], "int64"), 0, 0)
+
+
 def test_rope_kv_write_checks_the_cache_bounds(ops):
     cache = paddle.zeros([1, 2, 2, 4, 2, 8])
     qkv, pos = paddle.zeros([2, 3, 8 * 8]), paddle.zeros([2, 3], dtype="int64")
@@ -123,15 +151,19 @@ def test_rope_kv_write_checks_the_cache_bounds(ops):
         ops.grpo_rope_kv_write(paddle.zeros([3, 1, 64]), paddle.zeros([3, 1], "int64"), table, table, cache, 0, 0, 4, 2)
 
 
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("B,Bcap,T,start,H,KVH,D,S", ATTN_CASES)
-def test_cache_attention(ops, rng, B, Bcap, T, start, H, KVH, D, S):
+def test_cache_attention(ops, rng, B, Bcap, T, start, H, KVH, D, S, cache_dtype):
+    """Against float64 on the values the cache holds (a bf16 cache's keys and values are its rounded ones)."""
     L, layer = 2, 1
     cache = (rng.standard_normal((L, 2, Bcap, S, KVH, D)) * 2).astype(np.float32)
     q = (rng.standard_normal((B, T, H, D)) * 2).astype(np.float32)
     # Left padding: row 0 has none; the others start anywhere up to past the last query (all padding).
     first = rng.integers(0, start + T + 1, size=B)
     first[0] = 0
-    out = ops.grpo_cache_attention(t(q), t(cache), t(first, "int64"), layer, start).numpy()
+    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), layer, start).numpy()
+    if cache_dtype == "bfloat16":
+        cache = bf16_round(cache)
 
     ref = np.zeros((B, T, H, D))
     group = H // KVH

@@ -14,6 +14,7 @@ from alignment.rollout.eager import EagerEngine
 class EngineSettings:
     fused: bool  # use_fusemt
     weight_sync_tolerance: Optional[float] = None  # the fused engine's check against the actor after each sync (None: its default)
+    kv_cache_dtype: str = "auto"  # the fused engine's cache: float32, bfloat16, or auto (bfloat16 with bf16 matmuls)
 
 
 def build_engine(settings: EngineSettings, model, eos_token_ids: list, pad_token_id: int, bf16: bool = False) -> RolloutEngine:
@@ -27,7 +28,8 @@ def build_engine(settings: EngineSettings, model, eos_token_ids: list, pad_token
         ops, why_not = load_ops()
         why_not = why_not or unsupported_reason(model)
         if why_not is None:
-            return FusedEngine(model, eos_token_ids, pad_token_id, ops, settings.weight_sync_tolerance, bf16)
+            cache_dtype = ("bfloat16" if bf16 else "float32") if settings.kv_cache_dtype == "auto" else settings.kv_cache_dtype
+            return FusedEngine(model, eos_token_ids, pad_token_id, ops, settings.weight_sync_tolerance, bf16, cache_dtype)
         warnings.warn(f"use_fusemt: the fused engine cannot run here ({why_not}); generating with the eager engine")
     return EagerEngine(model, eos_token_ids, pad_token_id)
 

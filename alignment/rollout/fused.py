@@ -2,7 +2,9 @@
 
 What it changes against the eager engine (PaddleNLP's FusedMT idea):
 - one preallocated KV cache for all layers, (L, 2, B, S, KVH, D), written in place by the rotary
-  operator, instead of a cache that grows by concatenation every step;
+  operator, instead of a cache that grows by concatenation every step; float32, or on the CPU bfloat16
+  (kv_cache_dtype; auto picks it with bf16 matmuls): keys and values rounded when written, half the memory
+  a decode step reads;
 - about ten calls per layer per token: RMSNorm fused with the residual add, one q|k|v matmul,
   rotary + cache write, attention over the cache with grouped KV heads, one gate|up matmul,
   SiLU x up, and the two output matmuls (Qwen3 adds its per-head q and k RMSNorms before the rotary);
@@ -38,7 +40,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.algo.logprobs import token_logprobs
-from alignment.errors import WeightSyncError
+from alignment.errors import ConfigError, WeightSyncError
 from alignment.models.lora import effective_weight
 from alignment.models.modeling import layout_unsupported
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
@@ -48,9 +50,10 @@ from alignment.run.runtime import contiguous_kernels
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 PROBE_LENGTHS = (24, 17)  # two probe rows of different lengths, so the check covers left padding
 COMPACT_FRACTION = 8  # compact once at least 1/8 of the active rows have finished
-FP32_TOLERANCE = 1e-4  # the default weight_sync_tolerance with float32 matmuls
-# ... and with bf16 ones: measured probe gaps of a freshly synced engine were 0.039 on SmolLM2-135M and 0.012 on
-# data/tiny-qwen2 (bf16 rounding); a wrong operator or layout moves log-probs by whole nats.
+FP32_TOLERANCE = 1e-4  # the default weight_sync_tolerance with float32 matmuls and cache
+# ... and with bf16 matmuls or cache: measured probe gaps of a freshly synced engine were 0.039 on SmolLM2-135M and
+# 0.012 on data/tiny-qwen2 (bf16 rounding; 0.007 there from a bfloat16 cache alone); a wrong operator or layout moves
+# log-probs by whole nats.
 BF16_TOLERANCE = 0.25
 
 
@@ -142,10 +145,16 @@ def _fuse_layer(layer, matrix) -> LayerWeights:
 
 
 class FusedEngine:
-    def __init__(self, model, eos_token_ids: list, pad_token_id: int, ops, tolerance: Optional[float] = None, bf16: bool = False):
+    def __init__(
+        self, model, eos_token_ids: list, pad_token_id: int, ops, tolerance: Optional[float] = None, bf16: bool = False,
+        cache_dtype: str = "float32",
+    ):
         config = model.config
-        self.model, self.ops, self.bf16 = model, ops, bf16
-        self.tolerance = tolerance if tolerance is not None else BF16_TOLERANCE if bf16 else FP32_TOLERANCE
+        self.model, self.ops, self.bf16, self.cache_dtype = model, ops, bf16, cache_dtype
+        if cache_dtype == "bfloat16" and not model.lm_head.weight.place.is_cpu_place():
+            raise ConfigError("kv_cache_dtype is bfloat16 but the model is on a GPU: the fused engine's CUDA kernels hold a float32 cache")
+        rounded = bf16 or cache_dtype == "bfloat16"  # the engine's forward rounds what the actor's does not
+        self.tolerance = tolerance if tolerance is not None else BF16_TOLERANCE if rounded else FP32_TOLERANCE
         self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -246,9 +255,10 @@ class FusedEngine:
         return self.cos, self.sin
 
     def _empty_cache(self, batch: int, slots: int) -> paddle.Tensor:
-        # Slots before a row's first_slot are never read, so the cache needs no zeroing.
+        # Slots before a row's first_slot are never read, so the cache needs no zeroing. A bfloat16 cache holds keys and
+        # values computed in fp32 and rounded when written (csrc/grpo_ops.cc): half of what a decode step reads.
         shape = [len(self.layers), 2, batch, slots, self.num_kv_heads, self.head_dim]
-        return paddle.empty(shape, dtype="float32")
+        return paddle.empty(shape, dtype=self.cache_dtype)
 
     def _forward(self, x, positions, first_slot, cache, start: int):
         """x (B, T, Hd) embeddings of the tokens at cache slots start .. start+T-1 -> (B, T, Hd) final hidden

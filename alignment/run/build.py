@@ -70,7 +70,9 @@ def optimizer_settings(config: GRPOConfig) -> OptimizerSettings:
 
 
 def engine_settings(config: GRPOConfig) -> EngineSettings:
-    return EngineSettings(fused=config.use_fusemt, weight_sync_tolerance=config.weight_sync_tolerance)
+    return EngineSettings(
+        fused=config.use_fusemt, weight_sync_tolerance=config.weight_sync_tolerance, kv_cache_dtype=config.kv_cache_dtype
+    )
 
 
 def turn_settings(config: GRPOConfig) -> TurnSettings:

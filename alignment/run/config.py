@@ -109,6 +109,14 @@ class GRPOConfig:
         "bf16 key instead.",
         choices=["auto", "on", "off"],
     )
+    kv_cache_dtype: str = _key(
+        "auto",
+        "The fused engine's KV cache on the CPU (vLLM's name): auto (bfloat16 where the CPU matmuls run in bf16, cpu_bf16_matmul; else "
+        "float32), float32, or bfloat16 (keys and values computed in float32 and rounded when written: half the cache's memory and "
+        "1.12-1.17x decode at SmolLM2-135M's shape; the rollout's log-probs then differ from the actor's by 0.017 on average instead of "
+        "0.015, bench/RESULTS.md). bfloat16 needs use_fusemt.",
+        choices=["auto", "float32", "bfloat16"],
+    )
     rollout_workers: int = _key(
         0,
         "Processes that only generate, beside one training process under the same launch (python -m paddle.distributed.launch "
@@ -126,7 +134,7 @@ class GRPOConfig:
     weight_sync_tolerance: Optional[float] = _key(
         None,
         "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh; default 1e-4 "
-        "with float32 matmuls, 0.25 with bf16 ones (cpu_bf16_matmul: the gap is rounding there, 0.039 measured on SmolLM2-135M, and stale "
+        "with float32 matmuls, 0.25 with bf16 ones or a bfloat16 kv_cache_dtype (the gap is rounding there, 0.039 measured on SmolLM2-135M, and stale "
         "bf16 weight copies are caught exactly instead).",
     )
     # Algorithm
@@ -1318,6 +1326,10 @@ def _check_lora(c: GRPOConfig) -> None:
 
 def _check_precision(c: GRPOConfig) -> None:
     check(not (c.bf16 and c.fp16), "bf16 and fp16 are both true; choose one")
+    check(
+        c.kv_cache_dtype != "bfloat16" or c.use_fusemt,
+        "kv_cache_dtype is bfloat16 but use_fusemt is false: the bf16 cache is the fused engine's (the eager engine keeps paddle's)",
+    )
     if c.cpu_bf16_matmul == "on":
         check(
             c.use_fused_train_ops,
