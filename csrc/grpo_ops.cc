@@ -769,6 +769,42 @@ void CompactRows(paddle::Tensor& x, const paddle::Tensor& keep_in, int batch_axi
   }
 }
 
+// grpo_expand_groups(cache, prompt_cache, group_size): the fused engine's prefill ran each group's prompt once into
+// prompt_cache (L, 2, B / G, W, KVH, D); row b of cache (L, 2, B, S, KVH, D), same dtype, W <= S, gets slots [0, W) of
+// row b / G, one memcpy per (layer, k or v, row). CPU only (paddle's set_value over the slot slice took 0.55 s of a
+// SmolLM2 rollout; the GPU keeps it).
+void ExpandGroups(paddle::Tensor& cache, const paddle::Tensor& prompt_in, int group_size) {
+  const char* op = "grpo_expand_groups";
+  PD_CHECK(cache.is_cpu(), op, ": a CPU kernel (the engine copies with paddle on a GPU), got ", cache.place().DebugString());
+  check_place(prompt_in, cache, op, "prompt_cache");
+  PD_CHECK(cache.is_contiguous(), op, ": cache is written in place and must be contiguous");
+  PD_CHECK(prompt_in.dtype() == cache.dtype(), op, ": prompt_cache is ", phi::DataTypeToString(prompt_in.dtype()),
+           ", cache ", phi::DataTypeToString(cache.dtype()));
+  const auto cd = cache_dims(cache, op), pd = cache_dims(prompt_in, op);
+  PD_CHECK(group_size >= 1 && pd.L == cd.L && pd.KVH == cd.KVH && pd.D == cd.D && pd.Bcap * group_size == cd.Bcap &&
+               pd.S <= cd.S,
+           op, ": prompt_cache ", shape_str(prompt_in.shape()), " does not fill cache ", shape_str(cache.shape()),
+           " in groups of ", group_size, " rows (its L, KVH, D must match, its rows x group_size = the cache's rows, ",
+           "its slots <= the cache's)");
+  const auto prompt = dense(prompt_in);
+  const int64_t esize = element_size(cache.dtype(), op);
+  const int64_t slot_bytes = cd.KVH * cd.D * esize, rows = cd.L * 2 * cd.Bcap;
+  const auto* from = static_cast<const uint8_t*>(prompt.data());
+  auto* to = static_cast<uint8_t*>(cache.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {  // (layer, k or v, b) of the cache
+    const int64_t block = row / cd.Bcap, b = row % cd.Bcap;
+    const int64_t source = block * pd.Bcap + b / group_size;
+    std::memcpy(to + row * cd.S * slot_bytes, from + source * pd.S * slot_bytes, pd.S * slot_bytes);
+  }
+}
+
+std::vector<std::vector<int64_t>> ExpandGroupsShape(const std::vector<int64_t>& cache, const std::vector<int64_t>&, int) {
+  return {cache};
+}
+
+std::vector<paddle::DataType> ExpandGroupsDtype(const paddle::DataType& cache, const paddle::DataType&) { return {cache}; }
+
 std::vector<std::vector<int64_t>> CompactRowsShape(const std::vector<int64_t>& x, const std::vector<int64_t>&, int,
                                                    int) {
   return {x};
@@ -1343,6 +1379,15 @@ PD_BUILD_OP(grpo_stop_update)
     .SetKernelFn(PD_KERNEL(StopUpdate))
     .SetInferShapeFn(PD_INFER_SHAPE(StopUpdateShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(StopUpdateDtype));
+
+PD_BUILD_OP(grpo_expand_groups)
+    .Inputs({"Cache", "PromptCache"})
+    .Outputs({"CacheOut"})
+    .Attrs({"group_size: int"})
+    .SetInplaceMap({{"Cache", "CacheOut"}})
+    .SetKernelFn(PD_KERNEL(ExpandGroups))
+    .SetInferShapeFn(PD_INFER_SHAPE(ExpandGroupsShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(ExpandGroupsDtype));
 
 PD_BUILD_OP(grpo_compact_rows)
     .Inputs({"X", "Keep"})

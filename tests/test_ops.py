@@ -432,6 +432,26 @@ def test_compact_rows_of_the_cache(ops, rng, prefix):
     np.testing.assert_array_equal(cache.numpy(), expected, err_msg=f"keep {keep.tolist()} (seed {rng.seed})")
 
 
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_expand_groups_copies_each_prompts_slots_to_its_rows(ops, rng, cache_dtype):
+    L, B, G, S, W, KVH, D = 2, 6, 3, 9, 4, 2, 8
+    prompt = rng.standard_normal((L, 2, B // G, W, KVH, D)).astype(np.float32)
+    before = rng.standard_normal((L, 2, B, S, KVH, D)).astype(np.float32)
+    cache = as_cache(before, cache_dtype)
+    out = ops.grpo_expand_groups(cache, as_cache(prompt, cache_dtype), G)
+    expected = before.copy()
+    expected[:, :, :, :W] = np.repeat(prompt, G, axis=2)
+    if cache_dtype == "bfloat16":
+        expected = bf16_round(expected)
+    np.testing.assert_array_equal(cache.astype("float32").numpy(), expected)  # in place, later slots untouched
+    assert out.shape == cache.shape
+    with pytest.raises(Exception, match=r"does not fill cache .* in groups of 2 rows"):
+        ops.grpo_expand_groups(cache, as_cache(prompt, cache_dtype), 2)
+    other = "float32" if cache_dtype == "bfloat16" else "bfloat16"
+    with pytest.raises(Exception, match=f"prompt_cache is {other}, cache {cache_dtype}"):
+        ops.grpo_expand_groups(cache, as_cache(prompt, other), G)
+
+
 def test_compact_rows_of_presence(ops, rng):
     Bcap, V = 11, 33
     presence0 = (rng.random((Bcap, V)) < 0.3).astype(np.uint8)

@@ -287,7 +287,10 @@ class FusedEngine:
         prompt_cache = self._empty_cache(len(distinct), width)
         embedded = self.model.model.embed_tokens(paddle.gather(input_ids, distinct))
         hidden = self._forward(embedded, paddle.gather(position_ids, distinct), paddle.gather(first_slot, distinct), prompt_cache, start=0)
-        cache[:, :, :, :width] = paddle.repeat_interleave(prompt_cache, group_size, axis=2)  # (L, 2, B, W, KVH, D)
+        if cache.place.is_cpu_place():
+            self.ops.grpo_expand_groups(cache, prompt_cache, group_size)
+        else:
+            cache[:, :, :, :width] = paddle.repeat_interleave(prompt_cache, group_size, axis=2)  # (L, 2, B, W, KVH, D)
         return paddle.repeat_interleave(self._logits(hidden[:, -1]), group_size, axis=0)
 
     def _linear(self, x, weight, bias=None):
