@@ -1,9 +1,9 @@
 """What each importance_sampling_mode does to a real batch: one training-sized rollout from the fused engine, the
 actor's log-probs of it computed as the update computes them (pi_old), and the weights every mode gives at its
 usual cap: TRL's default sequence_mask at 3, ours token_truncate at 2, and the other two. Prints one JSON object
-per compute setting (float32 matmuls, and bf16 ones where the CPU has them: cpu_bf16_matmul on), with the
-log-prob gap and, per mode, the mean and spread of the weights, the tokens whose weight is not 1, and the
-sequences that lose all their weight (masked).
+per compute setting (float32 matmuls, and bf16 ones where the CPU has them: cpu_bf16_matmul on; the engine's cache
+as kv_cache_dtype gives it, auto: bfloat16 with bf16 matmuls), with the log-prob gap and, per mode, the mean and
+spread of the weights, the tokens whose weight is not 1, and the sequences that lose all their weight (masked).
 
     .venv/bin/python bench/bench_rollout_correction.py CONFIG.json [--key value ...]
 
@@ -61,6 +61,7 @@ def measure(config, tokenizer, prompts, bf16: bool) -> dict:
     tokens = mask > 0
     result = {
         "matmuls": "bf16" if bf16 else "float32",
+        "kv_cache": engine.cache_dtype,  # kv_cache_dtype as build_engine resolved it
         "sequences": len(mask),
         "tokens": int(tokens.sum()),
         "token_gap_abs_mean": float(np.abs(gap[tokens]).mean()),

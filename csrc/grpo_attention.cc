@@ -43,11 +43,11 @@ struct Dims {
   int64_t B, KVH, G, T, S, D;
 };
 
-// C (m, n) = alpha op(A) op(B) + beta C, row-major; one thread (called inside the parallel loops).
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-           int64_t ldb, float beta, float* c, int64_t ldc) {
+// C (m, n) = op(A) op(B) + beta C, row-major; one thread (called inside the parallel loops).
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+           float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const int status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const int status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   PD_CHECK(status == 0, "grpo_attention: dnnl_sgemm failed with oneDNN status ", status);
 }
 
@@ -67,18 +67,23 @@ std::pair<int64_t, int64_t> visible_keys(const float* mask, const Dims& d, int64
 }
 
 // scores (rows, n) -> scale * scores + mask in place, over the keys [first, first + n) (mask_rows points at the first
-// row's key `first`) -> each row's max.
-void scale_and_mask(float* scores, int64_t rows, int64_t n, const float* mask_rows, int64_t mask_stride, float scale,
-                    float* row_max) {
+// row's key `first`).
+void scale_and_mask(float* scores, int64_t rows, int64_t n, const float* mask_rows, int64_t mask_stride, float scale) {
   for (int64_t r = 0; r < rows; ++r) {
     float* x = scores + r * n;
     const float* m = mask_rows + r * mask_stride;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) x[j] = x[j] * scale + m[j];
+  }
+}
+
+// Each row's max of scores (rows, n).
+void row_maxima(const float* scores, int64_t rows, int64_t n, float* row_max) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = scores + r * n;
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < n; ++j) {
-      x[j] = x[j] * scale + m[j];
-      mx = std::max(mx, x[j]);
-    }
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
     row_max[r] = mx;
   }
 }
@@ -131,9 +136,7 @@ std::vector<paddle::Tensor> Attention(const paddle::Tensor& q_in, const paddle::
   const float *q = q_t.data<float>(), *k = k_t.data<float>(), *v = v_t.data<float>(), *mask = m_t.data<float>();
   float *o = out.data<float>(), *mx = row_max.data<float>(), *inv = row_inv_sum.data<float>();
   const int64_t blocks = (d.T + kBlock - 1) / kBlock;
-  // `parallel for` with each task's scratch its own: a `for` inside a `parallel` region did not share out its
-  // iterations with the OpenMP runtime this library links (paddle's libiomp5 serving GCC's calls): every thread ran all.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)  // each task's scratch its own
   for (int64_t task = 0; task < d.B * d.KVH * blocks; ++task) {
     std::vector<float> scores(kBlock * d.S);
     const int64_t bh = task / blocks, b = bh / d.KVH, t0 = task % blocks * kBlock;
@@ -143,10 +146,11 @@ std::vector<paddle::Tensor> Attention(const paddle::Tensor& q_in, const paddle::
     const float* vb = v + (bh * d.S + first) * d.D;
     for (int64_t g = 0; g < d.G; ++g) {
       const int64_t row0 = bh * d.G * d.T + g * d.T + t0;  // the block's first row in q, out and the row stats
-      sgemm(false, true, rows, last - first, d.D, 1.0f, q + row0 * d.D, d.D, kb, d.D, 0.0f, scores.data(), last - first);
-      scale_and_mask(scores.data(), rows, last - first, mask + (b * d.T + t0) * d.S + first, d.S, scale, mx + row0);
+      sgemm(false, true, rows, last - first, d.D, q + row0 * d.D, d.D, kb, d.D, 0.0f, scores.data(), last - first);
+      scale_and_mask(scores.data(), rows, last - first, mask + (b * d.T + t0) * d.S + first, d.S, scale);
+      row_maxima(scores.data(), rows, last - first, mx + row0);
       weights_from_scores(scores.data(), rows, last - first, mx + row0, inv + row0);
-      sgemm(false, false, rows, d.D, last - first, 1.0f, scores.data(), last - first, vb, d.D, 0.0f, o + row0 * d.D, d.D);
+      sgemm(false, false, rows, d.D, last - first, scores.data(), last - first, vb, d.D, 0.0f, o + row0 * d.D, d.D);
     }
   }
   return {out, row_max, row_inv_sum};
@@ -168,7 +172,7 @@ std::vector<paddle::Tensor> AttentionGrad(const paddle::Tensor& q_in, const padd
   // one task per (sequence, KV head): its blocks all add into the same dK and dV rows
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < d.B * d.KVH; ++bh) {
-    std::vector<float> weights(kBlock * d.S), dweights(kBlock * d.S), maxima(kBlock);  // maxima: recomputed, unused
+    std::vector<float> weights(kBlock * d.S), dweights(kBlock * d.S);
     const int64_t b = bh / d.KVH;
     for (int64_t t0 = 0; t0 < d.T; t0 += kBlock) {
       const int64_t rows = std::min(kBlock, d.T - t0);
@@ -179,10 +183,10 @@ std::vector<paddle::Tensor> AttentionGrad(const paddle::Tensor& q_in, const padd
       for (int64_t g = 0; g < d.G; ++g) {
         const int64_t row0 = bh * d.G * d.T + g * d.T + t0;
         float *p = weights.data(), *dp = dweights.data();
-        sgemm(false, true, rows, n, d.D, 1.0f, q + row0 * d.D, d.D, kb, d.D, 0.0f, p, n);
-        scale_and_mask(p, rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale, maxima.data());
+        sgemm(false, true, rows, n, d.D, q + row0 * d.D, d.D, kb, d.D, 0.0f, p, n);
+        scale_and_mask(p, rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale);
         recomputed_weights(p, rows, n, mx + row0, inv + row0);
-        sgemm(false, true, rows, n, d.D, 1.0f, dout + row0 * d.D, d.D, vb, d.D, 0.0f, dp, n);  // dP = dO V^T
+        sgemm(false, true, rows, n, d.D, dout + row0 * d.D, d.D, vb, d.D, 0.0f, dp, n);  // dP = dO V^T
         for (int64_t r = 0; r < rows; ++r) {  // dS = scale P (dP - rowsum(P dP)), as grpo_masked_softmax's grad
           float* pr = p + r * n;
           float* dr = dp + r * n;
@@ -192,11 +196,11 @@ std::vector<paddle::Tensor> AttentionGrad(const paddle::Tensor& q_in, const padd
 #pragma omp simd
           for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
         }
-        sgemm(false, false, rows, d.D, n, 1.0f, dp, n, kb, d.D, 0.0f, dqp + row0 * d.D, d.D);  // dQ = dS K
+        sgemm(false, false, rows, d.D, n, dp, n, kb, d.D, 0.0f, dqp + row0 * d.D, d.D);  // dQ = dS K
         float* dkb = dkp + (bh * d.S + first) * d.D;
         float* dvb = dvp + (bh * d.S + first) * d.D;
-        sgemm(true, false, n, d.D, rows, 1.0f, dp, n, q + row0 * d.D, d.D, 1.0f, dkb, d.D);        // dK += dS^T Q
-        sgemm(true, false, n, d.D, rows, 1.0f, p, n, dout + row0 * d.D, d.D, 1.0f, dvb, d.D);      // dV += P^T dO
+        sgemm(true, false, n, d.D, rows, dp, n, q + row0 * d.D, d.D, 1.0f, dkb, d.D);        // dK += dS^T Q
+        sgemm(true, false, n, d.D, rows, p, n, dout + row0 * d.D, d.D, 1.0f, dvb, d.D);      // dV += P^T dO
       }
     }
   }
