@@ -22,7 +22,7 @@ probe: the log-probs the engine computes must equal the actor's forward ones wit
 run stops (WeightSyncError). With bf16 matmuls (cpu_bf16_matmul) the engine holds the four matrices of each layer
 and lm_head as bf16 copies packed for oneDNN's matmul primitive instead (`PackedBf16`, csrc/grpo_dnnl_matmul.cc),
 made at sync(): reordered once into the primitive's blocked layout, where oneDNN's gemm would copy each weight into it
-on every call (1.16x decode's products at 64 rows, bench/RESULTS.md); the two forwards then differ by rounding (bf16
+on every call (decode's products 1.2-1.8x faster at 2-64 rows, bench/RESULTS.md); the two forwards differ by rounding (bf16
 rounding of inputs that differ in their last fp32 bits), so the tolerance is wider (BF16_TOLERANCE), and
 check_weight_sync() first compares every packed copy with a fresh one from the actor's weight, byte for byte: a stale
 copy fails however small the change (sync(), which has just made the copies, checks the probe only).
