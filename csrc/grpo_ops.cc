@@ -202,12 +202,12 @@ void write_rope_rows(const RopeRows& r, Elem* kc, int64_t Bcap) {
     const float* s = r.sin + r.pos[bt] * D;
     for (int64_t h = 0; h < r.H; ++h) rotate(row + h * D, c, s, r.q + (bt * r.H + h) * D, D);
     const int64_t slot = ((b * r.S) + r.start + t) * r.KVH * D;
-    thread_local std::vector<float> rotated;
-    rotated.resize(D);
     for (int64_t g = 0; g < r.KVH; ++g) {
       if constexpr (std::is_same_v<Elem, float>) {
         rotate(row + (r.H + g) * D, c, s, kc + slot + g * D, D);
-      } else {
+      } else {  // rotated in fp32, then rounded
+        thread_local std::vector<float> rotated;
+        rotated.resize(D);
         rotate(row + (r.H + g) * D, c, s, rotated.data(), D);
         store(rotated.data(), kc + slot + g * D, D);
       }
