@@ -159,8 +159,9 @@ def right_type(name: str):
     kind, nullable = kind_of(name)
     default = GRPOConfig.__dataclass_fields__[name].default
     plausible = [st.just(default)] if isinstance(default, (int, float, str)) else []  # often loads: the round trip is checked
-    if name in CHOICES:
-        options = [st.sampled_from(CHOICES[name])]
+    if name in CHOICES:  # a list key with choices (report_to) takes a list of them
+        choice = st.sampled_from(CHOICES[name])
+        options = [st.lists(choice, min_size=1, max_size=3, unique=True) if typing.get_origin(kind) is list else choice]
     elif typing.get_origin(kind) is list:
         (item,) = typing.get_args(kind)
         element = (
