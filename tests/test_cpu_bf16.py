@@ -264,6 +264,19 @@ def test_weight_copies_are_remade_after_weights_changed(bf16_ops):
 # --------------------------------------------------------------------------------------------- the engine
 
 
+def gap_to_the_bf16_actor(engine, model, seed=None) -> tuple:
+    """A rollout of PROMPTS (4 each, 10 tokens at temperature 0.8) -> (it, the max |difference| of its log-probs from
+    those the bf16 actor `model` computes as the update does)."""
+    paddle.seed(3)
+    rollout = engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=10, temperature=0.8, seed=seed))
+    tokens = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, PAD)
+    with paddle.no_grad(), contiguous_kernels():
+        weight, bias = output_head(model)
+        hidden = completion_hidden(model, tokens)
+        actor = chunked_token_logprobs(hidden, weight, bias, tokens.completion_ids, 0.8, 512, head_kernels(model))[0].numpy()
+    return rollout, np.abs(rollout.logprobs - actor * rollout.completion_mask).max()
+
+
 def test_the_bf16_engine_samples_what_the_bf16_actor_computes(prepacked_ops):
     from alignment.rollout.fused import BF16_TOLERANCE, FusedEngine
 
@@ -272,15 +285,10 @@ def test_the_bf16_engine_samples_what_the_bf16_actor_computes(prepacked_ops):
     model.eval(), fp32_model.eval()
     engine = FusedEngine(model, [7, 11], PAD, prepacked_ops, bf16=True)
     assert engine.tolerance == BF16_TOLERANCE and engine.check_weight_sync() < BF16_TOLERANCE
-    paddle.seed(3)
-    rollout = engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=10, temperature=0.8))
+    rollout, gap = gap_to_the_bf16_actor(engine, model)
     tokens = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, PAD)
     with paddle.no_grad(), contiguous_kernels():
-        hidden = completion_hidden(model, tokens)
-        weight, bias = output_head(model)
-        actor = chunked_token_logprobs(hidden, weight, bias, tokens.completion_ids, 0.8, 512, head_kernels(model))[0].numpy()
         fp32_actor = token_logprobs(completion_logits(fp32_model, tokens), tokens.completion_ids, 0.8).numpy()
-    gap = np.abs(rollout.logprobs - actor * rollout.completion_mask).max()
     fp32_gap = np.abs(rollout.logprobs - fp32_actor * rollout.completion_mask).max()
     # measured: 3.3e-4 (AVX512-BF16; 5e-7 under oneDNN's emulation on AVX2, before the engine's copies were packed
     # for the primitive AVX2 lacks) from the bf16 actor, 0.024 from the float32
@@ -311,14 +319,7 @@ def test_a_bfloat16_cache_rounds_keys_and_values_and_nothing_else(prepacked_ops)
     gaps = {}
     for cache in ("float32", "bfloat16"):
         engine = FusedEngine(model, [7, 11], PAD, prepacked_ops, bf16=True, cache_dtype=cache)
-        paddle.seed(3)
-        rollout = engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=10, temperature=0.8, seed=4))
-        tokens = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, PAD)
-        with paddle.no_grad(), contiguous_kernels():
-            weight, bias = output_head(model)
-            actor = chunked_token_logprobs(completion_hidden(model, tokens), weight, bias, tokens.completion_ids, 0.8, 512,
-                                           head_kernels(model))[0].numpy()
-        gaps[cache] = np.abs(rollout.logprobs - actor * rollout.completion_mask).max()
+        gaps[cache] = gap_to_the_bf16_actor(engine, model, seed=4)[1]
     assert gaps["float32"] < 5e-3 and 5 * gaps["float32"] < gaps["bfloat16"] < 0.1, gaps
 
 
