@@ -15,14 +15,15 @@ import numpy as np
 import paddle
 import pytest
 import test_ops
-from tiny_models import PAD, llama_untied, qwen2_tied
+from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 from alignment.models.fused_train import use_training_ops
 from alignment.models.lora import apply_lora
-from alignment.models.memory import MemorySettings, ModelShape, TokenBudget, lora_parameters, update_bytes
+from alignment.models.memory import MemorySettings, ModelShape, TokenBudget, kv_cache_bytes, lora_parameters, update_bytes
 from alignment.parallel.distributed import World
-from alignment.rollout import Rollout
-from alignment.run.config import load_config
+from alignment.rollout import EngineSettings, Rollout, SamplingParams, build_engine
+from alignment.run.config import GRPOConfig, load_config
+from alignment.run.memory_plan import expected_cache_dtype
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.records import ScoredBatch
 from alignment.step.update import Learner, update_policy
@@ -175,6 +176,52 @@ def test_the_update_estimate_is_near_the_measured_peak(ops):
     )
     estimated = update_bytes(shape, settings, 32)
     assert abs(estimated / measured["added"] - 1) < 0.25, (estimated, measured)
+
+
+@pytest.mark.parametrize("cache_dtype, value_bytes", [("float32", 4), ("bfloat16", 2)])
+def test_the_rollout_estimate_counts_the_caches_the_engine_allocates(ops, cache_dtype, value_bytes):
+    """The fused engine generating 3 prompts x 4 copies of 5 new tokens: the bytes of the caches it allocates (the rows'
+    and the prompts' own) are kv_cache_bytes' count, in either dtype."""
+    model = qwen2_tied()
+    engine = build_engine(EngineSettings(fused=True, kv_cache_dtype=cache_dtype), model, [VOCAB - 1], PAD)
+    allocated, allocate = [], engine._empty_cache
+
+    def counted(batch, slots):  # the engine's own allocation, its size noted
+        cache = allocate(batch, slots)
+        allocated.append(int(np.prod(cache.shape)) * cache.element_size())
+        return cache
+
+    engine._empty_cache = counted
+    engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=5, seed=0))
+    settings = MemorySettings(
+        prompt_width=max(map(len, PROMPTS)), completion_width=5, group_size=4, generations=((3, 4),), training_ops=True,
+        prefix_grouper=True, recompute=False, reference_model=False, lora_parameters=None, optimizer_share=1.0, logprob_chunk_tokens=512,
+        cache_value_bytes=value_bytes,
+    )
+    shape = ModelShape.from_config(model.config.to_dict())
+    assert len(allocated) == 2 and sum(allocated) == kv_cache_bytes(shape, settings, 3, 4), allocated
+
+
+@pytest.mark.parametrize(
+    "keys, bf16_flags, expected",
+    [
+        ({}, True, "bfloat16"),  # auto with bf16 matmuls
+        ({}, False, "float32"),  # a CPU without bf16 (GRPO_CPU_BF16=0 hides the flags)
+        ({"cpu_bf16_matmul": "off"}, True, "float32"),
+        ({"use_fused_train_ops": False}, True, "float32"),  # no bf16 matmuls without the training operators
+        ({"kv_cache_dtype": "float32"}, True, "float32"),
+        ({"kv_cache_dtype": "bfloat16"}, False, "bfloat16"),
+        ({"use_fusemt": False}, True, "float32"),  # the eager engine's cache is paddle's, float32
+    ],
+)
+def test_the_estimate_expects_the_cache_dtype_the_engine_picks(ops, monkeypatch, keys, bf16_flags, expected):
+    if bf16_flags and not any(flag in Path("/proc/cpuinfo").read_text() for flag in ("amx_bf16", "avx512_bf16")):
+        pytest.skip("this CPU lacks amx_bf16 and avx512_bf16: auto keeps float32 matmuls here")
+    if bf16_flags and not hasattr(ops, "grpo_prepack_bf16"):
+        pytest.skip("the operators were built without oneDNN (paddle/libs has no libdnnl.so.3)")
+    monkeypatch.setenv("GRPO_CPU_BF16", "1" if bf16_flags else "0")
+    config = GRPOConfig(**{"use_fusemt": True, "use_fused_train_ops": True, **keys})  # the defaults are both false
+    assert expected_cache_dtype(config) == expected
 
 
 def launch(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:

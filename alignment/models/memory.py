@@ -1,12 +1,14 @@
 """How much memory a training process needs, from the model's shape (its config.json) and the run's settings, before any
 model loads: weights, gradients, AdamW's moments, the rollout engine's KV cache and the activations that a micro-batch
-of the update keeps for its backward pass. Bytes throughout; float32 weights and activations (the CPU path).
+of the update keeps for its backward pass. Bytes throughout; float32 weights and activations (the CPU path), the KV cache
+in its own dtype.
 
 The activations are counted tensor by tensor from what the decoder layers keep for backward (alignment/models/
 fused_train.py's modules; paddleformers' own are measured to keep more, ACTIVATION_FACTOR_EAGER): per token of a row,
 each layer keeps its input, the normed input, q, k, v, the attention output, the residual, the second norm, gate|up and
 silu(gate)*up: 6 H + 2 KVH D + 3 I floats; and per pair of (query, key) positions each head keeps one softmax
-probability, or, with grpo_attention (csrc/grpo_attention.cc), per query two floats. bench/bench_step.py prints each run's estimate beside its measured peak (bench/RESULTS.md, "Memory")."""
+probability, or, with grpo_attention (csrc/grpo_attention.cc), per query two floats. bench/bench_step.py prints each
+run's estimate beside its measured peak (bench/RESULTS.md, "Memory")."""
 
 import math
 from dataclasses import dataclass
@@ -71,8 +73,8 @@ class ModelShape:
         return self.layers * per_layer + embeddings + self.hidden
 
     @property
-    def kv_bytes_per_token(self) -> int:  # one token's keys and values in every layer
-        return self.layers * 2 * self.kv_heads * self.head_dim * FLOAT
+    def kv_values_per_token(self) -> int:  # one token's keys and values in every layer
+        return self.layers * 2 * self.kv_heads * self.head_dim
 
     @property
     def kept_floats_per_token(self) -> int:  # what one decoder layer keeps for backward, per token (module docstring)
@@ -97,6 +99,7 @@ class MemorySettings:
     # the attention's softmax weights, one float per (query, key) pair and head (the training operators built without
     # oneDNN); grpo_attention keeps two floats per query and head instead (its row max and 1 / sum)
     attention_weights_kept: bool = True
+    cache_value_bytes: int = FLOAT  # the rollout's KV cache: 2 where it is bfloat16 (kv_cache_dtype)
 
     @property
     def row_tokens(self) -> int:  # padded tokens of one row, as the token budget counts them
@@ -158,16 +161,22 @@ def update_bytes(shape: ModelShape, settings: MemorySettings, rows: int) -> int:
     return int(ALLOCATOR_SLACK * FLOAT * (kept + (concatenated_weights if settings.training_ops else 0) + backward + head))
 
 
+def kv_cache_bytes(shape: ModelShape, settings: MemorySettings, prompts: int, copies: int) -> int:
+    """The fused engine's two caches for prompts x copies rows: every row's prompt and completion slots, and each
+    prompt's own, prefilled once and copied to its group's rows (alignment/rollout/fused.py)."""
+    slots = prompts * copies * settings.row_tokens + prompts * settings.prompt_width
+    return slots * shape.kv_values_per_token * settings.cache_value_bytes
+
+
 def rollout_bytes(shape: ModelShape, settings: MemorySettings) -> int:
-    """The engine's largest batch: its KV cache, the copy of the prompts' part that fills each group's rows, the
-    prefill's one-layer activations (each prompt runs once) and the logits."""
+    """The engine's largest batch: its KV caches, the prefill's one-layer activations (each prompt runs once) and the
+    logits."""
     width = settings.prompt_width
     largest = 0
     for prompts, copies in settings.generations:
-        rows = prompts * copies
-        cache = rows * (settings.row_tokens + width) * shape.kv_bytes_per_token
+        cache = kv_cache_bytes(shape, settings, prompts, copies)
         prefill = prompts * width * (shape.kept_floats_per_token + shape.heads * width) * FLOAT
-        largest = max(largest, int(ALLOCATOR_SLACK * (cache + prefill + rows * shape.vocab * FLOAT * 2)))
+        largest = max(largest, int(ALLOCATOR_SLACK * (cache + prefill + prompts * copies * shape.vocab * FLOAT * 2)))
     return largest
 
 

@@ -12,10 +12,12 @@ from typing import Optional
 import paddle
 
 from alignment.errors import MemoryPlanError
+from alignment.models.cpu_bf16 import cpu_bf16_flags
 from alignment.models.memory import (
-    FAST_ACTIVATIONS, MemoryEstimate, MemorySettings, ModelShape, TokenBudget, estimate_memory, gigabytes, lora_parameters, rows_within,
+    FAST_ACTIVATIONS, FLOAT, MemoryEstimate, MemorySettings, ModelShape, TokenBudget, estimate_memory, gigabytes, lora_parameters,
+    rows_within,
 )
-from alignment.rollout.ops import load_ops
+from alignment.rollout.ops import bf16_primitive_missing, load_ops
 from alignment.run.config import GRPOConfig
 
 TARGET_SHARE = 0.6  # the default budget keeps the estimated peak under this share of the limit: room for the estimate's error
@@ -74,7 +76,19 @@ def memory_settings(config: GRPOConfig, shape: ModelShape, prompt_width: int, wo
         optimizer_share=1.0 / sharding if config.sharding else 1.0,
         logprob_chunk_tokens=config.logprob_chunk_tokens,
         attention_weights_kept=not (config.use_fused_train_ops and hasattr(load_ops()[0], "grpo_attention")),
+        cache_value_bytes=2 if expected_cache_dtype(config) == "bfloat16" else FLOAT,
     )
+
+
+def expected_cache_dtype(config: GRPOConfig) -> str:
+    """The fused engine's KV cache dtype as alignment/rollout's build_engine will pick it, before the model loads: `auto`
+    is bfloat16 where the matmuls will be bf16 (cpu_bf16_matmul not off, a CPU with bf16, the training operators and
+    oneDNN's bf16 primitive). A model the training operators cannot run falls back to float32 after this guess: the
+    cache is then twice the estimate's, as the update's activations are over-counted then."""
+    if config.kv_cache_dtype != "auto" or not config.use_fusemt:
+        return config.kv_cache_dtype if config.use_fusemt else "float32"
+    bf16 = config.cpu_bf16_matmul != "off" and config.use_fused_train_ops and cpu_bf16_flags() and not bf16_primitive_missing()
+    return "bfloat16" if bf16 else "float32"
 
 
 def plan_memory(config: GRPOConfig, actor_folder: str, prompt_width: int, world_size: int) -> MemoryPlan:
