@@ -2,13 +2,15 @@
 // (B, KVH, G T, S) score and weight tensors in memory: the update kept one fp32 copy of each per layer for backward
 // (85 MB a layer at 64 rows of 192 tokens) and spent more time writing and reading them than multiplying.
 //
-//   grpo_attention(Q (B, KVH, G T, D), K (B, KVH, S, D), V (B, KVH, S, D), Mask (B, 1, T, S), scale)
+//   grpo_attention(Q (B, KVH, G T, D), K (B, KVH, S, D), V (B, KVH, S, D), Mask (B, 1, T, S), scale, bf16)
 //       -> Out (B, KVH, G T, D), RowMax (B, KVH, G T), RowInvSum (B, KVH, G T)
 //
 // The G query heads sharing a KV head are stacked (row g T + t is head g's query t), as TrainingAttention lays them
 // out; the mask is paddleformers' additive one. Per (sequence, KV head) and block of kBlock queries, the products
-// run through oneDNN's sgemm (fp32: its bf16 gemm is slower than its sgemm with an inner dimension of 64, measured in
-// bench/RESULTS.md) on the block's scores kept in cache, and only each row's max and 1 / sum are stored. Backward
+// run on the block's scores kept in cache, and only each row's max and 1 / sum are stored. The products are
+// oneDNN's sgemm, or with bf16 (and a build for AVX512-BF16) csrc/grpo_attention_bf16.h's on operands rounded to
+// bf16 (oneDNN's bf16 gemm is slower than its sgemm at an inner dimension of 64, bench/RESULTS.md); the softmax
+// stays fp32 either way. Backward
 // recomputes the weights from them: dP = dO V^T, dS = scale P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q, dV = P^T dO.
 //
 // Keys that the mask hides from every query of a block (a value below kHidden: paddleformers writes float32's
@@ -24,6 +26,7 @@
 #include <limits>
 #include <vector>
 
+#include "grpo_attention_bf16.h"
 #include "grpo_math.h"
 #include "grpo_ops.h"
 
@@ -126,8 +129,136 @@ Dims check_inputs(const paddle::Tensor& q, const paddle::Tensor& k, const paddle
   return {qs[0], qs[1], qs[2] / T, T, ks[2], qs[3]};
 }
 
+// The bf16 attribute asks for the products in bf16; they run so where the operators were built for AVX512-BF16
+// (-march=native on a CPU with it), in fp32 elsewhere.
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Built = true;
+#else
+constexpr bool kBf16Built = false;
+#endif
+
+#if defined(__AVX512BF16__)
+namespace bf = grpo::attention_bf16;
+
+// The bf16 path: one task per (sequence, KV head), whose keys and values are packed once for all its blocks and
+// query heads. Its blocks start at an even key (pairs of keys are packed together): the key before a block's first
+// visible one is hidden from all of its queries, so its weight is exactly 0 and it changes no value.
+struct PackedKeys {
+  std::vector<uint32_t> keys_t, values;  // K^T and V as B operands: (D pairs) x lanes(S), (S pairs) x D
+  std::vector<uint32_t> keys, values_t;  // backward's: K as (S pairs) x D, V^T as (D pairs) x lanes(S)
+  PackedKeys(const Dims& d, const float* k, const float* v, bool backward) {
+    const int64_t ldk = bf::lanes(d.S);
+    keys_t.resize(bf::pairs(d.D) * ldk + bf::kSlack);
+    bf::pack_pairs_of_columns(k, d.S, d.D, d.D, keys_t.data(), ldk);
+    if (!backward) {
+      values.resize(bf::pairs(d.S) * d.D + bf::kSlack);
+      bf::pack_pairs_of_rows(v, d.S, d.D, d.D, values.data(), d.D);
+      return;
+    }
+    keys.resize(bf::pairs(d.S) * d.D + bf::kSlack);
+    bf::pack_pairs_of_rows(k, d.S, d.D, d.D, keys.data(), d.D);
+    values_t.resize(bf::pairs(d.D) * ldk + bf::kSlack);
+    bf::pack_pairs_of_columns(v, d.S, d.D, d.D, values_t.data(), ldk);
+  }
+};
+
+// scores (rows, n) = q_pairs (rows x D pairs) K[first .. first + n)^T, fp32.
+void bf16_scores(const Dims& d, const uint32_t* q_pairs, int64_t rows, const PackedKeys& packed, int64_t first, int64_t n,
+                 float* scores) {
+  bf::gemm(rows, n, bf::pairs(d.D), q_pairs, bf::pairs(d.D), 1, packed.keys_t.data() + first, bf::lanes(d.S), scores, n,
+           false);
+}
+
+void attention_bf16_task(const Dims& d, int64_t bh, const float* q, const float* k, const float* v, const float* mask,
+                         float scale, float* o, float* mx, float* inv) {
+  const int64_t b = bh / d.KVH;
+  const PackedKeys packed(d, k + bh * d.S * d.D, v + bh * d.S * d.D, false);
+  std::vector<float> scores(kBlock * d.S);
+  std::vector<uint32_t> q_pairs(kBlock * bf::pairs(d.D)), p_pairs(kBlock * bf::pairs(d.S + 1));
+  for (int64_t t0 = 0; t0 < d.T; t0 += kBlock) {
+    const int64_t rows = std::min(kBlock, d.T - t0);
+    auto [first, last] = visible_keys(mask, d, b, t0, t0 + rows);
+    first &= ~int64_t{1};
+    const int64_t n = last - first;
+    for (int64_t g = 0; g < d.G; ++g) {
+      const int64_t row0 = bh * d.G * d.T + g * d.T + t0;
+      bf::pack_rows(q + row0 * d.D, rows, d.D, d.D, q_pairs.data());
+      bf16_scores(d, q_pairs.data(), rows, packed, first, n, scores.data());
+      scale_and_mask(scores.data(), rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale);
+      row_maxima(scores.data(), rows, n, mx + row0);
+      weights_from_scores(scores.data(), rows, n, mx + row0, inv + row0);
+      bf::pack_rows(scores.data(), rows, n, n, p_pairs.data());
+      bf::gemm(rows, d.D, bf::pairs(n), p_pairs.data(), bf::pairs(n), 1, packed.values.data() + first / 2 * d.D, d.D,
+               o + row0 * d.D, d.D, false);
+    }
+  }
+}
+
+// One query block of one head in backward: p and dp (rows, n) are scratch; dq's rows written, dk's and dv's n rows
+// from `first` added to.
+struct BlockGrad {
+  std::vector<float> p, dp;
+  std::vector<uint32_t> q_pairs, dout_pairs, ds_pairs, q_by_rows, dout_by_rows, ds_by_rows, p_by_rows;
+  explicit BlockGrad(const Dims& d)
+      : p(kBlock * d.S), dp(kBlock * d.S), q_pairs(kBlock * bf::pairs(d.D)), dout_pairs(q_pairs.size()),
+        ds_pairs(kBlock * bf::pairs(d.S + 1)), q_by_rows(bf::pairs(kBlock) * d.D + bf::kSlack),
+        dout_by_rows(q_by_rows.size()), ds_by_rows(bf::pairs(kBlock) * bf::lanes(d.S) + bf::kSlack),
+        p_by_rows(ds_by_rows.size()) {}
+};
+
+void attention_grad_bf16_block(const Dims& d, const PackedKeys& packed, BlockGrad& s, const float* q, const float* dout,
+                               const float* mask_rows, int64_t rows, int64_t first, int64_t n, float scale,
+                               const float* mx, const float* inv, float* dq, float* dk, float* dv) {
+  const int64_t dp_ = bf::pairs(d.D), np_ = bf::pairs(n), rp = bf::pairs(rows), ln = bf::lanes(n);
+  bf::pack_rows(q, rows, d.D, d.D, s.q_pairs.data());
+  bf16_scores(d, s.q_pairs.data(), rows, packed, first, n, s.p.data());
+  scale_and_mask(s.p.data(), rows, n, mask_rows, d.S, scale);
+  recomputed_weights(s.p.data(), rows, n, mx, inv);
+  bf::pack_rows(dout, rows, d.D, d.D, s.dout_pairs.data());
+  bf::gemm(rows, n, dp_, s.dout_pairs.data(), dp_, 1, packed.values_t.data() + first, bf::lanes(d.S), s.dp.data(), n,
+           false);  // dP = dO V^T
+  for (int64_t r = 0; r < rows; ++r) {  // dS = scale P (dP - rowsum(P dP))
+    const float* pr = s.p.data() + r * n;
+    float* dr = s.dp.data() + r * n;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
+  }
+  bf::pack_rows(s.dp.data(), rows, n, n, s.ds_pairs.data());
+  bf::gemm(rows, d.D, np_, s.ds_pairs.data(), np_, 1, packed.keys.data() + first / 2 * d.D, d.D, dq, d.D, false);  // dQ = dS K
+  // dK += dS^T Q and dV += P^T dO: the pairs run over the block's queries
+  bf::pack_pairs_of_rows(s.dp.data(), rows, n, n, s.ds_by_rows.data(), ln);
+  bf::pack_pairs_of_rows(s.p.data(), rows, n, n, s.p_by_rows.data(), ln);
+  bf::pack_pairs_of_rows(q, rows, d.D, d.D, s.q_by_rows.data(), d.D);
+  bf::pack_pairs_of_rows(dout, rows, d.D, d.D, s.dout_by_rows.data(), d.D);
+  bf::gemm(n, d.D, rp, s.ds_by_rows.data(), 1, ln, s.q_by_rows.data(), d.D, dk, d.D, true);
+  bf::gemm(n, d.D, rp, s.p_by_rows.data(), 1, ln, s.dout_by_rows.data(), d.D, dv, d.D, true);
+}
+
+void attention_grad_bf16_task(const Dims& d, int64_t bh, const float* q, const float* k, const float* v,
+                              const float* mask, const float* dout, const float* mx, const float* inv, float scale,
+                              float* dq, float* dk, float* dv) {
+  const int64_t b = bh / d.KVH;
+  const PackedKeys packed(d, k + bh * d.S * d.D, v + bh * d.S * d.D, true);
+  BlockGrad scratch(d);
+  for (int64_t t0 = 0; t0 < d.T; t0 += kBlock) {
+    const int64_t rows = std::min(kBlock, d.T - t0);
+    auto [first, last] = visible_keys(mask, d, b, t0, t0 + rows);
+    first &= ~int64_t{1};
+    for (int64_t g = 0; g < d.G; ++g) {
+      const int64_t row0 = bh * d.G * d.T + g * d.T + t0;
+      attention_grad_bf16_block(d, packed, scratch, q + row0 * d.D, dout + row0 * d.D, mask + (b * d.T + t0) * d.S + first,
+                                rows, first, last - first, scale, mx + row0, inv + row0, dq + row0 * d.D,
+                                dk + (bh * d.S + first) * d.D, dv + (bh * d.S + first) * d.D);
+    }
+  }
+}
+#endif  // __AVX512BF16__
+
 std::vector<paddle::Tensor> Attention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, const paddle::Tensor& v_in,
-                                      const paddle::Tensor& mask_in, float scale) {
+                                      const paddle::Tensor& mask_in, float scale, bool bf16) {
   const Dims d = check_inputs(q_in, k_in, v_in, mask_in);
   const auto q_t = dense(q_in), k_t = dense(k_in), v_t = dense(v_in), m_t = dense(mask_in);
   auto out = paddle::empty(q_t.shape(), kF32, q_t.place());
@@ -135,6 +266,13 @@ std::vector<paddle::Tensor> Attention(const paddle::Tensor& q_in, const paddle::
   auto row_inv_sum = paddle::empty({d.B, d.KVH, d.G * d.T}, kF32, q_t.place());
   const float *q = q_t.data<float>(), *k = k_t.data<float>(), *v = v_t.data<float>(), *mask = m_t.data<float>();
   float *o = out.data<float>(), *mx = row_max.data<float>(), *inv = row_inv_sum.data<float>();
+  if (bf16 && kBf16Built) {
+#if defined(__AVX512BF16__)
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < d.B * d.KVH; ++bh) attention_bf16_task(d, bh, q, k, v, mask, scale, o, mx, inv);
+#endif
+    return {out, row_max, row_inv_sum};
+  }
   const int64_t blocks = (d.T + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)  // each task's scratch its own
   for (int64_t task = 0; task < d.B * d.KVH * blocks; ++task) {
@@ -159,7 +297,7 @@ std::vector<paddle::Tensor> Attention(const paddle::Tensor& q_in, const paddle::
 std::vector<paddle::Tensor> AttentionGrad(const paddle::Tensor& q_in, const paddle::Tensor& k_in,
                                           const paddle::Tensor& v_in, const paddle::Tensor& mask_in,
                                           const paddle::Tensor& row_max, const paddle::Tensor& row_inv_sum,
-                                          const paddle::Tensor& dout_in, float scale) {
+                                          const paddle::Tensor& dout_in, float scale, bool bf16) {
   const Dims d = check_inputs(q_in, k_in, v_in, mask_in);
   const auto q_t = dense(q_in), k_t = dense(k_in), v_t = dense(v_in), m_t = dense(mask_in), do_t = dense(dout_in);
   auto dq = paddle::empty(q_t.shape(), kF32, q_t.place());
@@ -168,6 +306,15 @@ std::vector<paddle::Tensor> AttentionGrad(const paddle::Tensor& q_in, const padd
   const float *q = q_t.data<float>(), *k = k_t.data<float>(), *v = v_t.data<float>(), *mask = m_t.data<float>();
   const float *dout = do_t.data<float>(), *mx = row_max.data<float>(), *inv = row_inv_sum.data<float>();
   float *dqp = dq.data<float>(), *dkp = dk.data<float>(), *dvp = dv.data<float>();
+  if (bf16 && kBf16Built) {
+#if defined(__AVX512BF16__)
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < d.B * d.KVH; ++bh) {
+      attention_grad_bf16_task(d, bh, q, k, v, mask, dout, mx, inv, scale, dqp, dkp, dvp);
+    }
+#endif
+    return {dq, dk, dv};
+  }
   const int64_t blocks = (d.T + kBlock - 1) / kBlock;
   // one task per (sequence, KV head): its blocks all add into the same dK and dV rows
 #pragma omp parallel for schedule(static)
@@ -221,7 +368,7 @@ std::vector<paddle::DataType> AttentionDtype(const paddle::DataType&, const padd
 PD_BUILD_OP(grpo_attention)
     .Inputs({"Q", "K", "V", "Mask"})
     .Outputs({"Out", "RowMax", "RowInvSum"})
-    .Attrs({"scale: float"})
+    .Attrs({"scale: float", "bf16: bool"})
     .SetKernelFn(PD_KERNEL(Attention))
     .SetInferShapeFn(PD_INFER_SHAPE(AttentionShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(AttentionDtype));
@@ -229,7 +376,7 @@ PD_BUILD_OP(grpo_attention)
 PD_BUILD_GRAD_OP(grpo_attention)
     .Inputs({"Q", "K", "V", "Mask", "RowMax", "RowInvSum", paddle::Grad("Out")})
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
-    .Attrs({"scale: float"})
+    .Attrs({"scale: float", "bf16: bool"})
     .SetKernelFn(PD_KERNEL(AttentionGrad));
 
 #endif  // GRPO_WITH_DNNL

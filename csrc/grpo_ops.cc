@@ -295,6 +295,10 @@ std::vector<paddle::DataType> RopeKvWriteDtype(const paddle::DataType& qkv, cons
 // rollout at 64 rows); with AVX-512 and D = 64 or 128 (the head size of the models served), 16 keys' products are
 // summed together by a tree of shuffles, and the values are accumulated in registers over two alternating sets
 // of slots.
+//
+// round_bf16 rounds the query and the normalised weights to bf16 before their products, as the actor's bf16 attention
+// does (grpo_attention with bf16, csrc/grpo_attention_bf16.h): with a bfloat16 cache, whose keys and values are rounded
+// already, the engine's attention then sees the operands the actor's does.
 
 #ifdef __AVX512F__
 // sums[j] (16 lanes each) -> one register whose lane j is the sum of sums[j]'s lanes. Each level adds pairs of
@@ -414,7 +418,10 @@ struct AttentionRows {  // grpo_cache_attention's checked inputs and output
   const int64_t* first;  // (B,) each row's first real slot
   float* out;  // (B, T, H D)
   int64_t B, T, H, KVH, D, S, start;
+  bool round_bf16;
 };
+
+inline float bf16_rounded(float x) { return grpo::bf16_float(grpo::bf16_bits(x)); }
 
 // kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D.
 template <typename Elem>
@@ -434,7 +441,7 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
   const int64_t items_per_query = H / heads_per_item;
 #pragma omp parallel
   {
-    std::vector<float> scores(S);  // (S,) softmax weights of one query
+    std::vector<float> scores(S), rounded_q(D);  // (S,) softmax weights of one query
 #pragma omp for schedule(static)  // not dynamic: see csrc/build.py's missing_openmp_entry_points
     for (int64_t item = 0; item < B * T * items_per_query; ++item) {
       const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
@@ -442,6 +449,10 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
       for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
         const float* qv = q + (bt * H + h) * D;
         float* ov = o + bt * H * D + h * D;
+        if (r.round_bf16) {
+          std::transform(qv, qv + D, rounded_q.begin(), bf16_rounded);
+          qv = rounded_q.data();
+        }
         if (lo > hi) {
           std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
           continue;
@@ -451,15 +462,19 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
         const Elem* vb = vc + b * row_stride + g * D;
         float* p = scores.data();
         const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p);
-        const float sum = exp_shifted_sum(p + lo, hi - lo + 1, mx);
-        weighted_values(p, vb, key_stride, lo, hi, D, 1.0f / sum, ov);
+        float inv = 1.0f / exp_shifted_sum(p + lo, hi - lo + 1, mx);
+        if (r.round_bf16) {  // the weights normalised, then rounded, as grpo_attention's are
+          for (int64_t s = lo; s <= hi; ++s) p[s] = bf16_rounded(p[s] * inv);
+          inv = 1.0f;
+        }
+        weighted_values(p, vb, key_stride, lo, hi, D, inv, ov);
       }
     }
   }
 }
 
 std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const paddle::Tensor& cache_in,
-                                           const paddle::Tensor& first_slot_in, int layer, int start) {
+                                           const paddle::Tensor& first_slot_in, int layer, int start, bool round_bf16) {
   const char* op = "grpo_cache_attention";
   check_dtype(q_in, paddle::DataType::FLOAT32, op, "q");
   check_cache_dtype(cache_in, op);
@@ -480,6 +495,7 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
            ") do not fit the cache's S = ", cd.S);
   auto out = paddle::empty({B, T, H * D}, paddle::DataType::FLOAT32, q_in.place());
   if (on_gpu(q_in, op)) {
+    PD_CHECK(!round_bf16, op, ": round_bf16 is the CPU's (the GPU's bf16 is paddle's AMP)");
 #ifdef GRPO_WITH_CUDA
     grpo::cache_attention_cuda(dense(q_in), cache_in, dense(first_slot_in), layer, start, static_cast<int>(KVH), out);
 #endif
@@ -489,7 +505,7 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
   const int64_t* first = f_t.data<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     PD_CHECK(first[b] >= 0, op, ": first_slot[", b, "] = ", first[b], " is negative");
-  const AttentionRows rows{q_t.data<float>(), first, out.data<float>(), B, T, H, KVH, D, cd.S, start};
+  const AttentionRows rows{q_t.data<float>(), first, out.data<float>(), B, T, H, KVH, D, cd.S, start, round_bf16};
   const int64_t layer_offset = static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;  // to its [2, Bcap, S, KVH, D]
   if (c_t.dtype() == paddle::DataType::BFLOAT16) {
     attend_rows(rows, static_cast<const uint16_t*>(c_t.data()) + layer_offset, cd.Bcap);
@@ -1346,7 +1362,7 @@ PD_BUILD_OP(grpo_rope_kv_write)
 PD_BUILD_OP(grpo_cache_attention)
     .Inputs({"Q", "Cache", "FirstSlot"})
     .Outputs({"Out"})
-    .Attrs({"layer: int", "start: int"})
+    .Attrs({"layer: int", "start: int", "round_bf16: bool"})
     .SetKernelFn(PD_KERNEL(CacheAttention))
     .SetInferShapeFn(PD_INFER_SHAPE(CacheAttentionShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(CacheAttentionDtype));

@@ -161,6 +161,56 @@ def test_attention(ops, rng, B, KVH, G, T, cached, D):
              lambda q, k, v: attention_reference(q, k, v, mask, G, scale), inputs, rng, "attention")
 
 
+def bf16_attention_built() -> bool:  # csrc/build.py compiles with -march=native: the bf16 products where the CPU has them
+    return "avx512_bf16" in open("/proc/cpuinfo").read()
+
+
+@pytest.mark.parametrize("B,KVH,G,T,cached,D", [(3, 2, 3, 70, 0, 16), (2, 1, 1, 130, 0, 8), (2, 3, 3, 9, 5, 64), (1, 1, 2, 1, 0, 4),
+                                                (2, 1, 2, 67, 3, 7)])
+def test_attention_with_bf16_products_against_float64(ops, rng, B, KVH, G, T, cached, D):
+    """bf16=True rounds q, k, v, the upstream gradient, the weights P and dS to bf16 before each product (fp32 sums):
+    against float64 on the rounded inputs, each product may be off by its rounded factor's 2^-8 (P and dS) times
+    |factor| @ |other|, plus fp32's own rounding. Where the operators are not built for AVX512-BF16 it is the fp32
+    path, bit for bit. (A 7-wide head: pairs padded; blocks that start at an odd key.)"""
+    needs_attention_op(ops)
+    first = [1, T - 1, T + 3][:B] if T > 1 else [0]
+    mask_np = padded_causal_mask(first, T)
+    if cached:
+        mask_np = np.concatenate([np.zeros((B, 1, T, cached), np.float32), mask_np], axis=-1)
+    S, scale, mask = T + cached, D**-0.5, paddle.to_tensor(mask_np)
+    q, k, v = [leaf(rng.standard_normal(shape)) for shape in ((B, KVH, G * T, D), (B, KVH, S, D), (B, KVH, S, D))]
+    upstream = rng.standard_normal(q.shape).astype(np.float32)
+    results = {}
+    for bf16 in (False, True):
+        out = ops.grpo_attention(q, k, v, mask, scale, bf16)[0]
+        results[bf16] = [out.numpy()] + [g.numpy() for g in paddle.grad(out, [q, k, v], paddle.to_tensor(upstream))]
+    if not bf16_attention_built():
+        for fp32, bf16 in zip(results[False], results[True]):
+            np.testing.assert_array_equal(bf16, fp32)
+        return
+    rq, rdo = [test_ops.bf16_round(a).reshape(B, KVH, G, T, D) for a in (q.numpy(), upstream)]
+    rk, rv = test_ops.bf16_round(k.numpy()), test_ops.bf16_round(v.numpy())  # (B, KVH, S, D), shared by the group's heads
+    scores = scale * np.einsum("bhgtd,bhsd->bhgts", rq, rk) + mask_np[:, :, None].astype(np.float64)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = np.einsum("bhgtd,bhsd->bhgts", rdo, rv)
+    dot = (p * dp).sum(-1, keepdims=True)
+    ds, ds_size = scale * p * (dp - dot), scale * p * (np.abs(dp) + np.abs(dot))  # ds_size: the size fp32's rounding sees
+    half_ulp = 1.01 * 2.0**-8
+    checks = [  # (what, the operator's, float64's, the bound)
+        ("out", results[True][0], np.einsum("bhgts,bhsd->bhgtd", p, rv), half_ulp * np.einsum("bhgts,bhsd->bhgtd", p, np.abs(rv))),
+        ("dq", results[True][1], np.einsum("bhgts,bhsd->bhgtd", ds, rk),
+         half_ulp * np.einsum("bhgts,bhsd->bhgtd", np.abs(ds), np.abs(rk)) + 1e-4 * np.einsum("bhgts,bhsd->bhgtd", ds_size, np.abs(rk))),
+        ("dk", results[True][2], np.einsum("bhgts,bhgtd->bhsd", ds, rq),
+         half_ulp * np.einsum("bhgts,bhgtd->bhsd", np.abs(ds), np.abs(rq)) + 1e-4 * np.einsum("bhgts,bhgtd->bhsd", ds_size, np.abs(rq))),
+        ("dv", results[True][3], np.einsum("bhgts,bhgtd->bhsd", p, rdo), half_ulp * np.einsum("bhgts,bhgtd->bhsd", p, np.abs(rdo))),
+    ]
+    for what, actual, exact, bound in checks:
+        excess = np.abs(actual.reshape(exact.shape) - exact) - bound - 1e-4 * bound.max() - 1e-6
+        assert excess.max() <= 0, f"{what}: over the bound by {excess.max():.3g} (bound {bound.max():.3g})"
+    assert np.abs(results[True][0] - results[False][0]).max() > 0  # the products did run in bf16
+
+
 def test_attention_gives_hidden_queries_the_uniform_average_and_no_gradient(ops, rng):
     """A padded query sees no key: paddle's softmax gives it the mean of all values (the stored-weights path does too);
     its output never reaches the loss, so its upstream gradient is 0 and so are its contributions."""

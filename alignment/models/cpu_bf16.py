@@ -3,8 +3,9 @@
 paddle 3.3 has no CPU bf16 matmul; csrc/grpo_bf16.cc calls the oneDNN paddle ships. Master weights, their
 gradients and AdamW stay fp32: each projection multiplies a bf16 copy of its weight, remade when the weight
 changes (`Bf16Weights`), so once per optimizer step. What runs in bf16: the decoder layers' projections
-(through the training operators, alignment/models/fused_train.py) and the log-prob head (algo.chunked_token_logprobs);
-attention scores, norms, softmax and the optimizer stay fp32. Measured gains and errors: bench/RESULTS.md.
+(through the training operators, alignment/models/fused_train.py), the log-prob head (algo.chunked_token_logprobs) and
+the attention's products (grpo_attention, where the operators were built for AVX512-BF16); the softmax, norms and the
+optimizer stay fp32. Measured gains and errors: bench/RESULTS.md.
 
 `auto` turns it on where /proc/cpuinfo lists amx_bf16 or avx512_bf16: elsewhere oneDNN emulates bf16, slower
 than fp32. GRPO_CPU_BF16=0 in the environment hides those flags (the tests use it to force the fallback).

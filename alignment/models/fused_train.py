@@ -13,7 +13,9 @@ the state_dict, checkpoints, the optimizer's state and the fused rollout engine'
 references stay valid. Only float32 rounding differs from paddleformers' forward. Projections with LoRA
 adapters (alignment/models/lora.py) keep them: each adds its dropout(x) @ A @ B * scale beside the one matmul.
 With bf16 (cpu_bf16_matmul, alignment/models/cpu_bf16.py), every projection's matmul runs in bf16 on a copy of its
-weights that weights_changed() discards after each optimizer step; the adapters' terms stay fp32.
+weights that weights_changed() discards after each optimizer step; the adapters' terms stay fp32. The attention's
+products (q k^T, P v and their gradients) run in bf16 too where the operators were built for AVX512-BF16; its
+softmax stays fp32.
 """
 
 from typing import Optional
@@ -203,7 +205,7 @@ class TrainingAttention(nn.Layer):
         grpo_attention never stores the (B, KVH, G T, S) weights (where paddle ships oneDNN); else two matmuls around
         the masked softmax."""
         if hasattr(self.ops, "grpo_attention"):
-            return self.ops.grpo_attention(grouped, k, v, attention_mask, self.scaling)[0]
+            return self.ops.grpo_attention(grouped, k, v, attention_mask, self.scaling, self.bf16)[0]
         scores = paddle.matmul(grouped, k, transpose_y=True)  # (B, KVH, G T, S)
         probs = self.ops.grpo_masked_softmax(scores, attention_mask, self.scaling)
         return paddle.matmul(probs, v)

@@ -4,7 +4,8 @@ What it changes against the eager engine (PaddleNLP's FusedMT idea):
 - one preallocated KV cache for all layers, (L, 2, B, S, KVH, D), written in place by the rotary
   operator, instead of a cache that grows by concatenation every step; float32, or on the CPU bfloat16
   (kv_cache_dtype; auto picks it with bf16 matmuls): keys and values rounded when written, half the memory
-  a decode step reads;
+  a decode step reads; with bf16 matmuls the attention rounds each query and its weights too, as the
+  actor's bf16 attention does;
 - about ten calls per layer per token: RMSNorm fused with the residual add, one q|k|v matmul,
   rotary + cache write, attention over the cache with grouped KV heads, one gate|up matmul,
   SiLU x up, and the two output matmuls (Qwen3 adds its per-head q and k RMSNorms before the rotary);
@@ -272,7 +273,8 @@ class FusedEngine:
             if layer.q_norm is not None:
                 qkv = self._norm_qk_heads(qkv, layer)
             q, _ = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, index, start, self.num_heads, self.num_kv_heads)
-            attention = ops.grpo_cache_attention(q, cache, first_slot, index, start)  # (B, T, H D)
+            # (B, T, H D); in bf16, q and the weights rounded as the actor's bf16 attention rounds them
+            attention = ops.grpo_cache_attention(q, cache, first_slot, index, start, self.bf16)
             hidden, residual = ops.grpo_add_rms_norm(self._linear(attention, layer.o_proj), residual, layer.post_norm, self.eps)
             x = self._linear(ops.grpo_silu_mul(self._linear(hidden, layer.gate_up)), layer.down_proj)
         hidden, _ = ops.grpo_add_rms_norm(x, residual, self.model.model.norm.weight, self.eps)

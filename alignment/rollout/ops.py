@@ -7,7 +7,7 @@ Inputs come first and attributes after them, positionally or by keyword:
 
     out, residual_out = ops.grpo_add_rms_norm(x, residual, weight, eps)        # residual may be None
     q, cache = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer, start, num_heads, num_kv_heads)
-    out = ops.grpo_cache_attention(q, cache, first_slot, layer, start)
+    out = ops.grpo_cache_attention(q, cache, first_slot, layer, start, round_bf16)  # round_bf16: q and the weights too
     out = ops.grpo_silu_mul(x)
     tokens, logprobs = ops.grpo_sample(logits, presence, eos_ids, row_keys, seed, step, min_new_tokens,
                                        temperature, top_k, top_p, min_p, repetition_penalty, greedy)
@@ -26,7 +26,8 @@ Inputs come first and attributes after them, positionally or by keyword:
     weight_bf16 = ops.grpo_to_bf16(weight)                    # where paddle ships oneDNN: bf16 products, fp32 sums
     out = ops.grpo_bf16_matmul(x, y, transpose_x, transpose_y)  # x, y float32 or bfloat16; no gradient
     out, x_saved = ops.grpo_bf16_linear(x, weight, weight_bf16, weight_grad)  # with backward to x and weight
-    out, row_max, row_inv_sum = ops.grpo_attention(q, k, v, mask, scale)  # softmax(scale q k^T + mask) v, with backward
+    out, row_max, row_inv_sum = ops.grpo_attention(q, k, v, mask, scale, bf16)  # softmax(scale q k^T + mask) v, with
+                                                              # backward; bf16: products in bf16 where built for AVX512-BF16
     packed = ops.grpo_prepack_bf16(weight, transpose_w, rows_hint)  # weight (K, N) or (N, K) in oneDNN matmul's layout
     out = ops.grpo_prepacked_matmul(x, packed, k, n, rows_hint)  # x (..., K) @ the packed weight, fp32; no gradient
 
@@ -63,8 +64,8 @@ def grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer: int, start: int, 
                 int(num_kv_heads))
 
 
-def grpo_cache_attention(q, cache, first_slot, layer: int, start: int):
-    return _run("grpo_cache_attention", q, cache, first_slot, int(layer), int(start))
+def grpo_cache_attention(q, cache, first_slot, layer: int, start: int, round_bf16: bool = False):
+    return _run("grpo_cache_attention", q, cache, first_slot, int(layer), int(start), bool(round_bf16))
 
 
 def grpo_silu_mul(x):
@@ -133,8 +134,8 @@ def grpo_bf16_linear(x, weight, weight_bf16, weight_grad: bool):
     return _run("grpo_bf16_linear", x, weight, weight_bf16, bool(weight_grad))
 
 
-def grpo_attention(q, k, v, mask, scale: float):
-    return _run("grpo_attention", q, k, v, mask, float(scale))
+def grpo_attention(q, k, v, mask, scale: float, bf16: bool = False):
+    return _run("grpo_attention", q, k, v, mask, float(scale), bool(bf16))
 
 
 def grpo_prepack_bf16(weight, transpose_w: bool, rows_hint: int):

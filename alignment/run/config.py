@@ -103,10 +103,10 @@ class GRPOConfig:
     )
     cpu_bf16_matmul: str = _key(
         "auto",
-        "CPU runs: the matmuls of the actor's projections and log-prob head in bfloat16 with float32 accumulation, master weights, "
-        "gradients and AdamW in float32 (csrc/grpo_bf16.cc, paddle's oneDNN; needs use_fused_train_ops). auto: on where the CPU has AMX or "
-        "AVX512-BF16 (the run's first line says which); off: float32 as before; on: bf16, an error where it cannot run. GPU runs use the "
-        "bf16 key instead.",
+        "CPU runs: the matmuls of the actor's projections, attention and log-prob head in bfloat16 with float32 accumulation, master "
+        "weights, gradients and AdamW in float32 (csrc/grpo_bf16.cc, paddle's oneDNN; needs use_fused_train_ops). auto: on where the CPU "
+        "has AMX or AVX512-BF16 (the run's first line says which); off: float32 as before; on: bf16, an error where it cannot run. GPU "
+        "runs use the bf16 key instead.",
         choices=["auto", "on", "off"],
     )
     kv_cache_dtype: str = _key(
