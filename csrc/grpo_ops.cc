@@ -421,7 +421,6 @@ struct AttentionRows {  // grpo_cache_attention's checked inputs and output
   bool round_bf16;
 };
 
-inline float bf16_rounded(float x) { return grpo::bf16_float(grpo::bf16_bits(x)); }
 
 // kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D.
 template <typename Elem>
@@ -450,8 +449,10 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
         const float* qv = q + (bt * H + h) * D;
         float* ov = o + bt * H * D + h * D;
         if (r.round_bf16) {
-          std::transform(qv, qv + D, rounded_q.begin(), bf16_rounded);
-          qv = rounded_q.data();
+          float* rq = rounded_q.data();
+#pragma omp simd
+          for (int64_t i = 0; i < D; ++i) rq[i] = grpo::bf16_round(qv[i]);
+          qv = rq;
         }
         if (lo > hi) {
           std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
@@ -464,7 +465,8 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
         const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p);
         float inv = 1.0f / exp_shifted_sum(p + lo, hi - lo + 1, mx);
         if (r.round_bf16) {  // the weights normalised, then rounded, as grpo_attention's are
-          for (int64_t s = lo; s <= hi; ++s) p[s] = bf16_rounded(p[s] * inv);
+#pragma omp simd
+          for (int64_t s = lo; s <= hi; ++s) p[s] = grpo::bf16_round(p[s] * inv);
           inv = 1.0f;
         }
         weighted_values(p, vb, key_stride, lo, hi, D, inv, ov);

@@ -5,6 +5,7 @@ pins it (CI does), named in the failure message, so GRPO_TEST_SEED=<seed> replay
 """
 
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -151,36 +152,67 @@ def test_rope_kv_write_checks_the_cache_bounds(ops):
         ops.grpo_rope_kv_write(paddle.zeros([3, 1, 64]), paddle.zeros([3, 1], "int64"), table, table, cache, 0, 0, 4, 2)
 
 
+def cache_attention_reference(q, cache, first, start, layer, group, round_bf16=False):
+    """float64 softmax(q k / sqrt(D)) v over each query's slots first[b] .. start + t of the cache's layer ->
+    (out (B, T, H, D), the size (P @ |v|) of each output); round_bf16: q and the normalised weights rounded to bf16
+    first, as grpo_cache_attention's round_bf16 does."""
+    B, T, H, D = q.shape
+    out, size = np.zeros((B, T, H, D)), np.zeros((B, T, H, D))
+    q = bf16_round(q) if round_bf16 else q.astype(np.float64)
+    for b, tt, h in itertools.product(range(B), range(T), range(H)):
+        lo, hi = first[b], start + tt
+        if lo > hi:
+            continue
+        k = cache[layer, 0, b, lo : hi + 1, h // group].astype(np.float64)
+        v = cache[layer, 1, b, lo : hi + 1, h // group].astype(np.float64)
+        p = np.exp(k @ q[b, tt, h] / np.sqrt(D) - (k @ q[b, tt, h] / np.sqrt(D)).max())
+        p /= p.sum()
+        if round_bf16:
+            p = bf16_round(p.astype(np.float32))
+        out[b, tt, h], size[b, tt, h] = p @ v, p @ np.abs(v)
+    return out, size
+
+
+def cache_attention_case(rng, B, Bcap, T, start, H, KVH, D, S):
+    """A cache of 2 layers, queries, and first slots: row 0 has no left padding; the others start anywhere up to past
+    the last query (all padding)."""
+    cache = (rng.standard_normal((2, 2, Bcap, S, KVH, D)) * 2).astype(np.float32)
+    q = (rng.standard_normal((B, T, H, D)) * 2).astype(np.float32)
+    first = rng.integers(0, start + T + 1, size=B)
+    first[0] = 0
+    return cache, q, first
+
+
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("B,Bcap,T,start,H,KVH,D,S", ATTN_CASES)
 def test_cache_attention(ops, rng, B, Bcap, T, start, H, KVH, D, S, cache_dtype):
     """Against float64 on the values the cache holds (a bf16 cache's keys and values are its rounded ones)."""
-    L, layer = 2, 1
-    cache = (rng.standard_normal((L, 2, Bcap, S, KVH, D)) * 2).astype(np.float32)
-    q = (rng.standard_normal((B, T, H, D)) * 2).astype(np.float32)
-    # Left padding: row 0 has none; the others start anywhere up to past the last query (all padding).
-    first = rng.integers(0, start + T + 1, size=B)
-    first[0] = 0
-    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), layer, start).numpy()
-    if cache_dtype == "bfloat16":
-        cache = bf16_round(cache)
-
-    ref = np.zeros((B, T, H, D))
-    group = H // KVH
-    for b in range(B):
-        for tt in range(T):
-            lo, hi = first[b], start + tt
-            if lo > hi:
-                continue
-            for h in range(H):
-                k = cache[layer, 0, b, lo : hi + 1, h // group].astype(np.float64)
-                v = cache[layer, 1, b, lo : hi + 1, h // group].astype(np.float64)
-                scores = k @ q[b, tt, h] / np.sqrt(D)
-                p = np.exp(scores - scores.max())
-                ref[b, tt, h] = p @ v / p.sum()
+    cache, q, first = cache_attention_case(rng, B, Bcap, T, start, H, KVH, D, S)
+    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), 1, start).numpy()
+    held = bf16_round(cache) if cache_dtype == "bfloat16" else cache
+    ref = cache_attention_reference(q, held, first, start, 1, H // KVH)[0]
     assert out.shape == (B, T, H * D)
     assert np.isfinite(out).all(), f"NaN/inf in attention output (seed {rng.seed})"
     close(out, ref.reshape(B, T, H * D), rng, f"attention with first_slot {first.tolist()}")
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("B,Bcap,T,start,H,KVH,D,S", ATTN_CASES)
+def test_cache_attention_rounds_the_query_and_the_weights_with_round_bf16(ops, rng, B, Bcap, T, start, H, KVH, D, S, cache_dtype):
+    """round_bf16 (the bf16 engine's) rounds each query and the normalised weights to bf16 before their products: against
+    float64 with the same roundings. fp32 computes the weights a little differently from float64, so now and then one
+    rounds to the other neighbour (a step of 2^-8 of it): every output is within that bound, and nearly all much closer.
+    Without the roundings the outputs would be off by more."""
+    cache, q, first = cache_attention_case(rng, B, Bcap, T, start, H, KVH, D, S)
+    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), 1, start, True).numpy().reshape(B, T, H, D)
+    held = bf16_round(cache) if cache_dtype == "bfloat16" else cache
+    ref, size = cache_attention_reference(q, held, first, start, 1, H // KVH, round_bf16=True)
+    error = np.abs(out - ref)
+    assert (error <= 2.0**-8 * size + 1e-6).all(), error.max()
+    assert (error <= 1e-5 * size + 1e-6).mean() > 0.98, (error / (size + 1e-6)).max()
+    if start + T - 1 - first.min() >= 1:  # some query sees two keys or more (with one, its weight is 1 either way)
+        unrounded = cache_attention_reference(q, held, first, start, 1, H // KVH)[0]
+        assert (np.abs(out - unrounded) > 1e-4 * size + 1e-6).any()
 
 
 @pytest.mark.parametrize("shape", [(4, 96), (2, 3, 80), (1, 1, 2)])
