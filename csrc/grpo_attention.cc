@@ -91,8 +91,12 @@ void row_maxima(const float* scores, int64_t rows, int64_t n, float* row_max) {
   }
 }
 
-// Masked, scaled scores (rows, n) -> the attention weights exp(x - max) / sum in place, 1 / sum of each row stored.
-void weights_from_scores(float* x, int64_t rows, int64_t n, const float* row_max, float* row_inv_sum) {
+// Scores (rows, n) over the keys [first, first + n) -> the attention weights softmax(scale x + mask) in place, each
+// row's max and 1 / sum stored.
+void softmax_rows(float* x, int64_t rows, int64_t n, const float* mask_rows, int64_t mask_stride, float scale,
+                  float* row_max, float* row_inv_sum) {
+  scale_and_mask(x, rows, n, mask_rows, mask_stride, scale);
+  row_maxima(x, rows, n, row_max);
   for (int64_t r = 0; r < rows; ++r) {
     float* xr = x + r * n;
     const float inv = 1.0f / grpo::exp_shifted_sum(xr, n, row_max[r]);
@@ -103,12 +107,27 @@ void weights_from_scores(float* x, int64_t rows, int64_t n, const float* row_max
 }
 
 // The same in backward from the forward's stored max and 1 / sum: the weights are the forward's to the bit.
-void recomputed_weights(float* x, int64_t rows, int64_t n, const float* row_max, const float* row_inv_sum) {
+void recomputed_softmax_rows(float* x, int64_t rows, int64_t n, const float* mask_rows, int64_t mask_stride, float scale,
+                             const float* row_max, const float* row_inv_sum) {
+  scale_and_mask(x, rows, n, mask_rows, mask_stride, scale);
   for (int64_t r = 0; r < rows; ++r) {
     float* xr = x + r * n;
     const float mx = row_max[r], inv = row_inv_sum[r];
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) xr[j] = exp_nonpos(xr[j] - mx) * inv;
+  }
+}
+
+// The weights p and dP = dO V^T (rows, n) -> dS = scale P (dP - rowsum(P dP)) in dp, as grpo_masked_softmax's grad.
+void softmax_grad_rows(const float* p, float* dp, int64_t rows, int64_t n, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * n;
+    float* dr = dp + r * n;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
   }
 }
 
@@ -184,9 +203,7 @@ void attention_bf16_task(const Dims& d, int64_t bh, const float* q, const float*
       const int64_t row0 = bh * d.G * d.T + g * d.T + t0;
       bf::pack_rows(q + row0 * d.D, rows, d.D, d.D, q_pairs.data());
       bf16_scores(d, q_pairs.data(), rows, packed, first, n, scores.data());
-      scale_and_mask(scores.data(), rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale);
-      row_maxima(scores.data(), rows, n, mx + row0);
-      weights_from_scores(scores.data(), rows, n, mx + row0, inv + row0);
+      softmax_rows(scores.data(), rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale, mx + row0, inv + row0);
       bf::pack_rows(scores.data(), rows, n, n, p_pairs.data());
       bf::gemm(rows, d.D, bf::pairs(n), p_pairs.data(), bf::pairs(n), 1, packed.values.data() + first / 2 * d.D, d.D,
                o + row0 * d.D, d.D, false);
@@ -212,20 +229,11 @@ void attention_grad_bf16_block(const Dims& d, const PackedKeys& packed, BlockGra
   const int64_t dp_ = bf::pairs(d.D), np_ = bf::pairs(n), rp = bf::pairs(rows), ln = bf::lanes(n);
   bf::pack_rows(q, rows, d.D, d.D, s.q_pairs.data());
   bf16_scores(d, s.q_pairs.data(), rows, packed, first, n, s.p.data());
-  scale_and_mask(s.p.data(), rows, n, mask_rows, d.S, scale);
-  recomputed_weights(s.p.data(), rows, n, mx, inv);
+  recomputed_softmax_rows(s.p.data(), rows, n, mask_rows, d.S, scale, mx, inv);
   bf::pack_rows(dout, rows, d.D, d.D, s.dout_pairs.data());
   bf::gemm(rows, n, dp_, s.dout_pairs.data(), dp_, 1, packed.values_t.data() + first, bf::lanes(d.S), s.dp.data(), n,
            false);  // dP = dO V^T
-  for (int64_t r = 0; r < rows; ++r) {  // dS = scale P (dP - rowsum(P dP))
-    const float* pr = s.p.data() + r * n;
-    float* dr = s.dp.data() + r * n;
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
-  }
+  softmax_grad_rows(s.p.data(), s.dp.data(), rows, n, scale);
   bf::pack_rows(s.dp.data(), rows, n, n, s.ds_pairs.data());
   bf::gemm(rows, d.D, np_, s.ds_pairs.data(), np_, 1, packed.keys.data() + first / 2 * d.D, d.D, dq, d.D, false);  // dQ = dS K
   // dK += dS^T Q and dV += P^T dO: the pairs run over the block's queries
@@ -285,9 +293,7 @@ std::vector<paddle::Tensor> Attention(const paddle::Tensor& q_in, const paddle::
     for (int64_t g = 0; g < d.G; ++g) {
       const int64_t row0 = bh * d.G * d.T + g * d.T + t0;  // the block's first row in q, out and the row stats
       sgemm(false, true, rows, last - first, d.D, q + row0 * d.D, d.D, kb, d.D, 0.0f, scores.data(), last - first);
-      scale_and_mask(scores.data(), rows, last - first, mask + (b * d.T + t0) * d.S + first, d.S, scale);
-      row_maxima(scores.data(), rows, last - first, mx + row0);
-      weights_from_scores(scores.data(), rows, last - first, mx + row0, inv + row0);
+      softmax_rows(scores.data(), rows, last - first, mask + (b * d.T + t0) * d.S + first, d.S, scale, mx + row0, inv + row0);
       sgemm(false, false, rows, d.D, last - first, scores.data(), last - first, vb, d.D, 0.0f, o + row0 * d.D, d.D);
     }
   }
@@ -331,18 +337,9 @@ std::vector<paddle::Tensor> AttentionGrad(const paddle::Tensor& q_in, const padd
         const int64_t row0 = bh * d.G * d.T + g * d.T + t0;
         float *p = weights.data(), *dp = dweights.data();
         sgemm(false, true, rows, n, d.D, q + row0 * d.D, d.D, kb, d.D, 0.0f, p, n);
-        scale_and_mask(p, rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale);
-        recomputed_weights(p, rows, n, mx + row0, inv + row0);
+        recomputed_softmax_rows(p, rows, n, mask + (b * d.T + t0) * d.S + first, d.S, scale, mx + row0, inv + row0);
         sgemm(false, true, rows, n, d.D, dout + row0 * d.D, d.D, vb, d.D, 0.0f, dp, n);  // dP = dO V^T
-        for (int64_t r = 0; r < rows; ++r) {  // dS = scale P (dP - rowsum(P dP)), as grpo_masked_softmax's grad
-          float* pr = p + r * n;
-          float* dr = dp + r * n;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
-        }
+        softmax_grad_rows(p, dp, rows, n, scale);
         sgemm(false, false, rows, d.D, n, dp, n, kb, d.D, 0.0f, dqp + row0 * d.D, d.D);  // dQ = dS K
         float* dkb = dkp + (bh * d.S + first) * d.D;
         float* dvb = dvp + (bh * d.S + first) * d.D;
