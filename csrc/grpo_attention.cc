@@ -120,15 +120,7 @@ void recomputed_softmax_rows(float* x, int64_t rows, int64_t n, const float* mas
 
 // The weights p and dP = dO V^T (rows, n) -> dS = scale P (dP - rowsum(P dP)) in dp, as grpo_masked_softmax's grad.
 void softmax_grad_rows(const float* p, float* dp, int64_t rows, int64_t n, float scale) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* pr = p + r * n;
-    float* dr = dp + r * n;
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
-  }
+  for (int64_t r = 0; r < rows; ++r) grpo::softmax_grad_row(p + r * n, dp + r * n, dp + r * n, n, scale);
 }
 
 Dims check_inputs(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v, const paddle::Tensor& mask) {

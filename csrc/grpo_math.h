@@ -1,5 +1,6 @@
-// Vectorisable exponentials shared by the CPU kernels (grpo_ops.cc, grpo_attention.cc), and the bf16 conversion of
-// the bf16 weight copies (grpo_bf16.cc) and the fused engine's bf16 KV cache (grpo_ops.cc).
+// Vectorisable exponentials and the softmax row's gradient shared by the CPU kernels (grpo_ops.cc, grpo_attention.cc),
+// and the bf16 conversion of the bf16 weight copies (grpo_bf16.cc), the fused engine's bf16 KV cache (grpo_ops.cc) and
+// the attention's bf16 operands.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,16 @@ inline float exp_shifted_sum(float* x, int64_t n, float mx) {
     sum += x[i];
   }
   return sum;
+}
+
+// One softmax row's gradient: p the weights, dp the gradient of the loss by them (n each) -> out = scale p (dp -
+// sum(p dp)), the gradient by the scaled scores. out may be dp itself (each element is read before it is written).
+inline void softmax_grad_row(const float* p, const float* dp, float* out, int64_t n, float scale) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t j = 0; j < n; ++j) dot += p[j] * dp[j];
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = scale * p[j] * (dp[j] - dot);
 }
 
 // float32 -> bfloat16 bits, rounded to nearest even; float32 subnormals become a signed zero (as AVX512-BF16's

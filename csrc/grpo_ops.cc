@@ -421,7 +421,6 @@ struct AttentionRows {  // grpo_cache_attention's checked inputs and output
   bool round_bf16;
 };
 
-
 // kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D.
 template <typename Elem>
 void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
@@ -448,15 +447,15 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
       for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
         const float* qv = q + (bt * H + h) * D;
         float* ov = o + bt * H * D + h * D;
+        if (lo > hi) {
+          std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
+          continue;
+        }
         if (r.round_bf16) {
           float* rq = rounded_q.data();
 #pragma omp simd
           for (int64_t i = 0; i < D; ++i) rq[i] = grpo::bf16_round(qv[i]);
           qv = rq;
-        }
-        if (lo > hi) {
-          std::fill(ov, ov + D, 0.0f);  // padding query: no visible keys
-          continue;
         }
         const int64_t g = h / group;
         const Elem* kb = kc + b * row_stride + g * D;  // key of slot s at kb + s * key_stride
@@ -1120,16 +1119,7 @@ std::vector<paddle::Tensor> MaskedSoftmaxGrad(const paddle::Tensor& out_in, cons
   const float* dp = d_t.data<float>();
   float* g = ds.data<float>();
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {
-    const float* pi = p + row * L;
-    const float* di = dp + row * L;
-    float* gi = g + row * L;
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j < L; ++j) dot += pi[j] * di[j];
-#pragma omp simd
-    for (int64_t j = 0; j < L; ++j) gi[j] = scale * pi[j] * (di[j] - dot);
-  }
+  for (int64_t row = 0; row < rows; ++row) grpo::softmax_grad_row(p + row * L, dp + row * L, g + row * L, L, scale);
   return {ds};
 }
 
