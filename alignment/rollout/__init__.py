@@ -17,6 +17,11 @@ class EngineSettings:
     kv_cache_dtype: str = "auto"  # the fused engine's cache: float32, bfloat16, or auto (bfloat16 with bf16 matmuls)
 
 
+def cache_dtype_for(kv_cache_dtype: str, bf16: bool) -> str:
+    """The fused engine's KV cache dtype: kv_cache_dtype, where auto is bfloat16 with bf16 matmuls, float32 else."""
+    return ("bfloat16" if bf16 else "float32") if kv_cache_dtype == "auto" else kv_cache_dtype
+
+
 def build_engine(settings: EngineSettings, model, eos_token_ids: list, pad_token_id: int, bf16: bool = False) -> RolloutEngine:
     """use_fusemt picks the fused engine; where its operators are not built or the model is not one it
     runs, a warning says why and the eager engine runs instead. bf16: the fused engine multiplies in bf16
@@ -28,7 +33,7 @@ def build_engine(settings: EngineSettings, model, eos_token_ids: list, pad_token
         ops, why_not = load_ops()
         why_not = why_not or unsupported_reason(model)
         if why_not is None:
-            cache_dtype = ("bfloat16" if bf16 else "float32") if settings.kv_cache_dtype == "auto" else settings.kv_cache_dtype
+            cache_dtype = cache_dtype_for(settings.kv_cache_dtype, bf16)
             return FusedEngine(model, eos_token_ids, pad_token_id, ops, settings.weight_sync_tolerance, bf16, cache_dtype)
         warnings.warn(f"use_fusemt: the fused engine cannot run here ({why_not}); generating with the eager engine")
     return EagerEngine(model, eos_token_ids, pad_token_id)
@@ -48,6 +53,7 @@ __all__ = [
     "SamplingParams",
     "WeightSyncError",
     "build_engine",
+    "cache_dtype_for",
     "concat_rollouts",
     "generate",
 ]

@@ -113,8 +113,8 @@ class GRPOConfig:
         "auto",
         "The fused engine's KV cache on the CPU (vLLM's name): auto (bfloat16 where the CPU matmuls run in bf16, cpu_bf16_matmul; else "
         "float32), float32, or bfloat16 (keys and values computed in float32 and rounded when written: half the cache's memory and of "
-        "what decode's attention reads; the rollout's log-probs then differ from the actor's by 0.0099 a token on average instead of "
-        "0.0083 with bf16 matmuls on SmolLM2-135M, bench/RESULTS.md). bfloat16 needs use_fusemt.",
+        "what decode's attention reads; with bf16 matmuls the actor's attention rounds keys and values alike, and the rollout's "
+        "log-probs differ from the actor's by 0.011 a token on average on SmolLM2-135M, bench/RESULTS.md). bfloat16 needs use_fusemt.",
         choices=["auto", "float32", "bfloat16"],
     )
     rollout_workers: int = _key(

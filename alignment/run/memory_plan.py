@@ -17,6 +17,7 @@ from alignment.models.memory import (
     FAST_ACTIVATIONS, FLOAT, MemoryEstimate, MemorySettings, ModelShape, TokenBudget, estimate_memory, gigabytes, lora_parameters,
     rows_within,
 )
+from alignment.rollout import cache_dtype_for
 from alignment.rollout.ops import bf16_primitive_missing, load_ops
 from alignment.run.config import GRPOConfig
 
@@ -85,10 +86,10 @@ def expected_cache_dtype(config: GRPOConfig) -> str:
     is bfloat16 where the matmuls will be bf16 (cpu_bf16_matmul not off, a CPU with bf16, the training operators and
     oneDNN's bf16 primitive). A model the training operators cannot run falls back to float32 after this guess: the
     cache is then twice the estimate's, as the update's activations are over-counted then."""
-    if config.kv_cache_dtype != "auto" or not config.use_fusemt:
-        return config.kv_cache_dtype if config.use_fusemt else "float32"
-    bf16 = config.cpu_bf16_matmul != "off" and config.use_fused_train_ops and cpu_bf16_flags() and not bf16_primitive_missing()
-    return "bfloat16" if bf16 else "float32"
+    if not config.use_fusemt:
+        return "float32"  # the eager engine's cache is paddle's
+    bf16 = config.cpu_bf16_matmul != "off" and config.use_fused_train_ops and bool(cpu_bf16_flags()) and not bf16_primitive_missing()
+    return cache_dtype_for(config.kv_cache_dtype, bf16)
 
 
 def plan_memory(config: GRPOConfig, actor_folder: str, prompt_width: int, world_size: int) -> MemoryPlan:
