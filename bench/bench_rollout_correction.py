@@ -4,6 +4,8 @@ usual cap: TRL's default sequence_mask at 3, ours token_truncate at 2, and the o
 per compute setting (float32 matmuls, and bf16 ones where the CPU has them: cpu_bf16_matmul on; the engine's cache
 as kv_cache_dtype gives it, auto: bfloat16 with bf16 matmuls), with the log-prob gap and, per mode, the mean and
 spread of the weights, the tokens whose weight is not 1, and the sequences that lose all their weight (masked).
+Beside the engine's gap, two floors for it: the actor against itself computed one sequence at a time, and (bf16) with
+every projection's output moved by 1e-7 of itself.
 
     .venv/bin/python bench/bench_rollout_correction.py CONFIG.json [--key value ...]
 
@@ -11,6 +13,7 @@ CONFIG.json and the keys are run_grpo.py's; per_device_prompt_batch_size prompts
 sampled at the config's temperature, seed 0. use_fusemt and use_fused_train_ops are forced on.
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -39,6 +42,36 @@ from alignment.step.update import policy_logprobs  # noqa: E402
 MODES = [("token_truncate", 2.0), ("token_mask", 2.0), ("sequence_truncate", 3.0), ("sequence_mask", 3.0)]
 
 
+def actor_logprobs(model, rollout, tokenizer, config, rows_per_batch: int) -> np.ndarray:
+    """log pi_old (B, T) of the rollout's completions as the update computes them, rows_per_batch sequences at a time."""
+    old = []
+    with paddle.no_grad():
+        for start in range(0, len(rollout.completion_ids), rows_per_batch):
+            rows = list(range(start, min(start + rows_per_batch, len(rollout.completion_ids))))
+            batch = make_token_batch(
+                [rollout.prompt_ids[r] for r in rows], rollout.completion_ids[rows], rollout.completion_mask[rows], tokenizer.pad_token_id
+            )
+            old.append(policy_logprobs(model, batch, config)[0].numpy())
+    return np.concatenate(old)
+
+
+@contextlib.contextmanager
+def projections_moved(model, relative: float):
+    """While inside: each bf16 projection's output (model.bf16_matmuls.linear) times 1 + relative * N(0, 1), seed 0."""
+    matmuls, draws = model.bf16_matmuls, np.random.default_rng(0)
+    exact = matmuls.linear
+
+    def moved(x, weights):
+        out = exact(x, weights)
+        return out * (1 + paddle.to_tensor(draws.standard_normal(out.shape).astype(np.float32) * relative))
+
+    matmuls.linear = moved  # an attribute of this instance, over the class's method
+    try:
+        yield
+    finally:
+        del matmuls.linear
+
+
 def measure(config, tokenizer, prompts, bf16: bool) -> dict:
     model = load_causal_lm(config.actor_model_name_or_path)
     use_training_ops(model, bf16)
@@ -47,18 +80,16 @@ def measure(config, tokenizer, prompts, bf16: bool) -> dict:
     sampling = SamplingParams(max_new_tokens=config.max_dec_len, temperature=config.temperature, top_p=config.top_p, seed=0)
     rollout = generate(engine, prompts, config.rollout_n, sampling)
     mask = rollout.loss_mask.astype(np.float32)  # (B, T)
-    old = []
-    with paddle.no_grad():
-        for start in range(0, len(mask), config.per_device_train_batch_size):
-            rows = range(start, min(start + config.per_device_train_batch_size, len(mask)))
-            batch = make_token_batch(
-                [rollout.prompt_ids[r] for r in rows], rollout.completion_ids[list(rows)], rollout.completion_mask[list(rows)],
-                tokenizer.pad_token_id,
-            )
-            old.append(policy_logprobs(model, batch, config)[0].numpy())
-    old = np.concatenate(old)
+    old = actor_logprobs(model, rollout, tokenizer, config, config.per_device_train_batch_size)
     gap = (old - rollout.logprobs) * mask  # log pi_old - log pi_rollout on the loss tokens
     tokens = mask > 0
+    # Floors for the engine's gap: the actor against itself, one sequence at a time (no padding, other shapes, so some
+    # sums in another order), and with bf16 products, with every projection's output moved by 1e-7 of itself (about
+    # one fp32 rounding, as a sum in another order moves it).
+    self_gap = (old - actor_logprobs(model, rollout, tokenizer, config, 1)) * mask
+    if bf16:
+        with projections_moved(model, 1e-7):
+            moved_gap = (old - actor_logprobs(model, rollout, tokenizer, config, config.per_device_train_batch_size)) * mask
     result = {
         "matmuls": "bf16" if bf16 else "float32",
         "kv_cache": engine.cache_dtype,  # kv_cache_dtype as build_engine resolved it
@@ -68,6 +99,12 @@ def measure(config, tokenizer, prompts, bf16: bool) -> dict:
         "token_gap_abs_max": float(np.abs(gap[tokens]).max()),
         "sequence_gap_abs_mean": float(np.abs(gap.sum(axis=1)).mean()),
         "sequence_gap_abs_max": float(np.abs(gap.sum(axis=1)).max()),
+        "actor_self_gap_abs_mean": float(np.abs(self_gap[tokens]).mean()),
+        "actor_self_gap_abs_max": float(np.abs(self_gap[tokens]).max()),
+        "actor_self_sequence_gap_abs_mean": float(np.abs(self_gap.sum(axis=1)).mean()),
+        "actor_moved_gap_abs_mean": float(np.abs(moved_gap[tokens]).mean()) if bf16 else None,
+        "actor_moved_gap_abs_max": float(np.abs(moved_gap[tokens]).max()) if bf16 else None,
+        "actor_moved_sequence_gap_abs_mean": float(np.abs(moved_gap.sum(axis=1)).mean()) if bf16 else None,
         "modes": {},
     }
     for mode, cap in MODES:
