@@ -155,7 +155,7 @@ def test_rope_kv_write_checks_the_cache_bounds(ops):
 def cache_attention_reference(q, cache, first, start, layer, group, round_bf16=False):
     """float64 softmax(q k / sqrt(D)) v over each query's slots first[b] .. start + t of the cache's layer ->
     (out (B, T, H, D), the size (P @ |v|) of each output, its slack); round_bf16: q and the normalised weights rounded
-    to bf16 first, as grpo_cache_attention's round_bf16 does. A weight within 1e-4 of its size of the midpoint between
+    to bf16 first, as grpo_cache_attention's round_bf16 does. A weight within 1e-5 of its size of the midpoint between
     two bf16 values may round to either in fp32, which computes it a little differently: the slack sums each such
     weight's step between the two times |v| (0 without round_bf16)."""
     B, T, H, D = q.shape
@@ -170,7 +170,7 @@ def cache_attention_reference(q, cache, first, start, layer, group, round_bf16=F
         p = np.exp(k @ q[b, tt, h] / np.sqrt(D) - (k @ q[b, tt, h] / np.sqrt(D)).max())
         p /= p.sum()
         if round_bf16:
-            step = bf16_round((p * (1 + 1e-4)).astype(np.float32)) - bf16_round((p * (1 - 1e-4)).astype(np.float32))
+            step = bf16_round((p * (1 + 1e-5)).astype(np.float32)) - bf16_round((p * (1 - 1e-5)).astype(np.float32))
             slack[b, tt, h] = step @ np.abs(v)
             p = bf16_round(p.astype(np.float32))
         out[b, tt, h], size[b, tt, h] = p @ v, p @ np.abs(v)
