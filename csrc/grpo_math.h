@@ -53,28 +53,16 @@ inline void softmax_grad_row(const float* p, const float* dp, float* out, int64_
 }
 
 // float32 -> bfloat16 bits, rounded to nearest even; float32 subnormals become a signed zero (as AVX512-BF16's
-// conversion does, so every element converts alike wherever it is converted) and NaN stays a (quiet) NaN.
+// conversion does, so every element converts alike wherever it is converted) and NaN stays a (quiet) NaN. Without
+// branches, so that loops of it vectorise under `omp simd`.
+#pragma omp declare simd
 inline uint16_t bf16_bits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
-  if ((bits & 0x7F800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);  // subnormal -> signed 0
-  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-// x rounded to the nearest bf16 value, as a float: bf16_float(bf16_bits(x)) without branches, so that loops of it
-// vectorise under `omp simd` (the fused engine's attention rounds every weight of a query with it).
-#pragma omp declare simd
-inline float bf16_round(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-  const uint32_t nan = (bits | 0x00400000u) & 0xFFFF0000u, zero = bits & 0x80000000u;
-  const uint32_t out = (bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : (bits & 0x7F800000u) == 0 ? zero : rounded;
-  float value;
-  std::memcpy(&value, &out, sizeof value);
-  return value;
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;  // to nearest, ties to even
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u, signed_zero = (bits >> 16) & 0x8000u;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u, subnormal = (bits & 0x7F800000u) == 0;
+  return static_cast<uint16_t>(nan ? quiet_nan : subnormal ? signed_zero : rounded);
 }
 
 inline float bf16_float(uint16_t bits) {
@@ -83,5 +71,9 @@ inline float bf16_float(uint16_t bits) {
   std::memcpy(&value, &widened, sizeof value);
   return value;
 }
+
+// x rounded to the nearest bf16 value, as a float (the fused engine's attention rounds every weight of a query with it).
+#pragma omp declare simd
+inline float bf16_round(float x) { return bf16_float(bf16_bits(x)); }
 
 }  // namespace grpo
