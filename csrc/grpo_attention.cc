@@ -22,8 +22,10 @@
 #ifdef GRPO_WITH_DNNL
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "grpo_attention_bf16.h"
@@ -352,7 +354,174 @@ std::vector<paddle::DataType> AttentionDtype(const paddle::DataType&, const padd
   return {kF32, kF32, kF32};
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// grpo_cache_attention's prefill (grpo_ops.cc sends a row's queries here from kPrefillBlocked of them on): per (row, KV
+// head) and block of kBlock queries, the block's keys and values come into cache once for the G query heads and each
+// head's products run as two GEMMs, as the training attention's above; one query at a time, a 2,048-token prompt's
+// attention ran at 90 GFLOP/s (bench/RESULTS.md). Query t of row b, in slot start + t, sees the slots first[b] ..
+// start + t; one that sees none gets zeros. The operands are those of one query at a time: with round_bf16 the query
+// and the normalised weights rounded to bf16, the keys and values as the cache holds them. With round_bf16 and a
+// bfloat16 cache (the bf16 engine's) they are all bf16, so the products run on bf16 pairs (grpo_attention_bf16.h) where
+// the operators were built for AVX512-BF16; otherwise through sgemm on float32 (a bfloat16 cache's block widened).
+
+// A block's scores (rows, n) over the slots [key0, key0 + n) -> the weights in place: row r (query start + t0 + r) keeps
+// the columns lo .. last + r (lo = first - key0, last = start + t0 - key0), scaled, softmax-normalised and with
+// `round` rounded to bf16, and zeros elsewhere.
+void causal_softmax_rows(float* x, int64_t rows, int64_t n, int64_t lo, int64_t last, float scale, bool round) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * n;
+    const int64_t hi = last + r;  // inclusive, < n
+    if (hi < lo) {
+      std::fill(xr, xr + n, 0.0f);
+      continue;
+    }
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = lo; j <= hi; ++j) {
+      xr[j] *= scale;
+      mx = std::max(mx, xr[j]);
+    }
+    const float inv = 1.0f / grpo::exp_shifted_sum(xr + lo, hi - lo + 1, mx);
+#pragma omp simd
+    for (int64_t j = lo; j <= hi; ++j) xr[j] = round ? grpo::bf16_round(xr[j] * inv) : xr[j] * inv;
+    std::fill(xr, xr + lo, 0.0f);
+    std::fill(xr + hi + 1, xr + n, 0.0f);
+  }
+}
+
+// One block's keys and values [key0, key0 + n) of a (row, KV head) as float32 rows of stride ld: the cache's own where
+// it is float32, widened into `widened` where it is bfloat16.
+struct FloatBlock {
+  const float *k, *v;
+  int64_t ld;
+};
+FloatBlock float_block(const float* k, const float* v, int64_t stride, int64_t, int64_t, std::vector<float>&) {
+  return {k, v, stride};
+}
+FloatBlock float_block(const uint16_t* k, const uint16_t* v, int64_t stride, int64_t n, int64_t D,
+                       std::vector<float>& widened) {
+  widened.resize(2 * n * D);
+  float *wk = widened.data(), *wv = wk + n * D;
+  for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) {
+      wk[j * D + i] = grpo::bf16_float(k[j * stride + i]);
+      wv[j * D + i] = grpo::bf16_float(v[j * stride + i]);
+    }
+  }
+  return {wk, wv, D};
+}
+
+struct PrefillScratch {
+  std::vector<float> scores, rounded_q, widened;
+  std::vector<uint32_t> q_pairs, p_pairs, keys_t, values;
+};
+
+// Where a block of queries is: row b, KV head g, queries t0 .. t0 + rows, the slots [key0, key0 + n) they see between them.
+struct PrefillBlock {
+  int64_t b, g, t0, rows, key0, n;
+};
+
+template <typename Elem>
+void prefill_block_fp32(const grpo::CacheQueries& r, const Elem* kb, const Elem* vb, const PrefillBlock& k,
+                        PrefillScratch& s) {
+  const int64_t D = r.D, G = r.H / r.KVH, key_stride = r.KVH * r.D, ldq = r.H * r.D;
+  const FloatBlock keys = float_block(kb + k.key0 * key_stride, vb + k.key0 * key_stride, key_stride, k.n, D, s.widened);
+  s.scores.resize(k.rows * k.n);
+  for (int64_t h = k.g * G; h < (k.g + 1) * G; ++h) {
+    const int64_t row0 = (k.b * r.T + k.t0) * r.H + h;  // the block's first query of head h in q and out, of D each
+    const float* q = r.q + row0 * r.D;
+    int64_t ld = ldq;
+    if (r.round_bf16) {
+      s.rounded_q.resize(k.rows * D);
+      for (int64_t i = 0; i < k.rows; ++i)
+        for (int64_t c = 0; c < D; ++c) s.rounded_q[i * D + c] = grpo::bf16_round(q[i * ldq + c]);
+      q = s.rounded_q.data(), ld = D;
+    }
+    sgemm(false, true, k.rows, k.n, D, q, ld, keys.k, keys.ld, 0.0f, s.scores.data(), k.n);
+    causal_softmax_rows(s.scores.data(), k.rows, k.n, r.first[k.b] - k.key0, r.start + k.t0 - k.key0,
+                        1.0f / std::sqrt(static_cast<float>(D)), r.round_bf16);
+    sgemm(false, false, k.rows, D, k.n, s.scores.data(), k.n, keys.v, keys.ld, 0.0f, r.out + row0 * D, ldq);
+  }
+}
+
+#if defined(__AVX512BF16__)
+// The same on bf16 pairs: the cache's keys and values are bf16 already, so packing them only reorders them.
+void prefill_block_bf16(const grpo::CacheQueries& r, const uint16_t* kb, const uint16_t* vb, const PrefillBlock& k,
+                        PrefillScratch& s) {
+  const int64_t D = r.D, G = r.H / r.KVH, key_stride = r.KVH * r.D, ldq = r.H * r.D;
+  const int64_t dp = bf::pairs(D), np = bf::pairs(k.n), ldk = bf::lanes(k.n);
+  s.keys_t.assign(dp * ldk + bf::kSlack, 0u);  // K^T: pair p of key j's dimensions at [p ldk + j]
+  for (int64_t j = 0; j < k.n; ++j) {
+    const auto* key = reinterpret_cast<const uint32_t*>(kb + (k.key0 + j) * key_stride);
+    for (int64_t p = 0; p < dp; ++p) s.keys_t[p * ldk + j] = key[p];
+  }
+  s.values.assign(np * D + bf::kSlack, 0u);  // V: keys 2p and 2p + 1's value c at [p D + c]
+  for (int64_t j = 0; j < k.n; ++j) {
+    const uint16_t* value = vb + (k.key0 + j) * key_stride;
+    for (int64_t c = 0; c < D; ++c) s.values[j / 2 * D + c] |= static_cast<uint32_t>(value[c]) << (16 * (j % 2));
+  }
+  s.scores.resize(k.rows * k.n);
+  s.q_pairs.resize(k.rows * dp);
+  s.p_pairs.resize(k.rows * np);
+  for (int64_t h = k.g * G; h < (k.g + 1) * G; ++h) {
+    const int64_t row0 = (k.b * r.T + k.t0) * r.H + h;
+    bf::pack_rows(r.q + row0 * D, k.rows, D, ldq, s.q_pairs.data());  // rounds the query
+    bf::gemm(k.rows, k.n, dp, s.q_pairs.data(), dp, 1, s.keys_t.data(), ldk, s.scores.data(), k.n, false);
+    causal_softmax_rows(s.scores.data(), k.rows, k.n, r.first[k.b] - k.key0, r.start + k.t0 - k.key0,
+                        1.0f / std::sqrt(static_cast<float>(D)), false);
+    bf::pack_rows(s.scores.data(), k.rows, k.n, k.n, s.p_pairs.data());  // rounds the weights
+    bf::gemm(k.rows, D, np, s.p_pairs.data(), np, 1, s.values.data(), D, r.out + row0 * D, ldq, false);
+  }
+}
+#endif
+
+// Whether the products run on bf16 pairs: the operands all bf16, and the operators built for AVX512-BF16.
+bool on_pairs(const grpo::CacheQueries& r, bool bf16_cache) { return kBf16Built && bf16_cache && r.round_bf16 && r.D % 2 == 0; }
+
+template <typename Elem>
+void prefill_blocks(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
+  const int64_t row_stride = r.S * r.KVH * r.D, blocks = (r.T + kBlock - 1) / kBlock;
+  const Elem* vc = kc + Bcap * row_stride;
+  const bool pairs = on_pairs(r, std::is_same_v<Elem, uint16_t>);
+#pragma omp parallel
+  {
+    PrefillScratch scratch;
+#pragma omp for schedule(static, 1)  // later blocks see more keys: interleaved, the threads' shares even out
+    for (int64_t task = 0; task < r.B * r.KVH * blocks; ++task) {
+      const int64_t b = task / (r.KVH * blocks), g = task / blocks % r.KVH, t0 = task % blocks * kBlock;
+      const int64_t rows = std::min(kBlock, r.T - t0), key0 = std::min(r.first[b], r.start + t0 + rows);
+      const PrefillBlock block{b, g, t0, rows, key0, r.start + t0 + rows - key0};
+      const Elem* kb = kc + b * row_stride + g * r.D;  // key of slot s at kb + s KVH D
+      const Elem* vb = vc + b * row_stride + g * r.D;
+      if (block.n == 0) {  // the row's first slot is past the block's queries: all of them padding
+        for (int64_t i = 0; i < rows; ++i) {
+          float* out = r.out + ((b * r.T + t0 + i) * r.H + g * (r.H / r.KVH)) * r.D;
+          std::fill(out, out + r.H / r.KVH * r.D, 0.0f);
+        }
+      } else if (pairs) {
+#if defined(__AVX512BF16__)
+        if constexpr (std::is_same_v<Elem, uint16_t>) prefill_block_bf16(r, kb, vb, block, scratch);
+#endif
+      } else {
+        prefill_block_fp32(r, kb, vb, block, scratch);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+// From a whole block of queries a row on; through sgemm only where the last one sees kSgemmPrefillKeys keys or more:
+// below, its calls' overhead and the block's hidden half-square cost more than they save (bench/RESULTS.md,
+// bench_cache_attention.py --prefill: at 64 queries 1.1x on bf16 pairs and 0.6x through sgemm, at 1,024 2.0x and 1.4x).
+constexpr int64_t kSgemmPrefillKeys = 512;
+bool grpo::prefill_in_blocks(const grpo::CacheQueries& r, bool bf16_cache) {
+  return r.T >= kBlock && (on_pairs(r, bf16_cache) || r.start + r.T >= kSgemmPrefillKeys);
+}
+void grpo::prefill_attention(const grpo::CacheQueries& r, const float* kc, int64_t Bcap) { prefill_blocks(r, kc, Bcap); }
+void grpo::prefill_attention(const grpo::CacheQueries& r, const uint16_t* kc, int64_t Bcap) { prefill_blocks(r, kc, Bcap); }
 
 PD_BUILD_OP(grpo_attention)
     .Inputs({"Q", "K", "V", "Mask"})

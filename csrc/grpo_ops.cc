@@ -374,12 +374,97 @@ void weighted_values_avx512(const float* p, const Elem* v, int64_t stride, int64
 }
 #endif
 
+#ifdef __AVX512BF16__
+// With round_bf16 over a bfloat16 cache every operand of the products is a bf16 value: vdpbf16ps multiplies them in
+// pairs, 32 products an instruction, on the cache's values as they are instead of widening each to float first (the
+// query rounded as round_bf16 asks, the weights rounded already). NP = D / 32 registers of pairs a key or value.
+inline __m512bh load_pairs(const uint16_t* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); }
+
+template <int NP>
+float key_scores_pairs(const float* q, const uint16_t* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
+  __m512bh qv[NP];  // the query rounded to bf16, in order (the second operand fills the low half)
+  for (int i = 0; i < NP; ++i) qv[i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 32 * i + 16), _mm512_loadu_ps(q + 32 * i));
+  __m512 block_max = _mm512_set1_ps(kNegInf);
+  int64_t s = lo;
+  for (; s + 16 <= hi + 1; s += 16) {
+    __m512 sums[16];
+    for (int j = 0; j < 16; ++j) {
+      const uint16_t* key = k + (s + j) * stride;
+      sums[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load_pairs(key));
+      for (int i = 1; i < NP; ++i) sums[j] = _mm512_dpbf16_ps(sums[j], qv[i], load_pairs(key + 32 * i));
+    }
+    const __m512 block = _mm512_mul_ps(lane_sums(sums), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(scores + s, block);
+    block_max = _mm512_max_ps(block_max, block);
+  }
+  float mx = _mm512_reduce_max_ps(block_max);
+  for (; s <= hi; ++s) {
+    const uint16_t* key = k + s * stride;
+    __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load_pairs(key));
+    for (int i = 1; i < NP; ++i) sum = _mm512_dpbf16_ps(sum, qv[i], load_pairs(key + 32 * i));
+    scores[s] = _mm512_reduce_add_ps(sum) * scale;
+    mx = std::max(mx, scores[s]);
+  }
+  return mx;
+}
+
+// out (D,) = sum over s in lo..hi of p[s] value(s), the weights p bf16 values: two slots a product, their values
+// interleaved into pairs by unpacklo / unpackhi, which work within each 128-bit lane, so the sums hold the columns in
+// that order (lane l of the low one: columns 8l .. 8l + 3 of its 32, of the high one 8l + 4 .. 8l + 7) until they are
+// stored; two sets of sums, for slots s, s + 1 and s + 2, s + 3, so that consecutive products do not wait on each other.
+inline __m512bh weight_pair(const float* p, int64_t s, bool pair) {
+  const uint32_t bits = grpo::bf16_bits(p[s]) | static_cast<uint32_t>(pair ? grpo::bf16_bits(p[s + 1]) : 0) << 16;
+  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(bits)));
+}
+
+template <int NP>
+void add_value_pairs(__m512bh w, const uint16_t* v0, const uint16_t* v1, __m512* low, __m512* high) {
+  for (int i = 0; i < NP; ++i) {
+    const __m512i even = _mm512_loadu_si512(v0 + 32 * i);
+    const __m512i odd = v1 ? _mm512_loadu_si512(v1 + 32 * i) : _mm512_setzero_si512();
+    low[i] = _mm512_dpbf16_ps(low[i], w, reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(even, odd)));
+    high[i] = _mm512_dpbf16_ps(high[i], w, reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(even, odd)));
+  }
+}
+
+template <int NP>
+void weighted_values_pairs(const float* p, const uint16_t* v, int64_t stride, int64_t lo, int64_t hi, float* out) {
+  __m512 low[2][NP], high[2][NP];
+  for (int i = 0; i < NP; ++i) low[0][i] = high[0][i] = low[1][i] = high[1][i] = _mm512_setzero_ps();
+  int64_t s = lo;
+  for (; s + 3 <= hi; s += 4) {
+    const uint16_t* v0 = v + s * stride;
+    add_value_pairs<NP>(weight_pair(p, s, true), v0, v0 + stride, low[0], high[0]);
+    add_value_pairs<NP>(weight_pair(p, s + 2, true), v0 + 2 * stride, v0 + 3 * stride, low[1], high[1]);
+  }
+  for (; s <= hi; s += 2) {
+    const bool pair = s + 1 <= hi;
+    add_value_pairs<NP>(weight_pair(p, s, pair), v + s * stride, pair ? v + (s + 1) * stride : nullptr, low[0], high[0]);
+  }
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int i = 0; i < NP; ++i) {
+    const __m512 lows = _mm512_add_ps(low[0][i], low[1][i]), highs = _mm512_add_ps(high[0][i], high[1][i]);
+    _mm512_storeu_ps(out + 32 * i, _mm512_permutex2var_ps(lows, first, highs));
+    _mm512_storeu_ps(out + 32 * i + 16, _mm512_permutex2var_ps(lows, second, highs));
+  }
+}
+#endif
+
 inline float widen(float x) { return x; }
 inline float widen(uint16_t x) { return grpo::bf16_float(x); }
 
-// scores[s] = scale * q . key(s) for s in lo..hi, key(s) = k + s * stride, D elements each -> their max.
+// scores[s] = scale * q . key(s) for s in lo..hi, key(s) = k + s * stride, D elements each -> their max. bf16: the
+// query is to be rounded to bf16 (round_bf16), so over a bfloat16 cache with D = 64 or 128 the products run on pairs.
 template <typename Elem>
-float key_scores(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, int64_t D, float scale, float* scores) {
+float key_scores(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, int64_t D, float scale, float* scores,
+                 bool bf16) {
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<Elem, uint16_t>) {
+    if (bf16 && D == 64) return key_scores_pairs<2>(q, k, stride, lo, hi, scale, scores);
+    if (bf16 && D == 128) return key_scores_pairs<4>(q, k, stride, lo, hi, scale, scores);
+  }
+#endif
 #ifdef __AVX512F__
   if (D == 64) return key_scores_avx512<4>(q, k, stride, lo, hi, scale, scores);
   if (D == 128) return key_scores_avx512<8>(q, k, stride, lo, hi, scale, scores);
@@ -396,9 +481,17 @@ float key_scores(const float* q, const Elem* k, int64_t stride, int64_t lo, int6
   return mx;
 }
 
-// out (D,) = inv * sum over s in lo..hi of p[s] value(s), value(s) = v + s * stride.
+// out (D,) = inv * sum over s in lo..hi of p[s] value(s), value(s) = v + s * stride. bf16: the weights are bf16 values
+// and inv is 1 (round_bf16), so over a bfloat16 cache with D = 64 or 128 the products run on pairs.
 template <typename Elem>
-void weighted_values(const float* p, const Elem* v, int64_t stride, int64_t lo, int64_t hi, int64_t D, float inv, float* out) {
+void weighted_values(const float* p, const Elem* v, int64_t stride, int64_t lo, int64_t hi, int64_t D, float inv, float* out,
+                     bool bf16) {
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<Elem, uint16_t>) {
+    if (bf16 && D == 64) return weighted_values_pairs<2>(p, v, stride, lo, hi, out);
+    if (bf16 && D == 128) return weighted_values_pairs<4>(p, v, stride, lo, hi, out);
+  }
+#endif
 #ifdef __AVX512F__
   if (D == 64) return weighted_values_avx512<4>(p, v, stride, lo, hi, inv, out);
   if (D == 128) return weighted_values_avx512<8>(p, v, stride, lo, hi, inv, out);
@@ -413,17 +506,25 @@ void weighted_values(const float* p, const Elem* v, int64_t stride, int64_t lo, 
   for (int64_t i = 0; i < D; ++i) out[i] *= inv;
 }
 
-struct AttentionRows {  // grpo_cache_attention's checked inputs and output
-  const float* q;  // (B, T, H, D)
-  const int64_t* first;  // (B,) each row's first real slot
-  float* out;  // (B, T, H D)
-  int64_t B, T, H, KVH, D, S, start;
-  bool round_bf16;
-};
+// Prefetches into L2 the keys and values of slots lo..hi of a cache row (kb, vb: its first KV head's slot 0), `width`
+// values of each slot from there (the KV heads an item reads): the next item's, while this one computes. A decode
+// step's caches do not fit in the CPU's caches (30 layers of them), and one item's reading them from memory alone, then
+// computing, used half of the memory's speed (bench/RESULTS.md).
+template <typename Elem>
+void prefetch_slots(const Elem* kb, const Elem* vb, int64_t key_stride, int64_t lo, int64_t hi, int64_t width) {
+  for (int64_t s = lo; s <= hi; ++s) {
+    const char* k = reinterpret_cast<const char*>(kb + s * key_stride);
+    const char* v = reinterpret_cast<const char*>(vb + s * key_stride);
+    for (int64_t byte = 0; byte < width * static_cast<int64_t>(sizeof(Elem)); byte += 64) {
+      _mm_prefetch(k + byte, _MM_HINT_T1);
+      _mm_prefetch(v + byte, _MM_HINT_T1);
+    }
+  }
+}
 
 // kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D.
 template <typename Elem>
-void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
+void attend_rows(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
   const int64_t B = r.B, T = r.T, H = r.H, KVH = r.KVH, D = r.D, S = r.S, start = r.start;
   const int64_t row_stride = S * KVH * D;  // one batch row of keys or values: [S, KVH, D]
   const Elem* vc = kc + Bcap * row_stride;
@@ -433,18 +534,28 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
   const int64_t group = H / KVH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t key_stride = KVH * D;
-  // A work item is a query's G heads that share a KV head, so its keys and values come into the core's cache once
-  // for all G; single heads where that would leave threads idle (a row or two of decode).
-  const int64_t heads_per_item = B * T * KVH >= 2 * omp_get_max_threads() ? group : 1;
-  const int64_t items_per_query = H / heads_per_item;
+  // A work item is a query's heads, so that its row's keys and values come into the core's cache once for all of
+  // them: all H where there are two queries a thread or more (the row's slots then one run of memory), the G heads
+  // that share a KV head where that would leave threads idle, single heads for a row or two of decode.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t heads_per_item = B * T >= 2 * threads ? H : B * T * KVH >= 2 * threads ? group : 1;
+  const int64_t items_per_query = H / heads_per_item, items = B * T * items_per_query;
+  const int64_t item_width = (heads_per_item + group - 1) / group * D;  // the values of a slot an item reads
 #pragma omp parallel
   {
     std::vector<float> scores(S), rounded_q(D);  // (S,) softmax weights of one query
 #pragma omp for schedule(static)  // not dynamic: see csrc/build.py's missing_openmp_entry_points
-    for (int64_t item = 0; item < B * T * items_per_query; ++item) {
+    for (int64_t item = 0; item < items; ++item) {
       const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
       const int64_t lo = first[b], hi = start + t;  // inclusive slot range
+      // the next item's slots next_lo..next_hi, prefetched a share before each of this item's heads
+      const int64_t next_bt = (item + 1) / items_per_query, nb = std::min(next_bt / T, B - 1);
+      const int64_t next_lo = first[nb], next_hi = start + next_bt % T, share = (next_hi - next_lo + heads_per_item) / heads_per_item;
+      const int64_t next_offset = nb * row_stride + (item + 1) % items_per_query * heads_per_item / group * D;
       for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
+        if (const int64_t from = next_lo + h % heads_per_item * share; item + 1 < items) {
+          prefetch_slots(kc + next_offset, vc + next_offset, key_stride, from, std::min(from + share - 1, next_hi), item_width);
+        }
         const float* qv = q + (bt * H + h) * D;
         float* ov = o + bt * H * D + h * D;
         if (lo > hi) {
@@ -461,17 +572,27 @@ void attend_rows(const AttentionRows& r, const Elem* kc, int64_t Bcap) {
         const Elem* kb = kc + b * row_stride + g * D;  // key of slot s at kb + s * key_stride
         const Elem* vb = vc + b * row_stride + g * D;
         float* p = scores.data();
-        const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p);
+        const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p, r.round_bf16);
         float inv = 1.0f / exp_shifted_sum(p + lo, hi - lo + 1, mx);
         if (r.round_bf16) {  // the weights normalised, then rounded, as grpo_attention's are
 #pragma omp simd
           for (int64_t s = lo; s <= hi; ++s) p[s] = grpo::bf16_round(p[s] * inv);
           inv = 1.0f;
         }
-        weighted_values(p, vb, key_stride, lo, hi, D, inv, ov);
+        weighted_values(p, vb, key_stride, lo, hi, D, inv, ov, r.round_bf16);
       }
     }
   }
+}
+
+// A long prefill's queries in blocks through GEMMs where the operators have oneDNN (grpo_attention.cc); a decode
+// step's and a short prefill's one query at a time.
+template <typename Elem>
+void attend(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
+#ifdef GRPO_WITH_DNNL
+  if (grpo::prefill_in_blocks(r, std::is_same_v<Elem, uint16_t>)) return grpo::prefill_attention(r, kc, Bcap);
+#endif
+  attend_rows(r, kc, Bcap);
 }
 
 std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const paddle::Tensor& cache_in,
@@ -506,12 +627,12 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
   const int64_t* first = f_t.data<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     PD_CHECK(first[b] >= 0, op, ": first_slot[", b, "] = ", first[b], " is negative");
-  const AttentionRows rows{q_t.data<float>(), first, out.data<float>(), B, T, H, KVH, D, cd.S, start, round_bf16};
+  const grpo::CacheQueries rows{q_t.data<float>(), first, out.data<float>(), B, T, H, KVH, D, cd.S, start, round_bf16};
   const int64_t layer_offset = static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;  // to its [2, Bcap, S, KVH, D]
   if (c_t.dtype() == paddle::DataType::BFLOAT16) {
-    attend_rows(rows, static_cast<const uint16_t*>(c_t.data()) + layer_offset, cd.Bcap);
+    attend(rows, static_cast<const uint16_t*>(c_t.data()) + layer_offset, cd.Bcap);
   } else {
-    attend_rows(rows, c_t.data<float>() + layer_offset, cd.Bcap);
+    attend(rows, c_t.data<float>() + layer_offset, cd.Bcap);
   }
   return {out};
 }

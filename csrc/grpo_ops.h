@@ -24,6 +24,23 @@ inline std::string shape_str(const std::vector<int64_t>& shape) {
   return os.str();
 }
 
+// grpo_cache_attention's checked inputs and output (grpo_ops.cc), which its prefill path (grpo_attention.cc) reads too.
+struct CacheQueries {
+  const float* q;        // (B, T, H, D)
+  const int64_t* first;  // (B,) each row's first real slot
+  float* out;            // (B, T, H D)
+  int64_t B, T, H, KVH, D, S, start;
+  bool round_bf16;
+};
+
+#ifdef GRPO_WITH_DNNL
+// Whether the queries are a prefill that runs faster in blocks, each block's products through a GEMM, than one query at
+// a time; and that path (grpo_attention.cc). kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D.
+bool prefill_in_blocks(const CacheQueries& r, bool bf16_cache);
+void prefill_attention(const CacheQueries& r, const float* kc, int64_t Bcap);
+void prefill_attention(const CacheQueries& r, const uint16_t* kc, int64_t Bcap);
+#endif
+
 #ifdef GRPO_WITH_CUDA
 // CUDA launchers (grpo_ops.cu). Arguments are already validated; sizes are passed in.
 void add_rms_norm_cuda(const paddle::Tensor& x, const paddle::optional<paddle::Tensor>& residual,

@@ -99,6 +99,13 @@ ATTN_CASES = [  # B, Bcap, T, start, H, KVH, D, S
     (5, 6, 1, 44, 9, 3, 64, 48),  # decode over up to 45 slots: blocks of 16 keys and a tail (SmolLM2's heads)
     (3, 3, 2, 31, 4, 1, 128, 40),  # D = 128, exactly 32 slots for the first query
     (2, 2, 20, 0, 4, 2, 64, 24),  # prefill of 20 tokens
+    # prefills in blocks of 64 queries (grpo::prefill_in_blocks): on bf16 pairs from 64 queries on (a bfloat16 cache
+    # with round_bf16), through sgemm where the last query sees 512 keys or more; one query at a time otherwise
+    (2, 3, 150, 0, 9, 3, 64, 160),  # the last block short (SmolLM2's heads)
+    (3, 3, 65, 5, 4, 2, 48, 72),  # a last block of one query, D = 48
+    (2, 2, 520, 0, 4, 2, 64, 520),  # through sgemm too
+    (2, 2, 96, 430, 4, 2, 64, 530),  # 96 tokens appended after 430 (a later turn)
+    (1, 2, 66, 460, 4, 1, 128, 530),  # D = 128
     (3, 3, 1, 37, 4, 2, 48, 40),  # D without an AVX-512 path
 ]
 
@@ -190,14 +197,17 @@ def cache_attention_case(rng, B, Bcap, T, start, H, KVH, D, S):
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("B,Bcap,T,start,H,KVH,D,S", ATTN_CASES)
 def test_cache_attention(ops, rng, B, Bcap, T, start, H, KVH, D, S, cache_dtype):
-    """Against float64 on the values the cache holds (a bf16 cache's keys and values are its rounded ones)."""
+    """Against float64 on the values the cache holds (a bf16 cache's keys and values are its rounded ones), to fp32's
+    precision of each output's size (P @ |v|): a long prefill's blocks sum over D in sgemm's order (up to 7.4e-6 of the
+    size over 1,800 draws of such cases), one query at a time in a tree of partial sums (2e-6)."""
     cache, q, first = cache_attention_case(rng, B, Bcap, T, start, H, KVH, D, S)
     out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), 1, start).numpy()
     held = bf16_round(cache) if cache_dtype == "bfloat16" else cache
-    ref = cache_attention_reference(q, held, first, start, 1, H // KVH)[0]
+    ref, size, _ = cache_attention_reference(q, held, first, start, 1, H // KVH)
     assert out.shape == (B, T, H * D)
     assert np.isfinite(out).all(), f"NaN/inf in attention output (seed {rng.seed})"
-    close(out, ref.reshape(B, T, H * D), rng, f"attention with first_slot {first.tolist()}")
+    error = np.abs(out.reshape(B, T, H, D) - ref)
+    assert (error <= 2e-5 * size + 1e-6).all(), f"first_slot {first.tolist()}: {(error - 2e-5 * size).max()} (seed {rng.seed})"
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
