@@ -356,14 +356,15 @@ std::vector<paddle::DataType> AttentionDtype(const paddle::DataType&, const padd
 
 
 // ---------------------------------------------------------------------------------------------
-// grpo_cache_attention's prefill (grpo_ops.cc sends a row's queries here from kPrefillBlocked of them on): per (row, KV
-// head) and block of kBlock queries, the block's keys and values come into cache once for the G query heads and each
-// head's products run as two GEMMs, as the training attention's above; one query at a time, a 2,048-token prompt's
-// attention ran at 90 GFLOP/s (bench/RESULTS.md). Query t of row b, in slot start + t, sees the slots first[b] ..
-// start + t; one that sees none gets zeros. The operands are those of one query at a time: with round_bf16 the query
-// and the normalised weights rounded to bf16, the keys and values as the cache holds them. With round_bf16 and a
-// bfloat16 cache (the bf16 engine's) they are all bf16, so the products run on bf16 pairs (grpo_attention_bf16.h) where
-// the operators were built for AVX512-BF16; otherwise through sgemm on float32 (a bfloat16 cache's block widened).
+// grpo_cache_attention's prefill (grpo_ops.cc sends the queries here where grpo::prefill_in_blocks, below, says so):
+// per (row, KV head) and block of kBlock queries, the block's keys and values come into cache once for the G query
+// heads and each head's products run as two GEMMs, as the training attention's above; one query at a time, a
+// 2,048-token prompt's attention ran at 90 GFLOP/s (bench/RESULTS.md). Query t of row b, in slot start + t, sees the
+// slots first[b] .. start + t; one that sees none gets zeros. The operands are those of one query at a time: with
+// round_bf16 the query and the normalised weights rounded to bf16, the keys and values as the cache holds them. With
+// round_bf16 and a bfloat16 cache (the bf16 engine's) they are all bf16, so the products run on bf16 pairs
+// (grpo_attention_bf16.h) where the operators were built for AVX512-BF16; otherwise through sgemm on float32 (a
+// bfloat16 cache's block widened).
 
 // A block's scores (rows, n) over the slots [key0, key0 + n) -> the weights in place: row r (query start + t0 + r) keeps
 // the columns lo .. last + r (lo = first - key0, last = start + t0 - key0), scaled, softmax-normalised and with

@@ -548,12 +548,13 @@ void attend_rows(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
     for (int64_t item = 0; item < items; ++item) {
       const int64_t bt = item / items_per_query, b = bt / T, t = bt % T;
       const int64_t lo = first[b], hi = start + t;  // inclusive slot range
-      // the next item's slots next_lo..next_hi, prefetched a share before each of this item's heads
+      // the next item's slots next_lo..next_hi, prefetched a share before each of this item's heads where it reads
+      // another row (a decode step's items; a prefill's next query reads this one's slots, in cache already)
       const int64_t next_bt = (item + 1) / items_per_query, nb = std::min(next_bt / T, B - 1);
       const int64_t next_lo = first[nb], next_hi = start + next_bt % T, share = (next_hi - next_lo + heads_per_item) / heads_per_item;
       const int64_t next_offset = nb * row_stride + (item + 1) % items_per_query * heads_per_item / group * D;
       for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
-        if (const int64_t from = next_lo + h % heads_per_item * share; item + 1 < items) {
+        if (const int64_t from = next_lo + h % heads_per_item * share; item + 1 < items && nb != b) {
           prefetch_slots(kc + next_offset, vc + next_offset, key_stride, from, std::min(from + share - 1, next_hi), item_width);
         }
         const float* qv = q + (bt * H + h) * D;
