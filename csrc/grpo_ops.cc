@@ -325,33 +325,39 @@ inline __m512 load16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
 }
 
-// N = D / 16 registers per key or value.
-template <int N, typename Elem>
-float key_scores_avx512(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
-  __m512 qv[N];
-  for (int i = 0; i < N; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+// scores[s] = scale * dot(s) for s in lo..hi, where dot(s) is a register whose lanes sum to key s's dot product with
+// the query: 16 keys' registers summed together by lane_sums -> the scores' max.
+template <typename Dot>
+float scores_in_sixteens(Dot dot, int64_t lo, int64_t hi, float scale, float* scores) {
   __m512 block_max = _mm512_set1_ps(kNegInf);
   int64_t s = lo;
   for (; s + 16 <= hi + 1; s += 16) {
     __m512 sums[16];
-    for (int j = 0; j < 16; ++j) {
-      const Elem* key = k + (s + j) * stride;
-      sums[j] = _mm512_mul_ps(qv[0], load16(key));
-      for (int i = 1; i < N; ++i) sums[j] = _mm512_fmadd_ps(qv[i], load16(key + 16 * i), sums[j]);
-    }
+    for (int j = 0; j < 16; ++j) sums[j] = dot(s + j);
     const __m512 block = _mm512_mul_ps(lane_sums(sums), _mm512_set1_ps(scale));
     _mm512_storeu_ps(scores + s, block);
     block_max = _mm512_max_ps(block_max, block);
   }
   float mx = _mm512_reduce_max_ps(block_max);
   for (; s <= hi; ++s) {
-    const Elem* key = k + s * stride;
-    __m512 sum = _mm512_mul_ps(qv[0], load16(key));
-    for (int i = 1; i < N; ++i) sum = _mm512_fmadd_ps(qv[i], load16(key + 16 * i), sum);
-    scores[s] = _mm512_reduce_add_ps(sum) * scale;
+    scores[s] = _mm512_reduce_add_ps(dot(s)) * scale;
     mx = std::max(mx, scores[s]);
   }
   return mx;
+}
+
+// N = D / 16 registers per key or value.
+template <int N, typename Elem>
+float key_scores_avx512(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
+  __m512 qv[N];
+  for (int i = 0; i < N; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+  const auto dot = [&](int64_t s) {
+    const Elem* key = k + s * stride;
+    __m512 sum = _mm512_mul_ps(qv[0], load16(key));
+    for (int i = 1; i < N; ++i) sum = _mm512_fmadd_ps(qv[i], load16(key + 16 * i), sum);
+    return sum;
+  };
+  return scores_in_sixteens(dot, lo, hi, scale, scores);
 }
 
 template <int N, typename Elem>
@@ -384,28 +390,13 @@ template <int NP>
 float key_scores_pairs(const float* q, const uint16_t* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
   __m512bh qv[NP];  // the query rounded to bf16, in order (the second operand fills the low half)
   for (int i = 0; i < NP; ++i) qv[i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 32 * i + 16), _mm512_loadu_ps(q + 32 * i));
-  __m512 block_max = _mm512_set1_ps(kNegInf);
-  int64_t s = lo;
-  for (; s + 16 <= hi + 1; s += 16) {
-    __m512 sums[16];
-    for (int j = 0; j < 16; ++j) {
-      const uint16_t* key = k + (s + j) * stride;
-      sums[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load_pairs(key));
-      for (int i = 1; i < NP; ++i) sums[j] = _mm512_dpbf16_ps(sums[j], qv[i], load_pairs(key + 32 * i));
-    }
-    const __m512 block = _mm512_mul_ps(lane_sums(sums), _mm512_set1_ps(scale));
-    _mm512_storeu_ps(scores + s, block);
-    block_max = _mm512_max_ps(block_max, block);
-  }
-  float mx = _mm512_reduce_max_ps(block_max);
-  for (; s <= hi; ++s) {
+  const auto dot = [&](int64_t s) {
     const uint16_t* key = k + s * stride;
     __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load_pairs(key));
     for (int i = 1; i < NP; ++i) sum = _mm512_dpbf16_ps(sum, qv[i], load_pairs(key + 32 * i));
-    scores[s] = _mm512_reduce_add_ps(sum) * scale;
-    mx = std::max(mx, scores[s]);
-  }
-  return mx;
+    return sum;
+  };
+  return scores_in_sixteens(dot, lo, hi, scale, scores);
 }
 
 // out (D,) = sum over s in lo..hi of p[s] value(s), the weights p bf16 values: two slots a product, their values
