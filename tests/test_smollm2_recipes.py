@@ -24,9 +24,14 @@ RECIPES = {
 }
 SYSTEM_PROMPTS = {"arith": "arith", "gsm8k": "gsm8k", "gsm8k_short": "arith"}  # config/smollm2/<name>_system_prompt.txt
 pytestmark = pytest.mark.real
-# completion tokens in the one-step runs: enough for some of a group's completions to reach a reward the others miss,
-# so that step 1 has a gradient (24 tokens of GSM8K reasoning all end truncated with the same format score)
+# completion tokens in the one-step runs: enough for some of a group's completions to reach a reward the others miss
+# (24 tokens of GSM8K reasoning all end truncated with the same format score)
 ONE_STEP_TOKENS = {"arith": 24, "gsm8k": 96, "gsm8k_short": 48}
+# The untrained model rarely tells a group's completions apart at these lengths: measured over 16 groups of 4, 13 had
+# one reward throughout for arith and gsm8k_short, and about half for gsm8k, so two groups drawn once left step 1
+# without a gradient on some CPUs (whose rounding samples other completions). DAPO's dynamic sampling refills such
+# groups; up to 1 + 24 rounds of 2 groups leave none with signal with a chance of about 0.81 ** 50 = 3e-5.
+RESAMPLE_ROUNDS = 24
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +88,7 @@ def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_p
         "--max_steps", "1", "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "8",
         "--max_dec_len", str(ONE_STEP_TOKENS[recipe]), "--per_device_eval_batch_size", "4", "--save_steps", "1",
         "--warmup_steps", "0",  # the recipes warm up from a learning rate of 0, which would leave step 1's weights alone
+        "--dynamic_sampling", "true", "--max_resample_times", str(RESAMPLE_ROUNDS),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -91,11 +97,14 @@ def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_p
     evals, steps = [m for m in metrics if "eval_accuracy" in m], [m for m in metrics if "reward_mean" in m]
     assert [m["step"] for m in evals] == [0, 1] and evals[0]["eval_samples"] == 4
     assert {f"reward/{name}" for name in config.reward_functions} <= set(steps[0]) and steps[0]["reward_errors"] == 0
+    assert steps[0]["dynamic_sampling/unfilled_groups"] < 2, steps[0]  # at least one group whose rewards differ
     assert steps[0]["grad_norm"] > 0 and steps[0]["response_length_max"] <= ONE_STEP_TOKENS[recipe]
     # every weight moved, by about one AdamW step of the learning rate
     start, trained = load_file(str(smollm2 / "model.safetensors")), load_file(str(tmp_path / "out" / "checkpoint-1" / "model.safetensors"))
     assert start.keys() <= trained.keys()  # with lm_head.weight, which a checkpoint also saves where it is tied
     moved = {name: float(np.abs(trained[name] - start[name]).max()) for name in start}
-    print(f"{recipe}: grad_norm {steps[0]['grad_norm']:.4g}, weights moved by {min(moved.values()):.3g} to {max(moved.values()):.3g}")
+    step = steps[0]
+    print(f"{recipe}: {step['dynamic_sampling/rounds']} refill rounds, grad_norm {step['grad_norm']:.4g}, ", end="")
+    print(f"weights moved by {min(moved.values()):.3g} to {max(moved.values()):.3g}")
     assert min(moved.values()) > 0, [name for name, change in moved.items() if change == 0][:5]
     assert max(moved.values()) < 10 * config.learning_rate, max(moved.values())
