@@ -103,8 +103,9 @@ def test_recipe_trains_and_saves_a_step_of_the_real_model(recipe, smollm2, tmp_p
     start, trained = load_file(str(smollm2 / "model.safetensors")), load_file(str(tmp_path / "out" / "checkpoint-1" / "model.safetensors"))
     assert start.keys() <= trained.keys()  # with lm_head.weight, which a checkpoint also saves where it is tied
     moved = {name: float(np.abs(trained[name] - start[name]).max()) for name in start}
-    step = steps[0]
-    print(f"{recipe}: {step['dynamic_sampling/rounds']} refill rounds, grad_norm {step['grad_norm']:.4g}, ", end="")
-    print(f"weights moved by {min(moved.values()):.3g} to {max(moved.values()):.3g}")
+    print(
+        f"{recipe}: {steps[0]['dynamic_sampling/rounds']} refill rounds, grad_norm {steps[0]['grad_norm']:.4g}, "
+        f"weights moved by {min(moved.values()):.3g} to {max(moved.values()):.3g}"
+    )
     assert min(moved.values()) > 0, [name for name, change in moved.items() if change == 0][:5]
     assert max(moved.values()) < 10 * config.learning_rate, max(moved.values())
