@@ -6,12 +6,15 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
+import alignment
 from alignment.errors import ConfigError
 from alignment.run.config import load_config
 from alignment.run.plugins import load_plugins, plugin_sources
@@ -84,10 +87,14 @@ def test_a_flood_is_stopped_at_the_output_limit_without_reading_it_all():
 
 
 def test_the_host_is_read_only_and_mostly_absent(environment, tmp_path):
+    """Of the host's /etc, /home, /run, /tmp and /var the code sees only what the sandbox binds read-only on purpose
+    (the Python installation, the virtual environment and the package at their own paths, which are under /tmp or /home
+    where the checkout is) and the folders on the way to them; none of its writes reaches the host."""
     target, kept = tmp_path / "escaped.txt", tmp_path / "kept.txt"
     kept.write_text("mine")
+    bound = sorted({os.path.realpath(path) for path in (sys.base_prefix, sys.prefix, os.path.dirname(alignment.__file__))})
     code = f"""
-import os, shutil
+import json, os
 tries = {{}}
 for name, attempt in [
     ("open", lambda: open({str(target)!r}, "w")),
@@ -95,6 +102,7 @@ for name, attempt in [
     ("dir_fd rename", lambda: os.rename("kept.txt", "moved.txt", src_dir_fd=os.open({str(tmp_path)!r}, os.O_RDONLY))),
     ("remove", lambda: os.remove({str(kept)!r})),
     ("write /usr", lambda: open("/usr/grpo-escape", "w")),
+    *[("write " + path, lambda path=path: open(os.path.join(path, "grpo-escape"), "w")) for path in {bound!r}],
     ("read /etc/shadow", lambda: open("/etc/shadow").read()),
     ("read /home", lambda: os.listdir("/home")),
 ]:
@@ -103,11 +111,20 @@ for name, attempt in [
         tries[name] = "done"
     except OSError as error:
         tries[name] = type(error).__name__
-print(sorted(os.listdir("/")), tries)
+seen = []  # every path under the five folders, without descending into the bound ones
+for top in ("/etc", "/home", "/run", "/tmp", "/var"):
+    for folder, folders, files in os.walk(top):
+        seen += [os.path.join(folder, name) for name in folders + files]
+        folders[:] = [name for name in folders if os.path.join(folder, name) not in {bound!r}]
+print(json.dumps({{"tries": tries, "seen": seen[:40], "count": len(seen)}}))  # 40: within the output limit
 """
     answer = python_call(environment, code)
-    assert "done" not in answer, answer
-    assert not {"etc", "home", "run", "tmp", "var"} & set(json.loads(answer.split("] ")[0].replace("'", '"') + "]")), answer
+    assert answer.startswith("{"), answer
+    tries, seen, count = json.loads(answer).values()
+    assert "done" not in tries.values() and len(tries) == 7 + len(bound), tries
+    on_the_way = {str(folder) for path in bound for folder in Path(path).parents}  # the folders bwrap makes to mount them on
+    beyond = sorted(set(seen) - set(bound) - on_the_way)
+    assert not beyond and count == len(seen), f"{count} paths, the host's own besides the binds {bound} and the folders to them: {beyond}"
     assert kept.read_text() == "mine" and not target.exists() and not (tmp_path / "moved.txt").exists()
 
 
