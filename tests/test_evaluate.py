@@ -114,13 +114,16 @@ def test_calculation_steps_choose_the_problems_by_their_marked_steps(tmp_path):
     assert "2 problems of" in done.stdout
 
 
-@pytest.mark.parametrize("case", ["missing model", "no answer column", "unknown reward", "backward step range"])
+@pytest.mark.parametrize("case", ["missing model", "no answer column", "unknown reward", "backward step range", "deep column"])
 def test_bad_input_is_one_line_naming_it(tmp_path, capsys, case):
     data = tmp_path / "questions.jsonl"
     data.write_text(json.dumps({"src": "What is 6 times 7?"}) + "\n")
+    deep = tmp_path / "deep.jsonl"  # an extra column 600 deep parsed, then broke pickling the sample to the scoring pool
+    deep.write_text(json.dumps({"src": "6 times 7?", "tgt": "42"}) + '\n{"src": "1+1?", "tgt": "2", "x": ' + "[" * 600 + "]" * 600 + "}\n")
     args = {
         "missing model": [str(tmp_path / "no-model"), "--data", DATA],
         "no answer column": ["data/tiny-qwen2", "--data", str(data)],
+        "deep column": ["data/tiny-qwen2", "--data", str(deep), "--max_dec_len", "4"],
         "unknown reward": ["data/tiny-qwen2", "--data", DATA, "--reward_funcs", "acuracy"],
         "backward step range": ["data/tiny-qwen2", "--data", DATA, "--calculation_steps", "3-1"],
     }[case]
@@ -131,6 +134,7 @@ def test_bad_input_is_one_line_naming_it(tmp_path, capsys, case):
         "no answer column": f"evaluate: error: {data}: no row has a usable reference in any column",
         "unknown reward": "evaluate: error: reward_functions / accuracy_function: unknown reward function 'acuracy'. Did you mean",
         "backward step range": "evaluate: error: calculation_steps = '3-1': the range runs backwards (3 > 1)",
+        "deep column": f"evaluate: error: {deep}:2: arrays or objects nested 601 deep; a row may nest at most 64 (MAX_JSON_DEPTH)",
     }[case]
     assert line.startswith(expected)
     assert not (tmp_path / "eval").exists()

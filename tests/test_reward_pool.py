@@ -62,6 +62,18 @@ def test_a_hanging_item_fails_alone_within_the_time_limit_and_the_others_are_sco
     assert score(["fine"] * 3, [{}] * 3).totals == [1.0] * 3  # the hung workers were replaced
 
 
+def test_a_sample_too_deep_to_send_fails_alone_and_the_others_are_scored():
+    """Rows and tool calls are bounded where they are read; a sample nested deeper still (from a plugin environment,
+    say) gets its error instead of failing the batch while it is pickled for a worker (600 levels raised)."""
+    score = build_scorer(config("--reward_functions", "format", "--reward_function_weights", "1.0"))
+    deep = {"answer": "1", "tool_calls": []}
+    for _ in range(600):
+        deep["tool_calls"] = [deep["tool_calls"]]
+    table = score(["<think>a</think><answer>1</answer>", "fine", "x"], [{"answer": "1"}, deep, {"answer": "1"}])
+    assert table.totals == [1.0, None, 0.0]
+    assert table.errors == [None, "the sample nests more than 72 levels deep (MAX_SAMPLE_DEPTH); it was not scored", None]
+
+
 def test_the_workers_end_when_the_scorer_is_dropped():
     before = children()
     score = build_scorer(config("--reward_functions", "format", "--reward_function_weights", "1.0"))

@@ -2,6 +2,7 @@
 environment answering calls of built-in and plugin tools, including the ones that fail."""
 
 import json
+import pickle
 import time
 from pathlib import Path
 
@@ -137,17 +138,39 @@ def test_a_failing_call_is_answered_with_its_error_and_counted(environment, turn
     assert time.monotonic() - started < 60  # a hang costs the time limit (not 300 s), a flood does not wait for 10 MB
 
 
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
 @pytest.mark.parametrize(
     "body, error",
     [
-        ("[" * 1500, "the tool call's JSON is nested too deeply"),
-        ('{"name": "add", "arguments": {"a": ' + "7" * 4301 + ', "b": 1}}',
-         "the tool call's JSON holds a number that cannot be read (Exceeds the limit (4300 digits)"),
+        ("[" * 1500, "the tool call nests arrays or objects 1500 deep; at most 64 are read"),
+        ('{"name": "calculator", "arguments": {"a": ' + "7" * 4301 + ', "b": 1}}',
+         "the tool call holds a number that cannot be read (Exceeds the limit (4300 digits)"),
+        # Arguments written as a JSON string are parsed again, under the same bounds (the second parse raised).
+        (json.dumps({"name": "calculator", "arguments": nested(3000)}),
+         "the \"arguments\" string of tool call 'calculator' nests arrays or objects 3000 deep; at most 64 are read"),
+        (json.dumps({"name": "calculator", "arguments": '{"a": ' + "7" * 5000 + ', "b": 1}'}),
+         "the \"arguments\" string of tool call 'calculator' holds a number that cannot be read (Exceeds the limit (4300 digits)"),
+        (json.dumps({"name": "calculator", "arguments": "{a"}),
+         "the \"arguments\" string of tool call 'calculator' is not valid JSON (Expecting property name enclosed in double quotes"),
+        # Parsed without error, then too deep for what follows (pickling the sample to the scoring pool raised).
+        (json.dumps({"name": "calculator", "arguments": {"a": json.loads(nested(600)), "b": 1}}),
+         "the tool call nests arrays or objects 602 deep; at most 64 are read"),
+        (json.dumps({"name": "python", "arguments": {"code": "#" * 100_000}}),
+         "the tool call is 100,045 characters long; at most 100,000 are read"),
     ],
 )
-def test_a_call_that_breaks_the_json_parser_is_answered_not_raised(environment, body, error):
-    (reply,), (episode,) = answers(environment, f"<tool_call>{body}</tool_call>")
-    assert len(reply) == 1 and reply[0].startswith(f"error: {error}") and episode.calls[0].error is not None
+def test_a_call_that_breaks_the_json_parser_or_its_bounds_is_answered_not_raised(body, error):
+    """Through done and reply as a run asks them: each is one error the model reads, nothing raised."""
+    environment = get_environment("tools").factory(ToolSettings(tools=("calculator", "python"), limits=SandboxLimits()))
+    turn = Episode(sample={}, turns=[f"<tool_call>{body}</tool_call>"])
+    assert not environment.done(turn)
+    (reply,) = environment.reply([turn])
+    assert len(reply) == 1 and reply[0]["content"].startswith(f"error: {error}"), reply
+    assert len(turn.calls) == 1 and turn.calls[0].error is not None and len(reply[0]["content"]) < 300
+    pickle.dumps({"tool_calls": [call.as_dict() for call in turn.calls]})  # what the scoring pool sends is shallow
 
 
 def test_a_turn_runs_at_most_max_tool_calls_per_turn_calls(environment):

@@ -13,6 +13,10 @@ its unstarted items an error, and the workers still scoring its items are killed
 
 Plugins are executed from the text the parent read (alignment/run/plugins.py), in every worker,
 replacements included: an edited or deleted plugin file changes nothing while the pool runs.
+
+Messages are pickled: the workers are this process's own children on a socket pair it made, no other
+process can write to it, and what a client sent the reward server arrives parsed from JSON. Pickling
+recurses once a level, so a sample nested past MAX_SAMPLE_DEPTH gets an error and is not sent.
 """
 
 import asyncio
@@ -32,6 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from alignment.rewards import RewardSettings, ScoreTable, available_rewards, score_completions
+from alignment.run.data import MAX_JSON_DEPTH
 from alignment.run.plugins import PluginSource, load_plugin_sources
 
 # Large enough that IPC is a small part of the cost (an item scores in ~30 us), small enough that a
@@ -41,6 +46,9 @@ MAX_CHUNK_CHARS = 256_000
 START_TIMEOUT_S = 60.0  # a worker imports the rewards (sympy, math-verify: ~0.3 s) and runs the plugins
 STOP_TIMEOUT_S = 5.0
 TICK_S = 0.1  # how often a busy worker's thread checks whether its job has ended
+# A sample holds JSON read under MAX_JSON_DEPTH (dataset rows, tool calls) a few levels down (sample -> tool_calls ->
+# call -> arguments); pickling recurses about twice a level and failed at 600 under Python's limit of 1,000 frames.
+MAX_SAMPLE_DEPTH = MAX_JSON_DEPTH + 8
 
 # (weighted total, one value per function, error): None where the item could not be scored
 ItemResult = tuple[float | None, tuple[float | None, ...], str | None]
@@ -158,6 +166,7 @@ class Job:
     completions: list[str]
     samples: list[Mapping]
     results: list[ItemResult | None]
+    refused: dict[int, str] = field(default_factory=dict)  # the batch's items never sent (by index in the batch): errors
     done: Future = field(default_factory=Future)  # resolved (None) once every item has a result
     started: int = 0  # items handed to workers so far (they are handed out in order)
     running: int = 0  # chunks being scored
@@ -166,7 +175,20 @@ class Job:
     def table(self) -> ScoreTable:
         """Waits until every item has a result; raises what made the job fail (a worker that cannot start)."""
         self.done.result()
-        return _table(self.names, self.results)
+        sent, empty = iter(self.results), (None,) * len(self.names)
+        items = range(len(self.results) + len(self.refused))
+        return _table(self.names, [(None, empty, self.refused[i]) if i in self.refused else next(sent) for i in items])
+
+
+def _deeper_than(value, most: int) -> bool:
+    """Whether `value` nests dicts, lists and tuples more than `most` deep; walked a level at a time, not recursively."""
+    level = [value]
+    for _ in range(most + 1):
+        containers = [item for item in level if isinstance(item, (dict, list, tuple))]
+        if not containers:
+            return False
+        level = [child for item in containers for child in (item.values() if isinstance(item, dict) else item)]
+    return True
 
 
 def _table(names: list[str], results: list[ItemResult]) -> ScoreTable:
@@ -237,7 +259,12 @@ class ScoringPool:
         score_completions([], [], names, weights)  # the same name and weight checks as in-process scoring
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
-        job = Job(names, weights, settings, completions, samples, [None] * len(completions))
+        refused = {i: f"the sample nests more than {MAX_SAMPLE_DEPTH} levels deep (MAX_SAMPLE_DEPTH); it was not scored"
+                   for i, sample in enumerate(samples) if _deeper_than(sample, MAX_SAMPLE_DEPTH)}
+        if refused:
+            completions = [c for i, c in enumerate(completions) if i not in refused]
+            samples = [s for i, s in enumerate(samples) if i not in refused]
+        job = Job(names, weights, settings, completions, samples, [None] * len(completions), refused)
         if not completions:
             job.done.set_result(None)
             return job
