@@ -8,7 +8,9 @@ input, a line of a text file, or a row of a .jsonl dataset (any layout the train
 answer follows the model's. Prompts that are not typed are shown above their answers. The chat
 template is the folder's tokenizer's; the system prompt, the sampling settings, the tools and the engine are
 those of the run that wrote the checkpoint (its grpo_config.json), or of --config's file (a grpo_argument.json:
-for a model folder that no run wrote, such as data/tiny-qwen2-tools), each overridable by a flag. A LoRA
+for a model folder that no run wrote, such as data/tiny-qwen2-tools), each overridable by a flag. A folder's
+grpo_config.json never imports code, names a server or loosens the tools' isolation or limits: those come from
+--config's file, and one line names what a folder set and was ignored. A LoRA
 checkpoint answers with its adapter merged into the run's base model (actor_model_name_or_path). With tools (or
 an environment) it answers as a run trains: the template lists the tools, each call is run in its sandbox and
 answered, and the model goes on, up to max_turns; the turns are printed once the episode ends, each call with
@@ -63,7 +65,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--prompts", help="a text file (one prompt per line) or a .jsonl dataset; default: standard input")
     parser.add_argument("--greedy", action="store_true", help="take the most likely token (evaluation's decoding) instead of sampling")
     parser.add_argument("--use_fusemt", type=json.loads, choices=[True, False], help="true / false: the fused or the eager engine")
-    parser.add_argument("--config", help="a grpo_argument.json whose settings apply to a folder no run wrote (no grpo_config.json)")
+    parser.add_argument("--config", help="a grpo_argument.json whose settings apply to a folder no run wrote (no grpo_config.json); "
+                        "its plugins and tool limits apply to any folder (a model folder may not set those)")
     parser.add_argument("--tools", nargs="*", help="the tools the model may call (--tools alone: none); default: the training run's")
     for name, kind in OVERRIDES.items():
         parser.add_argument(f"--{name}", type=kind, help=f"default: the training run's {name}")

@@ -3,12 +3,14 @@
     python -m alignment.evaluate output/smollm2-arith/checkpoint-32 models/SmolLM2-135M-Instruct --data data/arith_one_step/test.jsonl
     python -m alignment.evaluate MODEL.gguf --data test.jsonl --n 8 --temperature 0.6 --limit 100
 
-MODEL is a run's checkpoint folder (its grpo_config.json brings the run's system prompt, chat template, reward functions,
-data keys, max_dec_len, sampling settings and tools), a Hugging Face-layout folder (the trainer's defaults, or --config's
-run file), a LoRA checkpoint (its adapter merged into the run's base model) or a .gguf (imported once into --gguf_cache).
-Flags override each model's settings. Every problem is decoded greedily (accuracy: the accuracy function's value > 0, as
-in training's evaluation); --n K adds K samples per problem at the temperature for mean@K and pass@k. Each figure comes
-with a 95% confidence interval; with two or more models, each is compared with the first on the same problems (the paired
+MODEL is a run's checkpoint folder (its grpo_config.json brings the run's system prompt, chat template, reward
+functions, data keys, max_dec_len, sampling settings and tools), a Hugging Face-layout folder (the trainer's defaults,
+or --config's run file), a LoRA checkpoint (its adapter merged into the run's base model) or a .gguf (imported once
+into --gguf_cache). A model folder is data: its grpo_config.json never imports code, names a reward server or loosens
+the tools' isolation or limits (one line names what was ignored); those come from --config's file. Flags override each
+model's settings. Every problem is decoded greedily (accuracy: the accuracy function's value > 0, as in training's
+evaluation); --n K adds K samples per problem at the temperature for mean@K and pass@k. Each figure comes with a 95%
+confidence interval; with two or more models, each is compared with the first on the same problems (the paired
 difference of greedy accuracy, Newcombe's interval, and the exact McNemar test). Per-problem records go to
 OUTPUT/records.jsonl, the summary to OUTPUT/summary.json and the console. Bad input exits 2 with one line naming it.
 """
@@ -65,7 +67,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=32, help="problems decoded together (default 32)")
     parser.add_argument("--seed", type=int, default=42, help="the samples' random seed, the same for every model (default 42)")
     parser.add_argument("--output", help="folder for records.jsonl and summary.json (default: eval/<data folder>/<data file name>)")
-    parser.add_argument("--config", help="a run's grpo_argument.json whose settings apply to models without a grpo_config.json")
+    parser.add_argument("--config", help="a run's grpo_argument.json whose settings apply to models without a grpo_config.json, and whose "
+                        "plugins, reward server and tool limits apply to every model (a model folder may not set those)")
     parser.add_argument("--gguf_cache", default="eval/imported",
                         help="where a .gguf is imported, reused while unchanged (default eval/imported)")
     parser.add_argument("--reward_funcs", nargs="+", help="reward functions of the registry, weight 1 each; the first also decides "

@@ -1,8 +1,16 @@
 """A model as python -m alignment.chat and python -m alignment.evaluate are given one: a run's checkpoint folder (its
 grpo_config.json holds the run's settings), a Hugging Face-layout folder, a LoRA checkpoint (its adapter merged into
 the run's base model), or a .gguf file (imported once into a cache folder and reused while the file is unchanged,
-as the trainer does with <output_dir>/imported)."""
+as the trainer does with <output_dir>/imported).
 
+A model folder is data, not settings to trust (docs/security.md): one downloaded from someone else may hold any
+grpo_config.json. Its settings never import code, name a server, or loosen the tools' isolation or limits: those keys
+come only from the user's own --config file (or a flag), and a folder that sets them is used with the rest of its
+settings and one line naming what was ignored."""
+
+import dataclasses
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -13,8 +21,23 @@ from alignment.merge_lora import base_model_of
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.models.modeling import load_causal_lm
 from alignment.run.checks import names_gguf
-from alignment.run.config import KEYS, read_json_config
+from alignment.run.config import KEYS, GRPOConfig, read_json_config
 from alignment.run.output_folders import run_settings
+from alignment.run.plugins import load_plugins
+
+# Keys a model folder's grpo_config.json may not set: they import code (external_plugins), send the evaluation's data
+# and the user's key elsewhere (the reward server's), turn the tools' sandbox off, or matter only to a training run and
+# reach the network or trust pickle there (report_to, trust_pickled_checkpoint).
+USERS_ONLY = (
+    "external_plugins", "use_rm_server", "reward_server", "reward_server_protocol", "reward_server_timeout",
+    "reward_server_retries", "reward_server_api_key", "tool_isolation", "report_to", "trust_pickled_checkpoint",
+)
+# Limits a model folder may tighten, never loosen: its value is kept where it is at most the default
+LIMITS = (
+    "tool_timeout", "tool_memory_mb", "tool_output_bytes", "tool_disk_mb", "tool_processes", "tool_workers", "max_tool_calls_per_turn",
+    "reward_item_timeout",
+)
+SECRET_PLACEHOLDERS = ("set", "unset")  # what grpo_config.json holds for a secret (GRPOConfig.to_json)
 
 
 def is_lora(folder: Path) -> bool:
@@ -42,18 +65,88 @@ def model_folder(path: str, gguf_cache: Optional[Path] = None) -> Path:
 
 
 def saved_settings(folder: Path, config_file: Optional[str] = None) -> tuple:
-    """-> (the settings of the run behind folder, where they come from): its grpo_config.json (a run's checkpoint), else
-    config_file's (a grpo_argument.json), else none (the trainer's defaults). Keys this version does not know (a run
-    of another version) are left out."""
+    """-> (the settings of the run behind folder, where they come from): its grpo_config.json (a run's checkpoint)
+    without what a model folder may not set, with config_file's values of those keys; else config_file's (a
+    grpo_argument.json); else none (the trainer's defaults). Keys this version does not know (a run of another
+    version) are left out."""
+    try:
+        users = read_json_config(config_file) if config_file else {}
+    except ConfigError as e:
+        raise ConfigError(f"--config: {e}") from None
     trained = run_settings(folder)
-    if trained:
-        return {key: value for key, value in trained.items() if key in KEYS}, str(folder / "grpo_config.json")
-    if config_file:
-        try:
-            return read_json_config(config_file), config_file
-        except ConfigError as e:
-            raise ConfigError(f"--config: {e}") from None
-    return {}, "the trainer's defaults (no grpo_config.json in the folder)"
+    if not trained:
+        return users, config_file or "the trainer's defaults (no grpo_config.json in the folder)"
+    source = str(folder / "grpo_config.json")
+    settings, ignored = harmless_settings({key: value for key, value in trained.items() if key in KEYS})
+    settings |= {key: value for key, value in users.items() if key in USERS_ONLY + LIMITS}
+    ignored = [f"{key} = {json.dumps(value)[:80]}" for key, value in ignored.items() if key not in users] + unregistered_names(settings)
+    if ignored:
+        print(f"{source}: ignored {'; '.join(ignored)}: a model folder's settings may not import code, name a server, or loosen "
+              "the tools' isolation or limits; to use them, put them in your own grpo_argument.json and pass it with --config",
+              file=sys.stderr, flush=True)
+    return settings, source
+
+
+def harmless_settings(settings: dict) -> tuple:
+    """A model folder's settings -> (those without USERS_ONLY keys, LIMITS above their defaults, and a system prompt or
+    chat template that names a file rather than holding its text; {key: value} of those left out that mattered})."""
+    defaults, kept, ignored = dataclasses.asdict(GRPOConfig()), {}, {}
+    for key, value in settings.items():
+        looser = key in LIMITS and isinstance(value, (int, float)) and value > defaults[key]
+        names_file = key in ("system_prompt", "chat_template") and isinstance(value, str) and len(value) < 4096 and is_file(value)
+        if key in USERS_ONLY or looser or names_file:
+            if value != defaults[key] and not (key == "reward_server_api_key" and value in SECRET_PLACEHOLDERS):
+                ignored[key] = value
+        else:
+            kept[key] = value
+    return kept, ignored
+
+
+def unregistered_names(settings: dict) -> list:
+    """Leaves out of settings (in place) the tools, environment and reward functions that neither this package nor the
+    user's external_plugins register (a model folder's run may have had plugins of its own) -> ["key = value" for each]."""
+    from alignment.rewards import REWARD_MODEL, get_reward
+    from alignment.tools import get_environment, get_tool
+
+    try:
+        load_plugins(settings.get("external_plugins", []))
+    except (OSError, ImportError, ValueError) as e:  # ValueError: a path with a NUL byte
+        raise ConfigError(f"external_plugins: {e}") from None
+    ignored = []
+    for key, lookup in (("tools", get_tool), ("environment", get_environment), ("reward_functions", get_reward),
+                        ("accuracy_function", get_reward)):
+        names = settings.get(key)
+        listed = names if isinstance(names, list) else [names] if isinstance(names, str) else []
+        unknown = [name for name in listed if name != REWARD_MODEL and not registered(lookup, name)]
+        if not unknown:
+            continue
+        ignored.append(f"{key} {json.dumps(unknown)[:80]} (not registered here)")
+        if key == "reward_functions":
+            weights = settings.pop("reward_function_weights", None) or [1.0] * len(names)
+            kept = [(name, weight) for name, weight in zip(names, weights) if name not in unknown]
+            settings |= {"reward_functions": [name for name, _ in kept], "reward_function_weights": [weight for _, weight in kept]}
+            if not kept:  # none left: the trainer's defaults
+                del settings["reward_functions"], settings["reward_function_weights"]
+        elif key == "tools":
+            settings[key] = [name for name in names if name not in unknown]
+        else:
+            del settings[key]
+    return ignored
+
+
+def registered(lookup, name: str) -> bool:
+    try:
+        lookup(name)
+    except ValueError:
+        return False
+    return True
+
+
+def is_file(value: str) -> bool:
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):  # a name the system refuses (too long, a NUL byte)
+        return False
 
 
 def load_model(folder: Path):
