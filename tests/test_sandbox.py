@@ -104,7 +104,6 @@ for name, attempt in [
     ("write /usr", lambda: open("/usr/grpo-escape", "w")),
     *[("write " + path, lambda path=path: open(os.path.join(path, "grpo-escape"), "w")) for path in {bound!r}],
     ("read /etc/shadow", lambda: open("/etc/shadow").read()),
-    ("read /home", lambda: os.listdir("/home")),
 ]:
     try:
         attempt()
@@ -121,7 +120,7 @@ print(json.dumps({{"tries": tries, "seen": seen[:40], "count": len(seen)}}))  # 
     answer = python_call(environment, code)
     assert answer.startswith("{"), answer
     tries, seen, count = json.loads(answer).values()
-    assert "done" not in tries.values() and len(tries) == 7 + len(bound), tries
+    assert "done" not in tries.values() and len(tries) == 6 + len(bound), tries
     on_the_way = {str(folder) for path in bound for folder in Path(path).parents}  # the folders bwrap makes to mount them on
     beyond = sorted(set(seen) - set(bound) - on_the_way)
     assert not beyond and count == len(seen), f"{count} paths, the host's own besides the binds {bound} and the folders to them: {beyond}"
