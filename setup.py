@@ -32,6 +32,9 @@ INSTALL_REQUIRES = [
     # GGUF files (llama.cpp, Ollama) in: alignment/gguf.py reads and dequantizes them with llama.cpp's own Python
     # package (numpy only); 0.19.0 is the version its dequantization was checked against ggml's definitions with.
     "gguf==0.19.0",
+    # The tools' sandbox (alignment/tools/sandbox.py) compiles its seccomp filter with libseccomp through these ctypes
+    # bindings: the system's libseccomp.so.2 (Debian's libseccomp2, which systemd needs too), nothing to build; 0.1.2 tested.
+    "pyseccomp==0.1.2",
 ]
 
 # The documentation site (make docs): mkdocs with the Material theme, the newest versions tested.

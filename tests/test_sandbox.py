@@ -2,6 +2,7 @@
 by bubblewrap, each limit reached for real, and hostile code, run through the tools environment as a run runs it,
 trying the ways out that an audit hook did not stop (the ones found against the last version, and more)."""
 
+import ast
 import json
 import os
 import socket
@@ -13,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from pyseccomp import Arch, resolve_syscall
 
 import alignment
 from alignment.errors import ConfigError
@@ -23,6 +25,10 @@ from alignment.tools.sandbox import SandboxLimits, call_in_sandbox, isolation_mi
 
 LIMITS = SandboxLimits(seconds=2.0, memory_mb=256, output_bytes=4096, file_mb=16, disk_mb=24, processes=8)
 PLUGINS = "tests/plugins/tool_plugins.py"
+# system calls a tool never needs, which the sandbox's seccomp filter refuses (io_uring: a large kernel surface)
+REFUSED = ("mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "clone", "ptrace", "process_vm_writev", "kexec_load",
+           "kexec_file_load", "bpf", "keyctl", "add_key", "request_key", "perf_event_open", "init_module", "finit_module",
+           "delete_module", "swapon", "swapoff", "reboot", "userfaultfd", "open_by_handle_at", "io_uring_setup")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,6 +133,56 @@ print(json.dumps({{"tries": tries, "seen": seen[:40], "count": len(seen)}}))  # 
     assert kept.read_text() == "mine" and not target.exists() and not (tmp_path / "moved.txt").exists()
 
 
+def test_as_root_or_not_the_code_holds_no_privilege_on_the_host(environment):
+    # the escape found as root: the sandbox's nobody was the host's uid 0 and /proc/sys was writable, so the model's
+    # code could set kernel.core_pattern to a pipe that the kernel runs as root outside every namespace. Here the
+    # write puts back the value it read (harmless), the uid the code has on the host is read from its own uid_map, and
+    # each call a tool never needs is made with null arguments (unfiltered, several succeed: unshare, ptrace, io_uring)
+    numbers = {name: resolve_syscall(Arch.NATIVE, name) for name in REFUSED}
+    code = f"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+def on_host(inside, table):
+    for start, outside, count in (map(int, line.split()) for line in open(table)):
+        if start <= inside < start + count:
+            return outside + inside - start
+def attempt(action):
+    try:
+        action(); return "done"
+    except OSError as error:
+        return errno.errorcode[error.errno]
+def write_back(path):
+    value = open(path).read()
+    with open(path, "w") as sysctl:
+        sysctl.write(value)
+def call(number, *arguments):  # -> "done" or the errno's name
+    result = libc.syscall(number, *arguments, *[0] * (5 - len(arguments)))
+    if result == 0 and number == {numbers["clone"]}:  # the child of a clone that went through
+        os._exit(0)
+    return "done" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+io_uring_params = ctypes.create_string_buffer(120)
+print({{
+    "host uids": [on_host(int(uid), "/proc/self/uid_map") for uid in status["Uid"].split()],  # real, effective, saved, fs
+    "host gids": [on_host(int(gid), "/proc/self/gid_map") for gid in status["Gid"].split()], "groups": os.getgroups(),
+    **{{key: status[key].strip() for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")}},
+    "core_pattern": attempt(lambda: write_back("/proc/sys/kernel/core_pattern")),
+    "sysrq-trigger": attempt(lambda: open("/proc/sysrq-trigger", "w")),
+    "unshare a user namespace": call({numbers["unshare"]}, 0x10000000),
+    "clone into a user namespace": call({numbers["clone"]}, 0x10000000 | 17),
+    "io_uring_setup": call({numbers["io_uring_setup"]}, 1, ctypes.byref(io_uring_params)),
+    **{{name: call(number) for name, number in {numbers!r}.items() if name not in ("clone", "io_uring_setup")}},
+}})
+"""
+    answer = ast.literal_eval(python_call(environment, code))
+    assert not {0, None} & {*answer["host uids"], *answer["host gids"], *answer["groups"]}, answer  # no id of root's, none unmapped
+    assert {answer[key] for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {"0000000000000000"}, answer
+    assert (answer["NoNewPrivs"], answer["Seccomp"]) == ("1", "2"), answer
+    assert answer["core_pattern"] in ("EROFS", "EACCES") and answer["sysrq-trigger"] in ("EROFS", "EACCES", "ENOENT"), answer
+    refused = [name for name in answer if name in REFUSED or name.startswith(("unshare ", "clone "))]
+    assert {answer[name] for name in refused} == {"EPERM"}, answer  # the seccomp filter's answer to each
+
+
 def test_no_network_no_unix_socket_of_the_host(environment, tmp_path):
     path, abstract = tmp_path / "host.sock", f"\0grpo-test-{uuid.uuid4().hex}"
     servers = []
@@ -184,7 +240,12 @@ def test_the_environment_is_empty_and_no_process_shows_another(environment, monk
     monkeypatch.setenv("GRPO_REWARD_SERVER_API_KEY", "do-not-leak")
     code = """
 import os
-found = [p for p in os.listdir("/proc") if p.isdigit() and b"do-not-leak" in open(f"/proc/{p}/environ", "rb").read()]
+def environ(pid):  # as root, the namespace's init is bubblewrap's, the host's uid 0: nobody may not read it
+    try:
+        return open(f"/proc/{pid}/environ", "rb").read()
+    except PermissionError:
+        return b""
+found = [p for p in os.listdir("/proc") if p.isdigit() and b"do-not-leak" in environ(p)]
 print(sorted(os.environ), found)
 """
     answer = python_call(environment, code)
@@ -206,6 +267,73 @@ except OSError as error:
     answer = python_call(environment, code)
     assert answer.startswith("stopped after "), answer
     assert int(answer.split()[2].rstrip(":")) < LIMITS.processes, answer
+
+
+def test_every_writable_place_is_bounded():
+    # the last version bounded its folder, but / and anything made in it (/tmp) and /dev/shm were tmpfs without a size
+    code = """
+import errno, os
+outcome = {}
+for place in ("/sandbox", "/tmp", "/dev/shm", "/", "/dev", "/new"):
+    try:
+        os.makedirs(place, exist_ok=True)
+        for i in range(5):  # 50 MB in files of 10 (file_mb is 16)
+            with open(os.path.join(place, f"filler{i}"), "wb") as filler:
+                filler.write(b"x" * 10 * 2**20)
+        outcome[place] = "done"
+    except OSError as error:
+        outcome[place] = errno.errorcode[error.errno]
+    for name in [name for name in os.listdir(place) if name.startswith("filler")] if os.path.isdir(place) else []:
+        os.remove(os.path.join(place, name))
+print(outcome)
+"""
+    outcome = ast.literal_eval(run_python(code, LIMITS).stdout)  # disk_mb 24
+    assert [outcome[place] for place in ("/sandbox", "/dev/shm")] == ["ENOSPC"] * 2, outcome
+    # /tmp: the private folder, or read-only where the checkout is under /tmp (its bound paths are there)
+    assert {outcome[place] for place in ("/tmp", "/", "/dev", "/new")} <= {"EROFS", "EACCES", "ENOSPC"}, outcome
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="as a user a call's memory and CPU are bounded per process only (docs/security.md)")
+
+
+@ROOT_ONLY
+def test_memory_is_bounded_for_the_call_as_a_whole():
+    # the last version's tool_memory_mb was each process's address space: 8 processes x 400 MB passed under 512 MB
+    code = """
+import os, time
+children = []
+for _ in range(8):
+    if (pid := os.fork()) == 0:
+        block = bytearray(b"x") * (400 * 2**20)  # every page written
+        time.sleep(2)
+        os._exit(0)
+    children.append(pid)
+print(sorted(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children))
+"""
+    result = run_python(code, SandboxLimits(seconds=20, memory_mb=512, disk_mb=24))
+    exits = json.loads(result.stdout)
+    assert exits.count(0) <= 1 and set(exits) <= {0, -9} and result.out_of_memory, result  # the rest killed by the call's limit
+
+
+@ROOT_ONLY
+def test_a_call_uses_one_core_at_most():
+    # the last version let one call keep both cores busy
+    code = """
+import os, time
+until = time.monotonic() + 2
+children = []
+for _ in range(2):
+    if (pid := os.fork()) == 0:
+        while time.monotonic() < until:
+            pass
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print((os.times().children_user + os.times().children_system) / 2)  # the cores the two used over their 2 s
+"""
+    cores = float(run_python(code, SandboxLimits(seconds=20, processes=8)).stdout)
+    assert cores < 1.2, cores
 
 
 def test_a_plugin_tool_runs_in_the_sandbox_and_its_prints_are_not_its_answer():
