@@ -133,20 +133,32 @@ print(json.dumps({{"tries": tries, "seen": seen[:40], "count": len(seen)}}))  # 
     assert kept.read_text() == "mine" and not target.exists() and not (tmp_path / "moved.txt").exists()
 
 
+def host_status(name: str, call: threading.Thread) -> dict:
+    """/proc/PID/status, as this process sees it, of the first process named `name` to appear while `call` runs."""
+    while call.is_alive():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if open(f"/proc/{pid}/comm").read().strip() == name:
+                    return dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
+            except OSError:  # gone meanwhile
+                pass
+        time.sleep(0.005)
+    return {}
+
+
 def test_as_root_or_not_the_code_holds_no_privilege_on_the_host(environment):
     # the escape found as root: the sandbox's nobody was the host's uid 0 and /proc/sys was writable, so the model's
     # code could set kernel.core_pattern to a pipe that the kernel runs as root outside every namespace. Here the
-    # write puts back the value it read (harmless), the uid the code has on the host is read from its own uid_map, and
-    # each call a tool never needs is made with null arguments (unfiltered, several succeed: unshare, ptrace, io_uring)
-    numbers = {name: resolve_syscall(Arch.NATIVE, name) for name in REFUSED}
+    # write puts back the value it read (harmless); each call a tool never needs is made with null arguments
+    # (unfiltered, several succeed: unshare, ptrace, io_uring); and the ids the code has on the host are read from the
+    # host's /proc while it waits under a name of its own (inside, a nested user namespace hides them)
+    numbers, name = {name: resolve_syscall(Arch.NATIVE, name) for name in REFUSED}, f"grpo{uuid.uuid4().hex[:11]}"
     code = f"""
-import ctypes, errno, os
+import ctypes, errno, os, time
 libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(15, {name.encode()!r})  # PR_SET_NAME
+time.sleep(0.5)
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
-def on_host(inside, table):
-    for start, outside, count in (map(int, line.split()) for line in open(table)):
-        if start <= inside < start + count:
-            return outside + inside - start
 def attempt(action):
     try:
         action(); return "done"
@@ -163,8 +175,6 @@ def call(number, *arguments):  # -> "done" or the errno's name
     return "done" if result >= 0 else errno.errorcode[ctypes.get_errno()]
 io_uring_params = ctypes.create_string_buffer(120)
 print({{
-    "host uids": [on_host(int(uid), "/proc/self/uid_map") for uid in status["Uid"].split()],  # real, effective, saved, fs
-    "host gids": [on_host(int(gid), "/proc/self/gid_map") for gid in status["Gid"].split()], "groups": os.getgroups(),
     **{{key: status[key].strip() for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")}},
     "core_pattern": attempt(lambda: write_back("/proc/sys/kernel/core_pattern")),
     "sysrq-trigger": attempt(lambda: open("/proc/sysrq-trigger", "w")),
@@ -174,8 +184,15 @@ print({{
     **{{name: call(number) for name, number in {numbers!r}.items() if name not in ("clone", "io_uring_setup")}},
 }})
 """
-    answer = ast.literal_eval(python_call(environment, code))
-    assert not {0, None} & {*answer["host uids"], *answer["host gids"], *answer["groups"]}, answer  # no id of root's, none unmapped
+    answers = []
+    call = threading.Thread(target=lambda: answers.append(python_call(environment, code)))
+    call.start()
+    host = host_status(name, call)
+    call.join()
+    answer = ast.literal_eval(answers[0])
+    assert host, f"no process named {name} appeared: {answer}"
+    ids = {int(i) for key in ("Uid", "Gid", "Groups") for i in host[key].split()}  # real, effective, saved, fs; supplementary
+    assert 0 not in ids and (os.geteuid() == 0 or ids == {os.geteuid(), os.getegid()}), host  # as root, nobody; else this user
     assert {answer[key] for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {"0000000000000000"}, answer
     assert (answer["NoNewPrivs"], answer["Seccomp"]) == ("1", "2"), answer
     assert answer["core_pattern"] in ("EROFS", "EACCES") and answer["sysrq-trigger"] in ("EROFS", "EACCES", "ENOENT"), answer
@@ -293,7 +310,7 @@ print(outcome)
     assert {outcome[place] for place in ("/tmp", "/", "/dev", "/new")} <= {"EROFS", "EACCES", "ENOSPC"}, outcome
 
 
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="as a user a call's memory and CPU are bounded per process only (docs/security.md)")
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="as a user, a call's memory and CPU are bounded per process (docs/security.md)")
 
 
 @ROOT_ONLY

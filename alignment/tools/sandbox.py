@@ -206,12 +206,12 @@ def _bwrap(disk_mb: int, command: list, seccomp: int) -> list:
             arguments += ["--perms", "0755", "--dir", str(folder)]
         arguments += ["--ro-bind", path, path]
     # the writable places, each a tmpfs of disk_mb; /tmp is the private folder unless a bound path is under it (a
-    # checkout in /tmp: then /tmp is read-only, as the rest of / is)
+    # checkout in /tmp: then /tmp is read-only, as the rest of / and /dev are; their device nodes stay writable)
     for place in (WORKDIR, "/dev/shm"):
         arguments += ["--size", str(disk_mb * 2**20), "--perms", "1777", "--tmpfs", place]
     if not any(Path("/tmp") in Path(path).parents for path in bound):
         arguments += ["--symlink", WORKDIR, "/tmp"]
-    arguments += ["--remount-ro", "/", "--chdir", WORKDIR]
+    arguments += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR]  # /dev: a tmpfs of the user's own in a user namespace
     for name, value in (("HOME", WORKDIR), ("TMPDIR", WORKDIR), ("LANG", "C.UTF-8"), ("PYTHONIOENCODING", "utf-8"),
                         ("PYTHONPATH", str(PACKAGE.parent)), ("PATH", "/usr/bin:/bin")):
         arguments += ["--setenv", name, value]
