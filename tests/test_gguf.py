@@ -8,9 +8,11 @@ import importlib.util
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import gguf
@@ -26,7 +28,7 @@ from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
 from alignment.errors import GGUFImportError
 from alignment.gguf import import_gguf
-from alignment.models.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute
+from alignment.models.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute, tokenizer_metadata
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 
@@ -574,7 +576,7 @@ def test_refusals_name_the_file_and_the_key(tmp_path):
     ):
         import_gguf(tmp_path / "yarn.gguf", tmp_path / "out5")
     (tmp_path / "cut.gguf").write_bytes((tmp_path / "model.gguf").read_bytes()[:5000])
-    with pytest.raises(GGUFImportError, match=r"cut.gguf: not a readable GGUF file"):
+    with pytest.raises(GGUFImportError, match=r"cut.gguf: tokenizer.ggml.\w+ needs \d+ bytes at byte [\d,]+, past the end of the file"):
         import_gguf(tmp_path / "cut.gguf", tmp_path / "out4")
 
 
@@ -637,6 +639,81 @@ def test_tensors_that_share_bytes_are_refused(tmp_path):
         GGUFImportError, match=r"shared.gguf: tensor blk.1.ffn_\w+.weight's bytes \d+-\d+ overlap tensor blk.1.ffn_\w+.weight's"
     ):
         import_gguf(tmp_path / "shared.gguf", tmp_path / "out")
+
+
+def gguf_string(text: bytes) -> bytes:
+    return struct.pack("<Q", len(text)) + text
+
+
+def gguf_header(keys: list, tensors: list = (), version: int = 3) -> bytes:
+    """A GGUF's header written byte by byte (what GGUFWriter will not write): keys [(name, type, value bytes)],
+    tensors [(name, n_dims, rest)]."""
+    pairs = b"".join(gguf_string(name) + struct.pack("<I", kind) + value for name, kind, value in keys)
+    infos = b"".join(gguf_string(name) + struct.pack("<I", dims) + rest for name, dims, rest in tensors)
+    return b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(keys)) + pairs + infos
+
+
+ARRAY = gguf.GGUFValueType.ARRAY
+QWEN2 = (b"general.architecture", STRING, gguf_string(b"qwen2"))
+
+
+def short_strings(count: int) -> bytes:
+    """tokenizer.ggml.tokens as `count` strings of 1-6 bytes: 14 bytes or so an item in the file."""
+    return struct.pack("<IQ", STRING, count) + b"".join(gguf_string(b"t%d" % (i % 10_000)) for i in range(count))
+
+
+@pytest.mark.parametrize(
+    "header, refusal",
+    [
+        # 29 MB: the gguf package took 36 s and 2.7 GB (95 times the file) to read it before anything refused it
+        (lambda: gguf_header([QWEN2, (b"tokenizer.ggml.tokens", ARRAY, short_strings(2_000_000))]),
+         r"metadata tokenizer.ggml.tokens holds 2,000,000 items, more than the 1,000,000 all arrays together may hold"),
+        # an array of arrays of ... 5,000 deep: RecursionError, a traceback, from the gguf package
+        (lambda: gguf_header([QWEN2, (b"x", ARRAY, struct.pack("<IQ", ARRAY, 1) * 5000 + struct.pack("<IQ", U32, 0))]),
+         r"metadata x is an array of arrays; GGUF readers \(llama.cpp's\) take arrays of single values only"),
+        (lambda: gguf_header([QWEN2, (b"x", ARRAY, struct.pack("<IQ", STRING, 900_000))]),
+         r"x needs 7,200,000 bytes at byte 94, past the end of the file \(94 bytes\)"),
+        (lambda: gguf_header([(b"general.architecture", STRING, struct.pack("<Q", 2**62) + b"qwen2")]),
+         r"general.architecture needs 4,611,686,018,427,387,904 bytes at byte \d+, past the end of the file"),
+        (lambda: gguf_header([QWEN2])[:16] + struct.pack("<Q", 2**40) + gguf_header([QWEN2])[24:],
+         r"the header counts 1,099,511,627,776 metadata keys; at most 4,096 are read"),
+        (lambda: gguf_header([QWEN2], [(b"token_embd.weight", 2**31, b"")]),
+         r"tensor token_embd.weight has 2,147,483,648 dimensions; ggml's tensors have at most 4"),
+        (lambda: gguf_header([QWEN2], [(b"t" * 100_000, 2, b"")]), r"tensor 0's name is 100,000 bytes long; at most 64 are read"),
+        (lambda: gguf_header([QWEN2], version=1), r"GGUF version 1; the importer reads versions 2, 3"),
+    ],
+    ids=["2M strings", "nested arrays", "array past the end", "string past the end", "2^40 keys", "2^31 dimensions",
+         "100 kB name", "version 1"],
+)
+def test_a_hostile_header_is_refused_before_the_gguf_package_reads_it(tmp_path, header, refusal):
+    (tmp_path / "hostile.gguf").write_bytes(header())
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(GGUFImportError, match=rf"^{tmp_path / 'hostile.gguf'}: {refusal}"):
+            import_gguf(tmp_path / "hostile.gguf", tmp_path / "out")
+        seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert seconds < 5 and peak < 2**20, (seconds, peak)  # from its counts: no value is kept
+
+
+def test_a_vocabulary_larger_than_the_embedding_is_refused(tmp_path):
+    """451 rows of token_embd.weight and 461 tokens: the import went through, and the model failed on the first of the
+    ten tokens without a row."""
+    def more_tokens(writer):
+        metadata = tokenizer_metadata(TINY, json.loads((TINY / "config.json").read_text()), load_tokenizer(str(TINY)))
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2")
+        writer.add_token_list(metadata["tokenizer.ggml.tokens"] + [f"extra{i}" for i in range(10)])
+        writer.add_token_types(metadata["tokenizer.ggml.token_type"] + [1] * 10)
+        writer.add_token_merges(metadata["tokenizer.ggml.merges"])
+
+    save_model(random_model("qwen2"), str(tmp_path / "model"))
+    write_gguf(tmp_path / "model", tmp_path / "big-vocabulary.gguf", Q.F32, vocabulary=more_tokens)
+    with pytest.raises(GGUFImportError, match="big-vocabulary.gguf: tokenizer.ggml.tokens holds 461 tokens; it must be an array of "
+                                              "at most the 451 rows of token_embd.weight"):
+        import_gguf(tmp_path / "big-vocabulary.gguf", tmp_path / "out")
 
 
 # ----------------------------------------------------------------------------------------------------------------
