@@ -1,12 +1,13 @@
 """Rule-reward HTTP server, a drop-in for PaddleNLP's reward_server.py.
 
-    python reward_server/reward_server.py --port 8731 [--host 127.0.0.1] [--workers N] [--api-key KEY]
+    python reward_server/reward_server.py --port 8731 [--host 127.0.0.1] [--workers N] [--api-key-file FILE]
         [--plugins FILE.py ...] [--reward_funcs accuracy format] [--log_file rm_server.log]
 
 Endpoints: POST / (PaddleNLP: src/tgt/response -> score), POST /v1/score, GET /v1/reward_funcs,
 GET /health, GET /openapi.json (no /docs page: it would load JavaScript from a CDN). With an API key
-(--api-key or $GRPO_REWARD_SERVER_API_KEY) every endpoint but /health and the schema needs
-`Authorization: Bearer KEY`. Stalled connections are closed (--header_timeout, --body_timeout), each
+(--api-key-file FILE, $GRPO_REWARD_SERVER_API_KEY_FILE or $GRPO_REWARD_SERVER_API_KEY: a file only its user can read, or
+the environment, so that the key is not in `ps`; --api-key KEY too, with a warning) every endpoint but /health and the
+schema needs `Authorization: Bearer KEY`. Stalled connections are closed (--header_timeout, --body_timeout), each
 request gets --request_timeout seconds of scoring, and a request whose client went away stops.
 """
 
@@ -27,6 +28,8 @@ import h11  # noqa: E402
 import uvicorn  # noqa: E402
 from uvicorn.protocols.http.h11_impl import H11Protocol  # noqa: E402
 
+from alignment.errors import ConfigError  # noqa: E402
+from alignment.key_files import key_from_environment, read_key_file  # noqa: E402
 from alignment.rewards import get_reward  # noqa: E402
 from alignment.rewards.pool import ScoringPool  # noqa: E402
 from alignment.run.plugins import plugin_sources  # noqa: E402
@@ -49,7 +52,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=min(os.cpu_count() or 1, 8),
         help="scoring processes (default: CPU count, at most 8)",
     )
-    add("--api-key", "--api_key", dest="api_key", default=None, help=f"bearer token (default: ${API_KEY_ENV})")
+    add(
+        "--api-key-file",
+        "--api_key_file",
+        dest="api_key_file",
+        help=f"a file only this user can read (chmod 600) holding the bearer token (default: ${API_KEY_ENV}_FILE's, "
+        f"else ${API_KEY_ENV}; none: no key)",
+    )
+    add("--api-key", "--api_key", dest="api_key", help="the bearer token itself, which `ps` shows: prefer --api-key-file")
     add(
         "--plugins",
         nargs="+",
@@ -85,7 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--log_file", default=None, help="one line per request (default: stderr)")
     args = parser.parse_args(argv)
     args.plugins = [str(Path(p).resolve()) for p in args.plugins]  # workers may not share our working directory
-    args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None  # an empty key would match an empty header
+    try:
+        args.api_key = server_key(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.reward_weights is None:
         args.reward_weights = [1.0] * len(args.reward_funcs)
     if len(args.reward_weights) != len(args.reward_funcs):
@@ -97,6 +110,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not all(getattr(args, name) > 0 for name in positive):
         parser.error(f"{', '.join('--' + name for name in positive)} must be positive")
     return args
+
+
+def server_key(args: argparse.Namespace) -> str | None:
+    """--api-key-file's key, else --api-key (with a warning: any user sees it in `ps`), else the environment's
+    ($GRPO_REWARD_SERVER_API_KEY_FILE's file, else $GRPO_REWARD_SERVER_API_KEY); an empty key is none (it would match
+    an empty header)."""
+    if args.api_key_file and args.api_key:
+        raise ConfigError("give --api-key-file or --api-key, not both")
+    if args.api_key_file:
+        return read_key_file(args.api_key_file, "--api-key-file")
+    if args.api_key:
+        print("reward_server: warning: --api-key puts the key in the command line, which `ps` shows to every user: "
+              f"use --api-key-file FILE (chmod 600) or ${API_KEY_ENV}", file=sys.stderr)
+        return args.api_key
+    return key_from_environment(API_KEY_ENV)
 
 
 class HeadTimeoutProtocol(H11Protocol):

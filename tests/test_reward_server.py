@@ -621,6 +621,42 @@ def test_the_server_binds_loopback_and_reads_the_key_from_the_environment(monkey
     assert parse_args(["--api-key", "flag-key"]).api_key == "flag-key"
 
 
+def key_file(folder: Path, mode: int = 0o600) -> Path:
+    path = folder / "server.key"
+    path.write_text(KEY + "\n")
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize("how", ["--api-key-file", "GRPO_REWARD_SERVER_API_KEY_FILE"])
+def test_the_server_reads_its_key_from_a_file_so_ps_never_shows_it(tmp_path, how):
+    """The real server over loopback, its key in a 0600 file named by the flag or the environment: scoring needs the
+    key, and neither the server's command line nor its environment holds it."""
+    path = key_file(tmp_path)
+    flags, env = (["--api-key-file", str(path)], None) if how == "--api-key-file" else ([], {f"{API_KEY_ENV}_FILE": str(path)})
+    with reward_server(tmp_path, "--workers", "1", *flags, env=env) as running:
+        body = {"items": [{"prompt": "p", "completion": "<think>a</think><answer>1</answer>"}], "reward_funcs": ["format"]}
+        assert httpx.post(running.url + "/v1/score", json=body, timeout=30).status_code == 401
+        answer = httpx.post(running.url + "/v1/score", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+        assert answer.status_code == 200
+        seen = Path(f"/proc/{running.process.pid}/cmdline").read_bytes() + Path(f"/proc/{running.process.pid}/environ").read_bytes()
+        assert str(path).encode() in seen and KEY.encode() not in seen
+    assert "warning" not in running.output.read_text()
+
+
+def test_a_key_file_others_may_read_is_refused_and_a_key_on_the_command_line_warned(tmp_path, capsys):
+    open_file = key_file(tmp_path, 0o644)
+    done = subprocess.run(server_command(free_port(), "--api-key-file", str(open_file)), cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    (line,) = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 2 and f"--api-key-file = {open_file}: the key file must be this user's and readable by nobody else" in line
+    assert "mode 644): chmod 600" in line
+    from reward_server.reward_server import parse_args
+
+    assert parse_args(["--api-key", "flag-key"]).api_key == "flag-key"
+    assert "--api-key puts the key in the command line, which `ps` shows to every user: use --api-key-file" in capsys.readouterr().err
+
+
 def test_without_the_key_a_malformed_body_is_401_not_parsed(keyed_server):
     answer = httpx.post(keyed_server.url + "/v1/score", content=b"{", headers={"content-type": "application/json"})
     assert answer.status_code == 401

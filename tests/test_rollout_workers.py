@@ -213,28 +213,71 @@ def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(mon
     assert time.monotonic() - started < 30
 
 
+SEVERAL_MACHINES, ONE_MACHINE = "10.0.0.1:6170,10.0.0.2:6170", "127.0.0.1:6170,127.0.0.1:6171"
+
+
 @pytest.mark.parametrize(
-    "endpoints, key, message",
+    "endpoints, key, mode, plain, message",
     [
-        ("10.0.0.1:6170,10.0.0.2:6170", None, "rollout_workers on several machines: set GRPO_ROLLOUT_LINK_KEY to the same secret"),
-        ("10.0.0.1:6170,10.0.0.2:6170", "short", "GRPO_ROLLOUT_LINK_KEY is 5 characters long: use at least 16"),
+        (SEVERAL_MACHINES, None, None, None, "rollout_workers on several machines: set GRPO_ROLLOUT_LINK_KEY_FILE to a file only you"),
+        (SEVERAL_MACHINES, "short", 0o600, None, r"GRPO_ROLLOUT_LINK_KEY_FILE = \S+: the key is 5 characters long: use at least 16"),
+        (SEVERAL_MACHINES, "a" * 32, 0o640, None, r"the key file must be this user's and readable by nobody else \(owner \d+, mode 640\)"),
+        (SEVERAL_MACHINES, "", 0o600, None, "the key file is empty"),
+        # the key itself in the environment: the launcher has written it to envlog.N and backup_env.N.json, file or not
+        (SEVERAL_MACHINES, "a" * 32, 0o600, "b" * 32, "GRPO_ROLLOUT_LINK_KEY is set: paddle.distributed.launch writes the environment"),
+        (ONE_MACHINE, None, None, "b" * 32, "GRPO_ROLLOUT_LINK_KEY is set: .* set GRPO_ROLLOUT_LINK_KEY_FILE to the file's path"),
     ],
+    ids=["no key", "short", "others may read", "empty", "the key in the environment", "the key in the environment, one machine"],
 )
-def test_a_link_across_machines_needs_a_key_of_the_users(monkeypatch, endpoints, key, message):
+def test_a_link_across_machines_needs_a_key_file_of_the_users(monkeypatch, tmp_path, endpoints, key, mode, plain, message):
     from alignment.rollout.link import shared_key
 
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", endpoints)
-    if key is None:
-        monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY", raising=False)
-    else:
-        monkeypatch.setenv("GRPO_ROLLOUT_LINK_KEY", key)
+    monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY_FILE", raising=False)
+    monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY", raising=False)
+    if plain is not None:
+        monkeypatch.setenv("GRPO_ROLLOUT_LINK_KEY", plain)
+    if key is not None:
+        monkeypatch.setenv("GRPO_ROLLOUT_LINK_KEY_FILE", str(tmp_path / "link.key"))
+        (tmp_path / "link.key").write_text(key + "\n")
+        (tmp_path / "link.key").chmod(mode)
     with pytest.raises(ConfigError, match=message):
         shared_key()
-    monkeypatch.setenv("GRPO_ROLLOUT_LINK_KEY", "a" * 32)
+    monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY", raising=False)
+    monkeypatch.setenv("GRPO_ROLLOUT_LINK_KEY_FILE", str(tmp_path / "good.key"))
+    (tmp_path / "good.key").write_text("a" * 32 + "\n")
+    (tmp_path / "good.key").chmod(0o600)
     assert shared_key() == b"a" * 32
-    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:6170,127.0.0.1:6171")  # one machine: the run makes its own
-    monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY")
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", ONE_MACHINE)  # one machine: the run makes its own
+    monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY_FILE")
     assert shared_key() is None
+
+
+@pytest.mark.slow  # two launches: one refused after the models load, one step trained with a rollout process (about 40 s)
+def test_the_link_key_reaches_the_processes_through_a_file_never_the_launchers_logs(tmp_path, eval_file):
+    """paddle.distributed.launch writes every environment variable to <log_dir>/envlog.N and backup_env.N.json: a key in
+    GRPO_ROLLOUT_LINK_KEY lands there, and the run refuses it (one line saying to use the file); with the key in a 0600
+    file named by GRPO_ROLLOUT_LINK_KEY_FILE the run trains and the key is in no file of the log folder nor of output_dir."""
+    plain, key = os.urandom(32).hex(), os.urandom(32).hex()
+    key_file = tmp_path / "link.key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("GRPO_ROLLOUT_LINK_KEY")}
+    for case, variables in (("plain", {"GRPO_ROLLOUT_LINK_KEY": plain}), ("file", {"GRPO_ROLLOUT_LINK_KEY_FILE": str(key_file)})):
+        out, log_dir = tmp_path / case / "out", tmp_path / case / "log"
+        command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
+                   *RUN, "--eval_datasets", eval_file, "--output_dir", str(out), "--max_steps", "1", "--eval_on_start", "false", *ROLLOUT]
+        done = subprocess.run(command, env=environment | variables, capture_output=True, text=True, timeout=600)
+        logged = [path for path in log_dir.rglob("*") if path.is_file()]
+        if case == "plain":
+            assert done.returncode != 0 and any(plain in path.read_text() for path in logged)  # what the refusal is about
+            assert "GRPO_ROLLOUT_LINK_KEY is set: paddle.distributed.launch writes the environment" in (log_dir / "workerlog.0").read_text()
+            continue
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert [r["step"] for r in records(out) if "reward_mean" in r] == [1]
+        assert str(key_file) in (log_dir / "envlog.0").read_text()  # the launcher logged the environment: the file's name only
+        leaked = [path for path in logged + [path for path in out.rglob("*") if path.is_file()] if key.encode() in path.read_bytes()]
+        assert leaked == []
 
 
 def test_the_link_file_must_be_private_to_its_user(tmp_path):

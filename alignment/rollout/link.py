@@ -17,8 +17,10 @@ handshake, both ways), keyed also by the trainer's address, so that a process re
 it. On one machine the trainer makes a new key for each run and leaves it, with its address, in a file only its user
 can read (<output_dir>/.rollout_link.json, mode 0600), which the rollout processes check is theirs before they use
 it; the launcher's store, which any process that reaches it can read and write, holds only a counter that says the
-file is ready. Across machines the key is the user's (GRPO_ROLLOUT_LINK_KEY, the same on every machine; refused
-without one) and the trainer's address comes from the store, where a forged one fails the handshake.
+file is ready. Across machines the key is the user's, in a file only they can read (GRPO_ROLLOUT_LINK_KEY_FILE names
+it, the same key on every machine; refused without one, and the key itself in GRPO_ROLLOUT_LINK_KEY is refused: the
+launcher writes the environment to its log folder) and the trainer's address comes from the store, where a forged
+one fails the handshake.
 
 The order of rollouts and words (rollout_order, words_after) is what keeps the two sides in step. A batch's
 staleness is the number of optimizer steps between the weights that generated it and those it trains: 0 when
@@ -45,13 +47,15 @@ import paddle
 import paddle.distributed as dist
 
 from alignment.errors import ConfigError, RolloutWorkerError, TrainerGone, WireError
+from alignment.key_files import read_key_file
 from alignment.rollout.wire import RolloutPart, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
 
 PENDING_FILE = "pending_rollout.safetensors"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory
 RELEASE_SECONDS = 600  # how long a failed rollout process waits for the trainer to save before it exits anyway
 HANDSHAKE_SECONDS = 60  # a connection that has not proved its key by then is closed
-KEY_VARIABLE = "GRPO_ROLLOUT_LINK_KEY"  # the link key across machines: the same secret on every machine
+KEY_FILE_VARIABLE = "GRPO_ROLLOUT_LINK_KEY_FILE"  # across machines: a file only its user can read holding the link key
+PLAIN_KEY_VARIABLE = "GRPO_ROLLOUT_LINK_KEY"  # refused: the launcher writes every environment variable to its log folder
 LINK_FILE = ".rollout_link.json"  # in output_dir, on one machine: the trainer's address and the run's key, mode 0600
 
 
@@ -145,16 +149,25 @@ def one_machine() -> bool:
 
 
 def shared_key() -> Optional[bytes]:
-    """GRPO_ROLLOUT_LINK_KEY, or None; a launch over several machines without it is refused before anything loads."""
-    key = os.environ.get(KEY_VARIABLE)
-    if key is None and not one_machine():
+    """The key in the file GRPO_ROLLOUT_LINK_KEY_FILE names (this user's, mode 0600), or None; a launch over several
+    machines without it is refused, and so is the key in GRPO_ROLLOUT_LINK_KEY itself: paddle.distributed.launch writes
+    every environment variable to log/envlog.N and backup_env.N.json, which any user may read."""
+    if PLAIN_KEY_VARIABLE in os.environ:
         raise ConfigError(
-            f"rollout_workers on several machines: set {KEY_VARIABLE} to the same secret on every machine (at least 16 "
-            "characters, e.g. python -c 'import secrets; print(secrets.token_hex(32))'); the rollout link refuses "
-            "processes that do not hold it"
+            f"{PLAIN_KEY_VARIABLE} is set: paddle.distributed.launch writes the environment, key included, to its log folder "
+            f"(envlog.N, backup_env.N.json); unset it, make a new key, put it in a file only you can read (chmod 600) on every "
+            f"machine and set {KEY_FILE_VARIABLE} to the file's path"
         )
+    path = os.environ.get(KEY_FILE_VARIABLE)
+    if path is None and not one_machine():
+        raise ConfigError(
+            f"rollout_workers on several machines: set {KEY_FILE_VARIABLE} to a file only you can read (chmod 600) that holds "
+            "the same secret on every machine (at least 16 characters, e.g. python -c 'import secrets; "
+            "print(secrets.token_hex(32))' > FILE); the rollout link refuses processes that do not hold it"
+        )
+    key = None if path is None else read_key_file(path, KEY_FILE_VARIABLE)
     if key is not None and len(key) < 16:
-        raise ConfigError(f"{KEY_VARIABLE} is {len(key)} characters long: use at least 16")
+        raise ConfigError(f"{KEY_FILE_VARIABLE} = {path}: the key is {len(key)} characters long: use at least 16")
     return None if key is None else key.encode()
 
 

@@ -549,7 +549,15 @@ class GRPOConfig:
         return RewardSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RewardSettings)})
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        """The config as grpo_config.json (in output_dir and every checkpoint) and W&B's run config hold it: a secret
+        as "set" or "unset", never its value (a resume reads it again from the user's config or environment)."""
+        settings = dataclasses.asdict(self)
+        return json.dumps(settings | {key: "set" if settings[key] not in (None, "", "unset") else "unset" for key in SECRET_KEYS}, indent=2)
+
+
+# Keys whose values are secrets: never written where the config is (GRPOConfig.to_json); "set" and "unset" in their
+# place (a grpo_config.json read back as a config) are no secret: alignment/run/scorer.py reads the key again
+SECRET_KEYS = ("reward_server_api_key",)
 
 
 # verl's importance_sampling_mode values, stored as the modes they are

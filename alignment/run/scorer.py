@@ -5,12 +5,16 @@ import functools
 import os
 import warnings
 import weakref
+from typing import Optional
 
+from alignment.key_files import key_from_environment
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
 from alignment.rewards.pool import ScoringPool
 from alignment.rewards.remote import RewardServer, score_remote
 from alignment.run.config import GRPOConfig
 from alignment.run.plugins import plugin_sources
+
+API_KEY_VARIABLE = "GRPO_REWARD_SERVER_API_KEY"  # or GRPO_REWARD_SERVER_API_KEY_FILE: a file only its user can read
 
 
 def build_scorer(config: GRPOConfig):
@@ -29,7 +33,7 @@ def build_scorer(config: GRPOConfig):
             protocol=config.reward_server_protocol,
             timeout=config.reward_server_timeout,
             retries=config.reward_server_retries,
-            api_key=config.reward_server_api_key or os.environ.get("GRPO_REWARD_SERVER_API_KEY"),
+            api_key=reward_server_key(config),
         )
         score_rules = functools.partial(score_remote, server=server, settings=settings)
     reward_model = None
@@ -52,6 +56,21 @@ def build_scorer(config: GRPOConfig):
         return ScoreTable(totals=totals, columns={**table.columns, REWARD_MODEL: model_scores}, errors=table.errors)
 
     return score
+
+
+def reward_server_key(config: GRPOConfig) -> Optional[str]:
+    """reward_server_api_key, else the key in the file $GRPO_REWARD_SERVER_API_KEY_FILE names, else
+    $GRPO_REWARD_SERVER_API_KEY (a warning under paddle.distributed.launch, which writes the environment to its log
+    folder). "set" and "unset", what grpo_config.json holds in the key's place (SECRET_KEYS), are no key."""
+    if config.reward_server_api_key not in (None, "", "set", "unset"):
+        return config.reward_server_api_key
+    if os.environ.get(API_KEY_VARIABLE) and not os.environ.get(f"{API_KEY_VARIABLE}_FILE") and "PADDLE_TRAINER_ENDPOINTS" in os.environ:
+        warnings.warn(
+            f"{API_KEY_VARIABLE}: paddle.distributed.launch writes the environment, this key included, to its log folder "
+            f"(envlog.N, backup_env.N.json); put the key in a file only you can read (chmod 600) and set {API_KEY_VARIABLE}_FILE "
+            "to its path instead"
+        )
+    return key_from_environment(API_KEY_VARIABLE)
 
 
 def pooled_rules(config: GRPOConfig, rule_names: list, settings):

@@ -212,8 +212,9 @@ TRAINING_KEYS = (
     "target_modules", "tools", "environment", "max_turns", "max_turn_tokens", "async_generate",
 )
 PER_PROCESS_KEYS = ("per_device_prompt_batch_size", "mini_batch_size")
-# how to start, not what to train
-RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change", "trust_pickled_checkpoint")
+# how to start, not what to train; and the reward server's key, written as "set" or "unset" (GRPOConfig.to_json) and read
+# again from the user's config or environment on resume
+RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "allow_config_change", "trust_pickled_checkpoint", "reward_server_api_key")
 
 
 def settings_changes(recorded: dict, recorded_processes: int | None, current: dict, processes: int) -> tuple:
