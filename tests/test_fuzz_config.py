@@ -24,6 +24,7 @@ from hypothesis.control import currently_in_test_context
 
 from alignment.errors import ConfigError
 from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS
+from alignment.run.paddlenlp_keys import PADDLENLP_KEYS
 from alignment.run.config import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, KEYS, SURROGATE_SYNONYMS, TRL_LOSS_TYPES, GRPOConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +38,7 @@ STORED_AS = {
     "importance_sampling_mode": IMPORTANCE_SAMPLING_SYNONYMS, "kl_estimator": KL_ESTIMATOR_SYNONYMS,
     "kl_in_reward_estimator": KL_ESTIMATOR_SYNONYMS, "surrogate": SURROGATE_SYNONYMS,
     "loss_type": {name: stored[1] for name, stored in TRL_LOSS_TYPES.items() if stored},  # TRL's sapo: loss_type grpo
+    "reward_model_name_or_path": {"": None},  # PaddleNLP's files write "" for no reward model
 }
 DERIVED = {"per_device_prompt_batch_size", "gradient_accumulation_steps", "mini_batch_size", "clip_range_ratio_low",
            "clip_range_ratio_high", "cosine_max_len", "soft_max_length", "system_prompt"}
@@ -139,7 +141,7 @@ def wrong_type(name: str):
             else st.one_of(odd_text, st.booleans(), st.none(), specials)
         )
         options = [
-            odd_text,
+            odd_text.filter(lambda text: text not in CHOICES.get(name, ())),  # report_to "visualdl" is PaddleNLP's list of one
             st.integers(),
             st.booleans(),
             st.lists(bad_item, min_size=1, max_size=3).flatmap(lambda xs: st.permutations(xs + ["format"])),
@@ -149,7 +151,7 @@ def wrong_type(name: str):
         options = {
             int: [odd_text, st.booleans(), st.floats(allow_nan=True), non_finite, scalar_lists],
             float: [odd_text, st.booleans(), specials, scalar_lists],
-            bool: [st.integers(), odd_text, scalar_lists],
+            bool: [st.integers().filter(lambda v: v not in (0, 1)), odd_text, scalar_lists],  # 0 and 1 are PaddleNLP's booleans
             str: [st.integers(), st.floats(allow_nan=True), st.booleans(), scalar_lists],
         }[kind]
     return st.one_of(*options, *common).map(lambda v: ("type", v))
@@ -190,7 +192,7 @@ unknown_keys = st.one_of(
     st.text(max_size=15),
     st.sampled_from(sorted(KEYS)).map(lambda k: k[:-1] + ("x" if k[-1] != "x" else "y")),  # one letter off
     st.sampled_from(sorted(KEYS)).map(lambda k: k.replace("_", "-")),
-).filter(lambda k: k not in KEYS and k not in ALIASES)
+).filter(lambda k: k not in KEYS and k not in ALIASES and k not in PADDLENLP_KEYS)
 
 
 @st.composite
@@ -470,7 +472,7 @@ def test_every_float_key_refuses_nan_and_infinity(config_path, name, text):
 WRONG_JSON = {  # per type, values of another JSON type
     int: ['"4"', "4.5", "4.0", "true", "[4]", '{"value": 4}'],
     float: ['"0.5"', "true", "[0.5]", "{}"],
-    bool: ["1", "0", '"true"', "[true]", "{}"],
+    bool: ["2", "-1", "1.0", '"true"', "[true]", "{}"],  # 0 and 1 are booleans, as PaddleNLP's files write them
     str: ["5", "0.5", "true", '["a"]', "{}"],
     list[str]: ['"accuracy"', "5", "[1]", '["a", null]', '[["a"]]', "{}"],
     list[float]: ["1.0", '"1"', '["1"]', "[true]", "[null]", "{}"],

@@ -184,7 +184,7 @@ def test_help_loads_neither_paddle_nor_paddleformers():
 def test_help_with_a_word_of_a_group_title_prints_that_group_in_full(word):
     done = run_grpo("run_grpo.py", "--help", word)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("  --rollout_n INT  (default: 8; alias: --num_generations)" in done.stdout) == (word.lower() in ("rollout", "all"))
+    assert ("  --rollout_n INT  (default: 8; aliases: --num_generations," in done.stdout) == (word.lower() in ("rollout", "all"))
     assert ("  --max_turns INT  (default: 4; alias: --max_assistant_turns)" in done.stdout) == (word.lower() != "rollout")
     assert ("  --learning_rate FLOAT  (default: 1e-06; alias: --lr)" in done.stdout) == (word == "all")
 

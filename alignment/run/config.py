@@ -31,8 +31,9 @@ from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS, KL_ESTIMATORS
 from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES
 from alignment.algo.schedule import SCHEDULES
 from alignment.errors import ConfigError
-from alignment.run.checks import check, show
+from alignment.run.checks import check, collected, show
 from alignment.run.data import parse_step_range
+from alignment.run.paddlenlp_keys import PADDLENLP_ALIASES, PADDLENLP_KEYS, PADDLENLP_VALUES, Refusal, read_key
 from alignment.step.dashboards import DASHBOARDS, NONE, DashboardSettings
 
 
@@ -291,6 +292,11 @@ class GRPOConfig:
         "reward_model_name_or_path).",
     )
     reward_function_weights: Optional[list[float]] = _key(None, "One weight per reward function; default: all 1.0.")
+    clip_range_score: Optional[float] = _key(
+        None,
+        "Each completion's reward (the weighted sum of reward_functions, or the reward server's total) is clipped into "
+        "[-clip_range_score, clip_range_score] before the advantages (PaddleNLP's key; its files give 10.0); null: no clipping.",
+    )
     accuracy_function: str = _key("accuracy", "Reward function whose positive value counts as a correct answer for the accuracy metrics.")
     external_plugins: list[str] = _key(
         [],
@@ -340,7 +346,11 @@ class GRPOConfig:
         "read).",
     )
     reward_server_retries: int = _key(3, "Retries of a failed request (with exponential backoff) before the run stops.")
-    reward_server_api_key: Optional[str] = _key(None, "Bearer token for the reward server; default: $GRPO_REWARD_SERVER_API_KEY.")
+    reward_server_api_key: Optional[str] = _key(
+        None,
+        "Bearer token for the reward server; default: the key in the file $GRPO_REWARD_SERVER_API_KEY_FILE names (mode 0600), else "
+        "$GRPO_REWARD_SERVER_API_KEY. grpo_config.json records only \"set\" or \"unset\"; a resume reads the key again.",
+    )
     # Multi-turn rollouts with tools
     tools: list[str] = _key(
         [],
@@ -367,7 +377,10 @@ class GRPOConfig:
         10.0,
         "Seconds one tool call may take (wall clock); a slower one is killed and answered with an error, and the episode goes on.",
     )
-    tool_memory_mb: int = _key(512, "Address-space limit (MB) of a tool's process (python and plugin tools).")
+    tool_memory_mb: int = _key(
+        512, "Memory limit (MB) of a python or plugin tool call: each process's address space, and as root all the call's processes "
+        "together (a memory cgroup, its tmpfs files on top); as a user a call of tool_processes processes may hold that many times it."
+    )
     tool_output_bytes: int = _key(
         4096,
         "Bytes of a tool's output kept; a tool that prints more is stopped and its answer says so (verl's max_tool_response_length "
@@ -385,7 +398,10 @@ class GRPOConfig:
         "(no isolation, only the limits below: for code you trust; a warning at start). docs/security.md says what it promises.",
         choices=["bwrap", "none"],
     )
-    tool_disk_mb: int = _key(64, "Size (MB) of a python or plugin tool call's private folder (a tmpfs): all the call may write.")
+    tool_disk_mb: int = _key(
+        64, "Size (MB) of each of a python or plugin tool call's two writable places, tmpfs both: its private folder (also /tmp) "
+        "and /dev/shm; the rest of what it sees is read-only."
+    )
     tool_processes: int = _key(16, "Processes and threads a python or plugin tool call may have at once.")
     # Optimisation
     learning_rate: float = _key(1e-6, "Peak learning rate.")
@@ -501,6 +517,7 @@ class GRPOConfig:
     )
     logging_dir: Optional[str] = _key(None, "VisualDL's and TensorBoard's log folder; default: <output_dir>/vdl_log.")
     logging_steps: int = _key(1, "Print a console line every this many steps (metrics.jsonl gets every step).")
+    disable_tqdm: bool = _key(False, "No progress bar on the console (the lines of logging_steps stay).")
     log_completions_per_step: int = _key(4, "Completions written to completions.jsonl per step (0: none).")
     save_steps: int = _key(0, "Save a checkpoint every this many steps (0: only at the end).")
     save_total_limit: Optional[int] = _key(
@@ -620,6 +637,7 @@ ALIASES = {
     "lr": "learning_rate",  # verl (actor.optim.lr), Megatron, most training scripts' --lr
     "ppo_max_token_len_per_gpu": "micro_batch_token_budget",  # verl (with use_dynamic_bsz)
     "log_prob_max_token_len_per_gpu": "logprob_token_budget",  # verl (rollout and ref)
+    **PADDLENLP_ALIASES,  # PaddleNLP's other names: num_return_sequences, max_length, max_src_len
 }
 
 KEYS = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -657,9 +675,74 @@ def canonical_key(key: str, where: str) -> str:
     raise ConfigError(f"{where}: unknown key '{key}'{hint}")
 
 
+@dataclass
+class FileReading:
+    """What a config file says: {canonical key: value of the key's type}; every problem found (an unknown key, a value
+    of the wrong type, a PaddleNLP key's value this run cannot honour); the lines to print at start (PaddleNLP keys
+    with no effect here); and the canonical keys whose values were refused (checks of them would judge defaults)."""
+
+    values: dict
+    problems: list
+    notes: list
+    unread: set
+
+
 def read_json_config(path: str) -> dict:
-    """CONFIG.json -> {canonical key: value of the key's type}. Mistakes raise ConfigError naming the file and
-    the key as written (file:line:column where the text is not JSON)."""
+    """CONFIG.json -> {canonical key: value of the key's type}. Mistakes raise one ConfigError naming each, with the
+    file and the key as written (file:line:column where the text is not JSON)."""
+    reading = read_config_file(path)
+    if reading.problems:
+        raise ConfigError(problems_message(path, reading.problems))
+    return reading.values
+
+
+def read_config_file(path: str) -> FileReading:
+    """CONFIG.json -> its FileReading: every key is read, and each mistake noted, before any is reported."""
+    raw = _json_object(path)
+    reading, written, settings = FileReading({}, [], [], set()), {}, {}
+    for key, value in raw.items():
+        try:
+            if key in PADDLENLP_KEYS and key not in PADDLENLP_ALIASES:
+                settings |= {name: (setting, key) for name, setting in _paddlenlp_key(path, key, value, raw, reading.notes).items()}
+                continue
+            name = canonical_key(key, path)
+            if name in reading.values:
+                raise ConfigError(f"{path}: '{written[name]}' and '{key}' both set '{name}'; keep one")
+            written[name] = key
+            value = PADDLENLP_VALUES.get(name, lambda v: v)(value)
+            reading.values[name] = _typed(name, value, f"{path}: key '{key}'" + (f" ({name})" if key != name else ""))
+        except ConfigError as e:
+            reading.problems.append(str(e))
+            reading.unread.add(ALIASES.get(key, key))
+    for name, (setting, key) in settings.items():
+        given = reading.values.get(name, setting)
+        if given != setting and not PADDLENLP_KEYS[key].wins:
+            reading.problems.append(f"{path}: '{key}' sets {name} to {show(setting)} but '{written[name]}' is {show(given)}; keep one")
+        reading.values[name] = setting
+    return reading
+
+
+def _paddlenlp_key(path: str, key: str, value, raw: dict, notes: list) -> dict:
+    """PaddleNLP's key = value -> {canonical key: value} it sets; its note (no effect here) added to notes."""
+    try:
+        settings, note = read_key(key, value, raw)
+    except Refusal as e:
+        raise ConfigError(f"{path}: key '{key}' = {show(value)}: {e}") from None
+    if note:
+        notes.append(f"{key} = {show(value)} has no effect here: {note}")
+    return {name: _typed(name, setting, f"{path}: key '{key}' sets {name}") for name, setting in settings.items()}
+
+
+def problems_message(source: str, problems: list) -> str:
+    """One problem: its message as it is; more: a count and one line each, the source's name said once."""
+    if len(problems) == 1:
+        return problems[0]
+    lines = [p.removeprefix(f"{source}: ") for p in problems]
+    return f"{source}: {len(problems)} problems, each to fix before the run can start:\n" + "\n".join(f"  - {line}" for line in lines)
+
+
+def _json_object(path: str) -> dict:
+    """CONFIG.json's text -> the JSON object it holds; ConfigError where it cannot be read or is not one."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -683,14 +766,7 @@ def read_json_config(path: str) -> dict:
         raise ConfigError(f"{path}: not valid JSON: {str(e).split(';')[0]}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a JSON object of key: value pairs, got {show(raw)}")
-    config, written = {}, {}
-    for key, value in raw.items():
-        name = canonical_key(key, path)
-        if name in config:
-            raise ConfigError(f"{path}: '{written[name]}' and '{key}' both set '{name}'; keep one")
-        written[name] = key
-        config[name] = _typed(name, value, f"{path}: key '{key}'" + (f" ({name})" if key != name else ""))
-    return config
+    return raw
 
 
 def _unique_keys(pairs: list, path: str) -> dict:
@@ -724,7 +800,7 @@ def _typed(key: str, value, where: str):
 def _scalar(kind: type, value, key: str, where: str):
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok, expected = {
-        bool: (isinstance(value, bool), "true or false"),
+        bool: (isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)), "true or false (or 0 or 1, PaddleNLP's)"),
         int: (number and isinstance(value, int), "an integer"),
         float: (number and _finite(value), "a finite number"),
         str: (isinstance(value, str), "a string"),
@@ -732,7 +808,7 @@ def _scalar(kind: type, value, key: str, where: str):
     if not ok:
         raise ConfigError(f"{where} must be {expected}, got {show(value)}")
     _check_choice(key, value, where)
-    return float(value) if kind is float else value
+    return float(value) if kind is float else bool(value) if kind is bool else value
 
 
 def _check_choice(key: str, value, where: str) -> None:
@@ -888,65 +964,89 @@ def _from_text(kind: type, text: str, where: str):
 
 
 def load_config(argv: list) -> GRPOConfig:
-    """argv = [CONFIG.json, --key, value, ...] -> validated, frozen config (no model is loaded). Any mistake
-    raises ConfigError naming the key and where it was given (the file, or the command line)."""
+    """argv = [CONFIG.json, --key, value, ...] -> validated, frozen config (no model is loaded). Mistakes raise one
+    ConfigError naming each key and where it was given (the file, or the command line): every unknown key, value of the
+    wrong type and failed value check at once. PaddleNLP's keys with no effect here are printed, one line each."""
     if not argv or not argv[0].endswith(".json"):
         raise ConfigError(
             "usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file; --help lists the keys)"
         )
-    file_values = read_json_config(argv[0])
-    overrides, lists = _canonical_cli(argv[1:])
-    parser = _parser()
-    parser.set_defaults(**{**file_values, **lists})  # the file's values replace the defaults, the command line's replace those
-    (config,) = parser.parse_args_into_dataclasses(args=overrides, look_for_args_file=False)
-    return validate(config)
+    reading = read_config_file(argv[0])
+    try:
+        overrides, lists = _canonical_cli(argv[1:])
+        parser = _parser()
+        parser.set_defaults(**{**reading.values, **lists})  # the file's values replace the defaults, the command line's replace those
+        (config,) = parser.parse_args_into_dataclasses(args=overrides, look_for_args_file=False)
+    except ConfigError as e:  # the file's problems too, in one message
+        raise ConfigError(problems_message(argv[0], [*reading.problems, str(e)])) from None
+    config = validate(config, reading, argv[0])
+    if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # the first process says it once
+        for note in reading.notes:
+            print(f"note: {note}", flush=True)
+    return config
 
 
-def validate(c: GRPOConfig) -> GRPOConfig:
-    """Checks values against each other and fills the derived ones; raises ConfigError naming the keys."""
+def validate(c: GRPOConfig, reading: Optional[FileReading] = None, source: str = "this config") -> GRPOConfig:
+    """Checks values against each other and fills the derived ones; raises ConfigError naming the keys. Every value
+    check runs, and the file's problems (reading) and theirs are reported together in one ConfigError before anything
+    outside the config is looked at; then preflight's checks, in order, the first failure reported."""
     # preflight reads files, loads plugins and probes the machine: imported when a config is validated
     from alignment.run import preflight
 
-    # Each section's value checks, then what it needs from outside the config (preflight), in one fixed order:
-    # a config with several mistakes is refused for the first one in this order.
-    _check_numbers_fit(c)
+    earlier = reading.problems if reading else []
+    found = []
+    derived = _checked_values(c, found)
+    unread = reading.unread if reading else set()  # a check of a key whose value was refused would judge its default
+    problems = earlier + [p for p in found if not any(re.search(rf"\b{re.escape(key)}\b", p) for key in unread)]
+    if problems:
+        raise ConfigError(problems_message(source, problems))
     preflight.check_model_files(c)
     for key in ("train_datasets", "eval_datasets"):
-        _check_names_a_dataset(c, key)
         preflight.check_dataset_files(c, key)
-    _check_calculation_steps(c)
-    prompt_batch, accumulation, mini_batch = _batch_sizes(c)
-    _check_lengths(c)
     preflight.check_lengths_fit_model(c)
-    _check_sampling(c)
-    surrogate, loss_type = _objective(c)
-    clip_low, clip_high = _clip_range(c)
-    _check_policy_update(c)
-    _check_objective_variants(c, surrogate)
-    _check_advantages_and_penalties(c)
-    _check_rollout_processes(c, prompt_batch)
-    _check_reward_functions_named(c)
     preflight.load_reward_functions(c)
-    _check_reward_model_paired(c)
     preflight.check_reward_model_folder(c)
-    reward_settings, weights = _reward_shaping(c)
     preflight.check_tools_registered(c)
-    _check_multi_turn(c)
     preflight.check_tool_isolation(c)
-    _check_reward_server(c)
-    _check_optimizer_and_schedule(c)
-    _check_memory_and_parallelism(c)
-    _check_lora(c)
-    _check_precision(c)
-    preflight.check_precision_hardware(c)
-    _check_evaluation(c)
     preflight.check_resume(c)
-    _check_logging_and_checkpoints(c)
     preflight.check_dashboards_installed(c)
     preflight.check_output_folders(c)
     system_prompt, chat_template = preflight.read_prompts(c)
-    return dataclasses.replace(
-        c,
+    return dataclasses.replace(c, **derived, system_prompt=system_prompt, chat_template=chat_template)
+
+
+def _checked_values(c: GRPOConfig, problems: list) -> dict:
+    """Each section's value checks, every failure added to problems -> the derived values (meaningful only without any).
+    A section whose input another one refused is not run: it would report the same mistake again."""
+    from alignment.run import preflight
+
+    collected(problems, _check_numbers_fit, c)
+    for key in ("train_datasets", "eval_datasets"):
+        collected(problems, _check_names_a_dataset, c, key)
+    collected(problems, _check_calculation_steps, c)
+    batches = collected(problems, _batch_sizes, c)
+    collected(problems, _check_lengths, c)
+    collected(problems, _check_sampling, c)
+    objective = collected(problems, _objective, c)
+    clip = collected(problems, _clip_range, c)
+    collected(problems, _check_policy_update, c)
+    if objective:
+        collected(problems, _check_objective_variants, c, objective[0])
+    collected(problems, _check_advantages_and_penalties, c)
+    if batches:
+        collected(problems, _check_rollout_processes, c, batches[0])
+    collected(problems, _check_reward_functions_named, c)
+    collected(problems, _check_reward_model_paired, c)
+    shaping = collected(problems, _reward_shaping, c)
+    for check_values in (_check_multi_turn, _check_reward_server, _check_optimizer_and_schedule, _check_memory_and_parallelism,
+                         _check_lora, _check_precision, preflight.check_precision_hardware, _check_evaluation,
+                         _check_logging_and_checkpoints):
+        collected(problems, check_values, c)
+    if problems:
+        return {}
+    (prompt_batch, accumulation, mini_batch), (surrogate, loss_type), (clip_low, clip_high), (reward_settings, weights) = (
+        batches, objective, clip, shaping)
+    return dict(
         per_device_prompt_batch_size=prompt_batch,
         gradient_accumulation_steps=accumulation,
         mini_batch_size=mini_batch,
@@ -960,8 +1060,6 @@ def validate(c: GRPOConfig) -> GRPOConfig:
         cosine_max_len=reward_settings.cosine_max_len,
         soft_max_length=reward_settings.soft_max_length,
         reward_function_weights=[float(w) for w in weights],
-        system_prompt=system_prompt,
-        chat_template=chat_template,
     )
 
 
@@ -1177,6 +1275,11 @@ def _check_advantages_and_penalties(c: GRPOConfig) -> None:
             "reward server does not send (it answers totals); use reward_server_protocol v1",
         )
     check(c.kl_loss_coeff >= 0, f"kl_loss_coeff = {c.kl_loss_coeff}: must be >= 0")
+    check(c.clip_range_score is None or c.clip_range_score > 0, f"clip_range_score = {c.clip_range_score}: must be > 0 (null: no clipping)")
+    check(
+        c.clip_range_score is None or c.multi_objective_aggregation == "sum_then_normalize",
+        "clip_range_score clips the summed reward, which multi_objective_aggregation normalize_then_sum does not use",
+    )
     check(c.dynamic_sampling_min_std >= 0, f"dynamic_sampling_min_std = {c.dynamic_sampling_min_std}: must be >= 0")
 
 

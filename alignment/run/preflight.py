@@ -1,8 +1,9 @@
 """The checks of a config that look outside it: files and folders, the model's config.json, plugins (and the reward
 functions, tools and environments they register), /proc/cpuinfo, CUDA, bubblewrap, the dashboards' packages.
 
-validate() in alignment/run/config.py calls each of these right after the value checks of its section, in the order
-the checks ran when they were one function, so a config with several mistakes is refused for the same first one.
+validate() in alignment/run/config.py calls these after every value check has run and passed (those refuse a config
+with all its mistakes in one message), in a fixed order, the first failure reported; check_precision_hardware, which
+reads no file, runs among the value checks.
 """
 
 from __future__ import annotations

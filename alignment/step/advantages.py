@@ -1,4 +1,5 @@
-"""The advantages phase: the step's rewards (less the KL penalty, with use_kl_in_reward) -> one advantage per completion."""
+"""The advantages phase: the step's rewards (clipped by clip_range_score, less the KL penalty with use_kl_in_reward) -> one
+advantage per completion."""
 
 
 import numpy as np
@@ -15,6 +16,8 @@ def step_advantages(scored: ScoredBatch, config: GRPOConfig, world: World) -> tu
     the KL in the reward's metrics, {} without it). Statistics over the whole step are summed over all processes."""
     mask = loss_mask(scored, config)
     rewards, metrics = scored.rewards, {}
+    if config.clip_range_score is not None:  # NaN (a failed reward) stays NaN
+        rewards = np.clip(rewards, -config.clip_range_score, config.clip_range_score)
     if config.use_kl_in_reward:
         rewards, metrics = rewards_less_kl(scored, mask, config, world)
     inputs = AdvantageInputs(

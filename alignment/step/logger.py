@@ -52,7 +52,8 @@ class RunLogger:
         replay = None if resume_offsets is None else _written_scalars(self.metrics)
         with _writing(f"the dashboards' logs in {dashboards.logging_dir}"):
             self.boards = open_boards(dashboards, replay)
-        self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True)
+        self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True,
+                        disable=bool(dashboards.run_config.get("disable_tqdm")))  # the console lines are bar.write's: they stay
 
     def _write(self, record: dict) -> None:
         with _writing(self.metrics.name):
