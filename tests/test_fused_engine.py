@@ -9,9 +9,10 @@ from paddleformers.transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config,
 from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, qwen2_tied
 
 from alignment.algo.logprobs import token_logprobs
+from alignment.models.fused_train import use_training_ops, weights_changed
 from alignment.models.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, EngineSettings, SamplingParams, build_engine
-from alignment.rollout.ops import load_ops
+from alignment.rollout.ops import bf16_primitive_missing, load_ops
 
 OPS, WHY_NOT = load_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
@@ -132,6 +133,33 @@ def test_the_weight_sync_check_catches_a_stale_layout_and_sync_repairs_it(make_m
             engine.check_weight_sync()
         engine.sync()
     assert engine.check_weight_sync() < 1e-5
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
+def test_sync_stops_where_its_refresh_left_the_engine_stale(monkeypatch, bf16):
+    """sync(), which the trainer calls after every optimizer step (rollout/weight_sync_gap is what it returns), checks
+    the engine it has just refreshed. A fresh engine's gap cannot show that the check works: it is rounding, and
+    exactly 0 where the two forwards round alike (bf16 matmuls on an AMX Xeon). An engine whose refresh missed the
+    new weights can: its gap is whole nats (2.4 measured in float32), over even the bf16 tolerance (0.25)."""
+    missing = bf16_primitive_missing() if bf16 else None
+    if missing:
+        pytest.skip(f"this CPU lacks what the bf16 engine needs: {missing}")
+    model = qwen2_tied()
+    if bf16:
+        use_training_ops(model, bf16=True)
+    model.eval()
+    engine = FusedEngine(model, [VOCAB - 1], PAD, OPS, bf16=bf16)
+    held = engine.layers
+    monkeypatch.setattr(engine, "_layer_weights", lambda: held)  # the refresh of the layers' weight copies skipped
+    paddle.seed(5)
+    for layer in model.model.layers:  # what q|k|v and gate|up copy, in both engines
+        for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj, layer.mlp.up_proj):
+            projection.weight.set_value(projection.weight + 0.1 * paddle.randn(projection.weight.shape))
+    weights_changed(model)  # as the trainer after a step: the bf16 actor's own copies remade
+    with pytest.raises(WeightSyncError, match="max \\|log-prob difference\\| on the probe is"):
+        engine.sync()
+    monkeypatch.undo()
+    assert 0 <= engine.sync() <= engine.tolerance  # refreshed, the same check passes
 
 
 def test_build_engine_warns_and_falls_back_for_a_model_it_does_not_run():
