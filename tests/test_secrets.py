@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,24 @@ def test_a_key_file_is_read_only_where_nobody_else_may_read_it(tmp_path, monkeyp
     assert key_from_environment("SOME_KEY") == "from-the-environment"
     monkeypatch.setenv("SOME_KEY_FILE", str(tmp_path / "key"))
     assert key_from_environment("SOME_KEY") == KEY  # the file first
+
+
+def test_the_trainer_reads_the_reward_servers_key_from_its_config_a_file_or_the_environment(tmp_path, monkeypatch):
+    from alignment.run.scorer import reward_server_key
+
+    for name in ("PADDLE_TRAINER_ENDPOINTS", API_KEY_ENV, f"{API_KEY_ENV}_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    assert reward_server_key(GRPOConfig(reward_server_api_key=KEY)) == KEY
+    assert reward_server_key(GRPOConfig(reward_server_api_key="set")) is None  # grpo_config.json's placeholder: no key
+    monkeypatch.setenv(API_KEY_ENV, "from-the-environment")
+    assert reward_server_key(GRPOConfig(reward_server_api_key="unset")) == "from-the-environment"
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:6170")  # under paddle.distributed.launch, which logs the environment
+    with pytest.warns(UserWarning, match="GRPO_REWARD_SERVER_API_KEY: paddle.distributed.launch writes the environment, this key"):
+        assert reward_server_key(GRPOConfig()) == "from-the-environment"
+    monkeypatch.setenv(f"{API_KEY_ENV}_FILE", str(private_file(tmp_path / "key", KEY)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file first, and no warning
+        assert reward_server_key(GRPOConfig()) == KEY
 
 
 @pytest.mark.slow  # two tiny runs of a step each through the real reward server (about 40 s)
