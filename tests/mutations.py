@@ -113,6 +113,19 @@ MUTATIONS = (
         ("tests/test_sandbox.py::test_a_flood_is_stopped_at_the_output_limit_without_reading_it_all",),
     ),
     Mutation(
+        "seccomp-filter-refuses-nothing",  # the filter loaded, but without its rules
+        "alignment/tools/sandbox.py",
+        (("        rules.add_rule(pyseccomp.ERRNO(errno.EPERM), name)\n", "        pass\n"),),
+        ("tests/test_sandbox.py::test_as_root_or_not_the_code_holds_no_privilege_on_the_host",),
+    ),
+    Mutation(
+        "writable-places-unsized",  # tmpfs without --size: half the machine's memory each
+        "alignment/tools/sandbox.py",
+        (('        arguments += ["--size", str(disk_mb * 2**20), "--perms", "1777", "--tmpfs", place]',
+          '        arguments += ["--perms", "1777", "--tmpfs", place]'),),
+        ("tests/test_sandbox.py::test_every_writable_place_is_bounded",),
+    ),
+    Mutation(
         "tool-calls-one-at-a-time",
         "alignment/tools/environment.py",
         (("ThreadPoolExecutor(settings.parallel,", "ThreadPoolExecutor(1,"),),

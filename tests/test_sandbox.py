@@ -389,6 +389,20 @@ def test_without_bubblewrap_the_python_tool_refuses_to_start_naming_what_is_miss
         sandbox.isolation_missing.cache_clear()
 
 
+@ROOT_ONLY
+def test_as_root_without_cgroups_for_the_call_the_python_tool_refuses_to_start(monkeypatch):
+    from alignment.tools import sandbox
+
+    monkeypatch.setattr(sandbox, "CGROUPS", Path("/nonexistent"))  # no hierarchy: as a container that has none writable
+    sandbox.isolation_missing.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"tools: python run\(s\) code .* and here as root a call's processes, memory and CPU are "
+                           r"bounded by cgroups of its own, and no writable hierarchy has pids, memory, cpu .*set tool_isolation none"):
+            load_config(["config/tiny_tools/grpo_argument.json", "--tools", "python"])
+    finally:
+        sandbox.isolation_missing.cache_clear()
+
+
 def test_a_call_runs_alongside_others_without_sharing_their_folder():
     results = []
     threads = [
