@@ -126,6 +126,13 @@ MUTATIONS = (
         ("tests/test_sandbox.py::test_every_writable_place_is_bounded",),
     ),
     Mutation(
+        "sandbox-shows-the-hosts-etc",  # read-only, as the package is, but not bound on purpose
+        "alignment/tools/sandbox.py",
+        (('"--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]',
+          '"--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--ro-bind", "/etc", "/etc"]'),),
+        ("tests/test_sandbox.py::test_the_host_is_read_only_and_mostly_absent",),
+    ),
+    Mutation(
         "tool-calls-one-at-a-time",
         "alignment/tools/environment.py",
         (("ThreadPoolExecutor(settings.parallel,", "ThreadPoolExecutor(1,"),),
