@@ -173,6 +173,26 @@ MUTATIONS = (
         ("tests/test_layout.py::test_the_rollout_process_does_not_import_the_trainer",
          "tests/test_layout.py::test_every_module_imports_only_its_layer_and_those_below"),
     ),
+    Mutation(
+        "model-folder-settings-trusted",  # a checkpoint's grpo_config.json may import plugins and name a reward server again
+        "alignment/model_source.py",
+        (("        if key in USERS_ONLY or looser or names_file:", "        if looser or names_file:"),),
+        ("tests/test_model_folders_are_data.py::test_evaluate_neither_imports_a_checkpoints_plugin_nor_sends_to_its_server",
+         "tests/test_model_folders_are_data.py::test_chat_does_not_import_a_checkpoints_plugin"),
+    ),
+    Mutation(
+        "link-key-from-the-environment",  # the link key in GRPO_ROLLOUT_LINK_KEY, which the launcher logs, accepted again
+        "alignment/rollout/link.py",
+        (("    if PLAIN_KEY_VARIABLE in os.environ:", "    if False:"),),
+        ("tests/test_rollout_workers.py::test_a_link_across_machines_needs_a_key_file_of_the_users",),
+    ),
+    Mutation(
+        "secret-written-in-grpo-config",  # grpo_config.json holds the reward server's key again
+        "alignment/run/config.py",
+        (("return json.dumps(settings | {key: \"set\" if settings[key] not in (None, \"\", \"unset\") else \"unset\" "
+          "for key in SECRET_KEYS}, indent=2)", "return json.dumps(settings, indent=2)"),),
+        ("tests/test_secrets.py::test_grpo_config_json_holds_set_or_unset_in_a_secrets_place",),
+    ),
 )
 
 
