@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -624,6 +625,30 @@ def test_a_hostile_file_is_refused_in_one_line(tmp_path, monkeypatch, keys, refu
     with pytest.raises(GGUFImportError, match=rf"hostile.gguf: {refusal}"):
         import_gguf(tmp_path / "hostile.gguf", tmp_path / "out")
     assert time.monotonic() - started < 60 and not (tmp_path / "out").exists()
+
+
+def test_a_looping_template_is_refused_in_a_worker_thread_too(tmp_path, monkeypatch):
+    """A launch's second process imports a GGUF in a worker thread, where the CPU limit did not hold: the nested loops
+    rendered for 80 s and on. A daemon thread, so that a template that is not stopped cannot hold up the test run."""
+    monkeypatch.setattr("alignment.models.template_limits.TEMPLATE_SECONDS", 1)
+    save_model(random_model("qwen2"), str(tmp_path / "model"))
+    write_gguf(tmp_path / "model", tmp_path / "loops.gguf", Q.F32, vocabulary=overriding(tokenizer__chat_template=(NESTED_LOOPS, STRING)))
+    outcome = []
+
+    def run():
+        try:
+            import_gguf(tmp_path / "loops.gguf", tmp_path / "out")
+        except Exception as error:
+            outcome.append(error)
+
+    started = time.monotonic()
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the template was still rendering after 60 s"
+    assert time.monotonic() - started < 30 and [str(e) for e in outcome] == [
+        f"{tmp_path / 'loops.gguf'}: tokenizer.chat_template took more than 1 s of CPU time to render one conversation"
+    ]
 
 
 def test_tensors_that_share_bytes_are_refused(tmp_path):
