@@ -23,6 +23,7 @@ its answer below it.
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,6 +58,16 @@ OVERRIDES = {  # flag -> type; each defaults to the training run's value
     "repetition_penalty": float,
     "seed": int,
 }
+
+
+# What chat prints is text from a model, its tools and a prompt file, none of it the terminal's to obey: C0 controls but
+# tab and newline, DEL and C1 controls are left out. ESC (or C1's CSI and OSC) starts every sequence that sets the
+# window's title, writes the clipboard (OSC 52) or clears the screen; without it the rest prints as plain text.
+TERMINAL_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    return TERMINAL_CONTROLS.sub("", text)
 
 
 def parse_args(argv: list) -> argparse.Namespace:
@@ -116,7 +127,7 @@ class Printer:
         if tokens[0] == self.pad_token_id:
             return
         self.ids.append(int(tokens[0]))
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = printable(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         if not text.endswith("\ufffd"):
             print(text[len(self.shown) :], end="", flush=True)
             self.shown = text
@@ -126,11 +137,11 @@ def print_episode(episode: Episode) -> None:
     """The model's turns, each followed by the answers to the calls it made: `[tool NAME] ANSWER`."""
     calls = iter(episode.calls)
     for turn in episode.turns:
-        print(turn, flush=True)
+        print(printable(turn), flush=True)
         for _ in parse_tool_calls(turn):
             call = next(calls, None)
             if call is not None:
-                print(f"[tool {call.name or '?'}] {call.answer}", flush=True)
+                print(printable(f"[tool {call.name or '?'}] {call.answer}"), flush=True)
 
 
 def main(argv: list | None = None) -> int:
@@ -158,14 +169,14 @@ def main(argv: list | None = None) -> int:
     try:
         for turns, reference in read_prompts(args.prompts, interactive):
             if not interactive:  # a prompt from a file or a pipe: shown above its answer
-                print(f"> {turns[-1]['content']}")
+                print(printable(f"> {turns[-1]['content']}"))
             ids = encode_messages(turns, tokenizer, config.system_prompt, tool_schemas(config.tools))
             if multi_turn is engine:
                 engine.generate([ids], 1, sampling, on_tokens=Printer(tokenizer, tokenizer.pad_token_id))
                 print()
             else:
                 print_episode(multi_turn.generate([ids], 1, sampling).episodes[0])
-            print("" if reference is None else f"reference: {reference}\n", flush=True)
+            print("" if reference is None else printable(f"reference: {reference}\n"), flush=True)
     except (DataError, OSError) as e:
         print(f"chat: error: {e}", file=sys.stderr)
         return 2

@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 from processes import stop
 
-from alignment.chat import Printer, chat_settings
+from alignment.chat import Printer, chat_settings, print_episode
 from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.run.config import GRPOConfig, load_config
 from alignment.run.data import encode_messages
 from alignment.tools.calculator import calculator
+from alignment.tools import Episode, ToolSettings, get_environment
 from alignment.tools.calls import ParsedCall, parse_tool_calls
+from alignment.tools.sandbox import SandboxLimits, isolation_missing
 
 SYSTEM = Path("data/arith/system_prompt.txt").read_text()
 # keys validation fills from others (load_config), which a config file read for answering leaves as written
@@ -135,6 +137,41 @@ def test_streamed_pieces_add_up_to_the_decoded_answer(capsys):
     for token in [*ids, tokenizer.pad_token_id]:  # pad: the answer has ended
         printer([token])
     assert capsys.readouterr().out == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# A window title, the clipboard written (OSC 52), the screen cleared, red through C1's CSI, a carriage return over the line
+ESCAPES = "\x1b]0;pwned\x07\x1b]52;c;cHduZWQ=\x07\x1b[2J\x9b31m\r"
+CONTROLS = set(map(chr, [*range(0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]))
+
+
+def test_terminal_controls_from_the_model_or_a_tool_are_not_printed(capsys):
+    """Streamed model text, and an episode's turn and tool answers as print_episode shows them: the python tool (in its
+    sandbox) prints the sequences, and a call names a tool with them (the name is printed as written)."""
+    tokenizer = load_tokenizer("data/tiny-qwen2")
+    printer = Printer(tokenizer, tokenizer.pad_token_id)
+    for token in [*tokenizer.encode(f"19 {ESCAPES} done", add_special_tokens=False), tokenizer.pad_token_id]:
+        printer([token])
+    assert capsys.readouterr().out == "19 ]0;pwned]52;c;cHduZWQ=[2J31m done"
+
+    tools = ("calculator",) if isolation_missing() else ("calculator", "python")
+    environment = get_environment("tools").factory(ToolSettings(tools=tools, limits=SandboxLimits()))
+    code = json.dumps({"name": "python", "arguments": {"code": f"print({ESCAPES!r})"}})
+    odd_name = json.dumps({"name": "calc\x1b]0;pwned\x07", "arguments": {}})
+    episode = Episode(sample={}, turns=[f"<tool_call>{code}</tool_call><tool_call>{odd_name}</tool_call>{ESCAPES}"])
+    environment.reply([episode])
+    print_episode(episode)
+    shown = capsys.readouterr().out
+    assert not CONTROLS & set(shown), [c for c in shown if c in CONTROLS]
+    assert "[tool calc]0;pwned] error: unknown tool" in shown
+    assert "python" not in tools or "[tool python] ]0;pwned]52;c;cHduZWQ=[2J31m\n" in shown
+
+
+def test_a_prompt_files_terminal_controls_are_not_printed(tmp_path, checkpoint):
+    prompts = tmp_path / "questions.txt"
+    prompts.write_text(f"What is 6 times 7?{ESCAPES.rstrip()}x\n")  # a carriage return would end the line
+    done = chat(str(checkpoint), "--prompts", str(prompts), "--greedy")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("> What is 6 times 7?]0;pwned]52;c;cHduZWQ=[2J31mx\n") and not CONTROLS & set(done.stdout)
 
 
 def test_a_folder_without_a_model_is_a_clear_error(tmp_path):
