@@ -25,12 +25,14 @@ from alignment.run.config import KEYS, GRPOConfig, read_json_config
 from alignment.run.output_folders import run_settings
 from alignment.run.plugins import load_plugins
 
-# Keys a model folder's grpo_config.json may not set: they import code (external_plugins), send the evaluation's data
-# and the user's key elsewhere (the reward server's), turn the tools' sandbox off, or matter only to a training run and
-# reach the network or trust pickle there (report_to, trust_pickled_checkpoint).
+# Keys a model folder's grpo_config.json may not set: they import code (external_plugins; reward_model_name_or_path, a
+# folder the writer names, whose weights paddleformers reads as pickle where it holds no safetensors), send the
+# evaluation's data and the user's key elsewhere (the reward server's), turn the tools' sandbox off, or matter only to a
+# training run and reach the network or trust pickle there (report_to, trust_pickled_checkpoint).
 USERS_ONLY = (
-    "external_plugins", "use_rm_server", "reward_server", "reward_server_protocol", "reward_server_timeout",
-    "reward_server_retries", "reward_server_api_key", "tool_isolation", "report_to", "trust_pickled_checkpoint",
+    "external_plugins", "reward_model_name_or_path", "use_rm_server", "reward_server", "reward_server_protocol",
+    "reward_server_timeout", "reward_server_retries", "reward_server_api_key", "tool_isolation", "report_to",
+    "trust_pickled_checkpoint",
 )
 # Limits a model folder may tighten, never loosen: its value is kept where it is at most the default
 LIMITS = (
@@ -104,7 +106,8 @@ def harmless_settings(settings: dict) -> tuple:
 
 def unregistered_names(settings: dict) -> list:
     """Leaves out of settings (in place) the tools, environment and reward functions that neither this package nor the
-    user's external_plugins register (a model folder's run may have had plugins of its own) -> ["key = value" for each]."""
+    user's external_plugins register (a model folder's run may have had plugins of its own), and reward_model without
+    the user's reward_model_name_or_path -> ["key = value" for each]."""
     from alignment.rewards import REWARD_MODEL, get_reward
     from alignment.tools import get_environment, get_tool
 
@@ -117,7 +120,9 @@ def unregistered_names(settings: dict) -> list:
                         ("accuracy_function", get_reward)):
         names = settings.get(key)
         listed = names if isinstance(names, list) else [names] if isinstance(names, str) else []
-        unknown = [name for name in listed if name != REWARD_MODEL and not registered(lookup, name)]
+        model_reward = key == "reward_functions" and REWARD_MODEL  # known where the user names its model
+        unknown = [name for name in listed
+                   if not (settings.get("reward_model_name_or_path") if name == model_reward else registered(lookup, name))]
         if not unknown:
             continue
         ignored.append(f"{key} {json.dumps(unknown)[:80]} (not registered here)")

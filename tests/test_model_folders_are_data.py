@@ -156,3 +156,27 @@ def test_a_checkpoints_limits_may_tighten_never_loosen(tmp_path, capsys):
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"{source}: ignored tool_disk_mb = 4096; max_tool_calls_per_turn = 64; system_prompt = "), line
     assert "reward_server_api_key" not in line  # a placeholder, never a key: nothing to say
+
+
+def test_a_reward_model_comes_from_the_users_config_only(tmp_path, capsys):
+    """reward_model_name_or_path names a folder the checkpoint's writer chose, whose weights the loader would read as
+    pickle where it holds no safetensors: ignored, and the reward_model function with it, unless the user's --config
+    names the reward model."""
+    from alignment.model_source import saved_settings
+
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    (folder / "grpo_config.json").write_text(json.dumps({
+        "reward_functions": ["accuracy", "reward_model"], "reward_function_weights": [1.0, 0.5],
+        "reward_model_name_or_path": str(tmp_path / "the-writers-reward-model"),
+    }))
+    settings, _ = saved_settings(folder)
+    assert (settings["reward_functions"], settings["reward_function_weights"]) == (["accuracy"], [1.0])
+    assert "reward_model_name_or_path" not in settings
+    line = capsys.readouterr().err
+    assert 'reward_model_name_or_path = "' in line and 'reward_functions ["reward_model"] (not registered here)' in line
+    own = tmp_path / "grpo_argument.json"
+    own.write_text(json.dumps({"reward_model_name_or_path": "models/my-reward-model"}))
+    settings, _ = saved_settings(folder, str(own))
+    assert settings["reward_functions"] == ["accuracy", "reward_model"]
+    assert settings["reward_model_name_or_path"] == "models/my-reward-model"
