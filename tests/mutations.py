@@ -193,6 +193,24 @@ MUTATIONS = (
           "for key in SECRET_KEYS}, indent=2)", "return json.dumps(settings, indent=2)"),),
         ("tests/test_secrets.py::test_grpo_config_json_holds_set_or_unset_in_a_secrets_place",),
     ),
+    Mutation(
+        "gguf-header-not-walked",  # the gguf package reads a hostile header as it comes (nested arrays: RecursionError)
+        "alignment/gguf.py",
+        (("    check_header(source)\n    try:\n        return GGUFReader(source)", "    try:\n        return GGUFReader(source)"),),
+        ("tests/test_gguf.py::test_a_hostile_header_is_refused_before_the_gguf_package_reads_it[nested arrays]",),
+    ),
+    Mutation(
+        "tool-call-depth-unchecked",  # arguments as a string 3,000 deep raise out of the environment again
+        "alignment/tools/calls.py",
+        (("    if depth := json_too_deep(text):\n", "    if depth := None:\n"),),
+        ("tests/test_tools.py::test_a_call_that_breaks_the_json_parser_or_its_bounds_is_answered_not_raised",),
+    ),
+    Mutation(
+        "chat-prints-terminal-controls",
+        "alignment/chat.py",
+        (('    return TERMINAL_CONTROLS.sub("", text)', "    return text"),),
+        ("tests/test_chat.py::test_terminal_controls_from_the_model_or_a_tool_are_not_printed",),
+    ),
 )
 
 
