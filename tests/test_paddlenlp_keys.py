@@ -3,10 +3,13 @@ known, 0 and 1 as booleans, and every problem of a config in one message before 
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from reward_servers import reward_server
 
 from alignment.errors import ConfigError
 from alignment.parallel.distributed import World
@@ -76,6 +79,22 @@ def test_paddlenlps_grpo_file_loads_with_paddlenlps_meanings(tmp_path, capsys, n
                      "fused_linear", "recompute_use_reentrant", "use_flash_attention", "offload_level", "release_grads",
                      "clip_range_value", "ptx_coeff", "pipeline_parallel_config"]
     assert all(" has no effect here: " in line for line in notes)
+
+
+@pytest.mark.slow  # about 5 minutes each on 2 busy cores: two steps of 32 prompts x 8, two evaluations of 200 problems
+@pytest.mark.parametrize("name", GRPO_FILES)
+def test_paddlenlps_grpo_file_trains_two_steps_on_a_cpu_scored_by_the_reward_server(tmp_path, name):
+    with reward_server(tmp_path, "--workers", "1") as server:  # the file's use_rm_server: true, at a free port here
+        path = write(tmp_path, paddlenlp_file(name) | LOCAL | ON_THIS_CPU | {"reward_server": server.url})
+        command = [sys.executable, "-m", "alignment.launch", "--nproc_per_node", "1", "--log_dir", str(tmp_path / "launch"),
+                   "run_grpo.py", path]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=REPO)
+        scored = server.log.read_text().splitlines()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "note: use_flash_attention = 1 has no effect here: a GPU kernel" in done.stdout
+    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [step["step"] for step in steps if "reward_mean" in step] == [1, 2]
+    assert len(scored) >= 2 and (tmp_path / "out" / "checkpoint-2" / "model.safetensors").is_file()
 
 
 def test_paddlenlps_reinforce_plus_plus_file_is_refused_only_for_what_this_run_cannot_do_then_loads(tmp_path):
@@ -263,3 +282,16 @@ def test_disable_tqdm_leaves_the_progress_bar_out(tmp_path, disable):
     settings = DashboardSettings((), str(tmp_path / "vdl"), str(tmp_path), {"disable_tqdm": disable})
     with RunLogger(str(tmp_path), settings, 1, 2, 0, True) as logger:
         assert logger.bar.disable is disable
+
+
+def test_paddlenlps_keys_work_on_the_command_line_as_in_its_launchers(tmp_path, capsys):
+    path = write(tmp_path, BASE)
+    config = load_config([path, "--rl_algorithm", "reinforce_plus_plus", "--kl_coeff", "0.01", "--num_return_sequences", "4",
+                          "--use_flash_attention", "--do_eval=0"])
+    assert (config.advantage_estimator, config.kl_in_reward_coeff, config.rollout_n, config.eval_datasets) == (
+        "reinforce_plus_plus", 0.01, 4, None)
+    assert "note: use_flash_attention = true has no effect here" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"^command line: --use_flash_attention: must be true, false, 0 or 1, got 'yes'$"):
+        load_config([path, "--use_flash_attention", "yes"])
+    with pytest.raises(ConfigError, match=r"key 'pipeline_parallel_degree' = 2: model parallelism across GPUs"):
+        load_config([path, "--pipeline_parallel_degree", "2"])

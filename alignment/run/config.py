@@ -33,7 +33,7 @@ from alignment.algo.schedule import SCHEDULES
 from alignment.errors import ConfigError
 from alignment.run.checks import check, collected, show
 from alignment.run.data import parse_step_range
-from alignment.run.paddlenlp_keys import PADDLENLP_ALIASES, PADDLENLP_KEYS, PADDLENLP_VALUES, Refusal, read_key
+from alignment.run.paddlenlp_keys import PADDLENLP_ALIASES, PADDLENLP_KEYS, PADDLENLP_VALUES, Refusal, from_text, read_key
 from alignment.step.dashboards import DASHBOARDS, NONE, DashboardSettings
 
 
@@ -696,9 +696,10 @@ def read_json_config(path: str) -> dict:
     return reading.values
 
 
-def read_config_file(path: str) -> FileReading:
-    """CONFIG.json -> its FileReading: every key is read, and each mistake noted, before any is reported."""
-    raw = _json_object(path)
+def read_config_file(path: str, given_on_the_command_line: Optional[dict] = None) -> FileReading:
+    """CONFIG.json -> its FileReading: every key is read, and each mistake noted, before any is reported. PaddleNLP's
+    keys given on the command line ({key: value}) are read as if the file gave them."""
+    raw = _json_object(path) | (given_on_the_command_line or {})
     reading, written, settings = FileReading({}, [], [], set()), {}, {}
     for key, value in raw.items():
         try:
@@ -954,6 +955,24 @@ def _canonical_cli(args: list) -> tuple:
     return out, lists
 
 
+def _paddlenlp_arguments(args: list) -> tuple:
+    """The command line -> (its arguments but PaddleNLP's keys this trainer does not have, {such key: its value as a file
+    would hold it}): `--use_flash_attention 1`, `--rl_algorithm grpo` work as in PaddleNLP's launchers."""
+    rest, found, i = [], {}, 0
+    while i < len(args):
+        written, eq, attached = args[i][2:].partition("=") if args[i].startswith("--") else ("", "", "")
+        end = next((j for j in range(i + 1, len(args)) if args[j].startswith("--")), len(args))
+        if written in PADDLENLP_KEYS and written not in PADDLENLP_ALIASES:
+            try:
+                found[written] = from_text(written, [attached] * bool(eq) + args[i + 1 : end])
+            except Refusal as e:
+                raise Refusal(f"--{written}: {e}") from None
+        else:
+            rest += args[i:end]
+        i = end
+    return rest, found
+
+
 def _from_text(kind: type, text: str, where: str):
     if kind is str:
         return text
@@ -971,9 +990,13 @@ def load_config(argv: list) -> GRPOConfig:
         raise ConfigError(
             "usage: run_grpo.py CONFIG.json [--key value ...] (the first argument must be a .json file; --help lists the keys)"
         )
-    reading = read_config_file(argv[0])
     try:
-        overrides, lists = _canonical_cli(argv[1:])
+        arguments, paddlenlp_values = _paddlenlp_arguments(argv[1:])
+    except Refusal as e:
+        raise ConfigError(f"command line: {e}") from None
+    reading = read_config_file(argv[0], paddlenlp_values)
+    try:
+        overrides, lists = _canonical_cli(arguments)
         parser = _parser()
         parser.set_defaults(**{**reading.values, **lists})  # the file's values replace the defaults, the command line's replace those
         (config,) = parser.parse_args_into_dataclasses(args=overrides, look_for_args_file=False)

@@ -187,9 +187,9 @@ PADDLENLP_KEYS = {
                                    _global_mini_batch_size),
     "per_device_logprob_batch_size": no_effect(int, BATCHED_BY_TOKENS),
     "per_device_reward_batch_size": no_effect(int, "scoring takes the whole step's completions at once here"),
-    "per_device_rollout_batch_size": no_effect(int, "the rollout engine generates the step's completions in one batch"),
+    "per_device_rollout_batch_size": no_effect(int, "the rollout engine batches the step's completions itself"),
     "rollout_logprob_batch_size": no_effect(str, BATCHED_BY_TOKENS),
-    "rollout_max_num_seqs": no_effect(int, "the rollout engine generates the step's completions in one batch"),
+    "rollout_max_num_seqs": no_effect(int, "the rollout engine batches the step's completions itself"),
     "rollout_quant_type": refused(str, "quantised rollout weights are not implemented"),
     "quant_type": refused(str, "quantised rollout weights are not implemented"),
     "dataloader_drop_last": no_effect(bool, "every step takes a full batch of prompts: an epoch's remainder is left out, as with "
@@ -211,7 +211,8 @@ PADDLENLP_KEYS = {
     "save_strategy": sets(str, "steps only: a checkpoint every save_steps steps and at the end", _save_strategy),
     "ignore_save_lr_and_optim": no_effect(bool, "checkpoints keep the optimizer state and the schedule, which an exact resume needs"),
     "unified_checkpoint": no_effect(bool, "checkpoints are Hugging Face-layout safetensors folders already"),
-    "unified_checkpoint_config": no_effect(str, "checkpoints are written by one process in one layout"),
+    "unified_checkpoint_config": no_effect(str, "options of PaddleNLP's unified checkpoint (async saving, master weights); checkpoints "
+                                                "here are written whole or not at all"),
     "early_stopping": refused(bool, "this trainer runs max_steps steps (or num_train_epochs)"),
     "early_stopping_patience": no_effect(int, "read only with early_stopping", lambda v: True),
     "early_stopping_threshold": no_effect(float, "read only with early_stopping", lambda v: True),
@@ -229,13 +230,14 @@ PADDLENLP_KEYS = {
     **{key: no_effect(bool, GPU_KERNEL) for key in (
         "use_flash_attention", "fused_linear", "use_fused_linear", "use_fused_rms_norm", "use_fused_rope", "use_fused_head_and_loss_fn",
         "use_attn_mask_start_row_indices")},
-    "recompute_use_reentrant": no_effect(bool, "paddleformers' recompute of each decoder layer, as recompute says"),
+    "recompute_use_reentrant": no_effect(bool, "with recompute, paddleformers recomputes each decoder layer its own way"),
     "fp16_opt_level": no_effect(str, "AMP's level for bf16 and fp16 (GPU only); a CPU run computes in float32, or bf16 matmuls "
                                      "with float32 master weights (cpu_bf16_matmul)"),
     "amp_master_grad": no_effect(bool, "AMP's setting (GPU only)"),
     "amp_custom_black_list": no_effect(list, "AMP's setting (GPU only)"),
     "amp_custom_white_list": no_effect(list, "AMP's setting (GPU only)"),
-    "use_fp32_compute": no_effect(bool, "log-probs, rewards, advantages and the loss are float32 here always"),
+    "use_fp32_compute": no_effect(bool, "log-probs, rewards, advantages and the loss are float32 here always (bf16 matmuls, where "
+                                        "cpu_bf16_matmul turns them on, accumulate in float32)"),
     "offload_level": no_effect(str, GPU_MEMORY),
     "offload_optim": no_effect(bool, GPU_MEMORY),
     "release_grads": no_effect(bool, GPU_MEMORY),
@@ -293,6 +295,8 @@ def from_text(key: str, values: list):
     kind = PADDLENLP_KEYS[key].type
     if kind is list:
         return values
+    if kind is bool and not values:  # --use_flash_attention alone, as argparse reads a true/false key
+        return True
     if len(values) != 1:
         raise Refusal(f"takes one value, got {len(values)}")
     text = values[0]
