@@ -140,7 +140,7 @@ def test_optimizer_state_comes_back(tmp_path, parts):
 
     fresh_scheduler = paddle.optimizer.lr.LambdaDecay(0.1, schedule)
     fresh = paddle.optimizer.AdamW(fresh_scheduler, parameters=model.parameters())
-    assert load_training_state(path, fresh)["step"] == 3
+    assert load_training_state(path, fresh, model.parameters())["step"] == 3
     assert fresh_scheduler.get_lr() == scheduler.get_lr() == 0.1 / 4
     saved, restored = optimizer.state_dict(), fresh.state_dict()
     moments = [k for k in saved if "moment" in k]
@@ -203,7 +203,7 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
     ):
         start_point(config, World(0, 1))
     with pytest.raises(CheckpointError, match="has no optimizer.safetensors") if name == "optimizer.pdopt" else _nothing():
-        load_training_state(path, paddle.optimizer.AdamW(1e-3, parameters=parts[0].parameters()))
+        load_training_state(path, paddle.optimizer.AdamW(1e-3, parameters=parts[0].parameters()), parts[0].parameters())
     assert not marker.exists()
     trusted = load_config(["config/tiny/grpo_argument.json", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path),
                            "--trust_pickled_checkpoint", "true"])
@@ -312,3 +312,103 @@ def test_previous_run_files_are_the_runs_own(tmp_path):
     assert [p.name for p in found] == ["checkpoint-3", "grpo_config.json", "metrics.jsonl", "wandb", "wandb_run_id", "vdl_log"]
     remove_previous_run(found)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["launch_log", "notes.txt"]
+
+
+# --- forged contents: whoever writes a checkpoint writes its checksums too -------------------------------------
+
+
+def forged(path, files: dict | None = None):
+    """trainer_state.json's checksums recomputed over the checkpoint's files as they are now (and `files` added)."""
+    state = json.loads((path / "trainer_state.json").read_text())
+    state["files"] = {
+        file.name: {"size": file.stat().st_size, "sha256": _sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"
+    } | (files or {})
+    (path / "trainer_state.json").write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("entry", ["../../secret.txt", "absolute", "link"])
+def test_a_files_entry_outside_the_checkpoint_is_refused_unread(tmp_path, parts, entry):
+    path, secret = save(tmp_path / "out", 2, parts), tmp_path / "secret.txt"
+    secret.write_text("another file of this machine")
+    if entry == "absolute":
+        entry = str(secret)
+    if entry == "link":
+        (path / "link").symlink_to(secret)
+    forged(path, {entry: {"size": secret.stat().st_size, "sha256": _sha256(secret)}})
+    if entry != "link":
+        (path / "link").unlink(missing_ok=True)
+    with pytest.raises(CheckpointError, match=rf"{path}/trainer_state.json lists the file '{entry}', (which is not a path inside|a link to "
+                                              rf"{secret} outside) the checkpoint") as refused:
+        resolve_resume(str(path), str(tmp_path / "out"))
+    assert "\n" not in str(refused.value)
+    assert resolve_resume("auto", str(tmp_path / "out"))[0] is None  # auto skips it
+
+
+@pytest.fixture(scope="module")
+def stepped(parts):
+    """An optimizer that has made one update (so its state holds every moment), and its parameters."""
+    model = parts[0]
+    optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
+    model(paddle.to_tensor([[1, 2, 3]]))[0].mean().backward()
+    optimizer.step()
+    optimizer.clear_grad()
+    return optimizer, model.parameters()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda v: paddle.zeros([7, 7]), r"holds \S+_moment1_\d+ as float32 \[7, 7\], not float32 \[[\d, ]+\]"),
+        (lambda v: v.astype("float64"), r"holds \S+_moment1_\d+ as float64 \[[\d, ]+\], not float32 \[[\d, ]+\]"),
+        (lambda v: v.astype("int64"), r"holds \S+_moment1_\d+ as int64"),
+        (None, r"lacks \S+'s moment1"),
+    ],
+    ids=["shape", "float64", "int64", "missing"],
+)
+def test_forged_optimizer_moments_are_refused_in_one_line(tmp_path, parts, stepped, change, message):
+    from alignment.step.checkpoint import load_optimizer_state, save_optimizer_state
+
+    optimizer, parameters = stepped
+    model, tokenizer, _ = parts
+    path = save_checkpoint(str(tmp_path), 1, CheckpointContents(model, tokenizer, optimizer.state_dict(), "{}", {"total_steps": 9}), None)
+    state = load_optimizer_state(path / "optimizer.safetensors")
+    key = sorted(key for key in state if "_moment1_" in key)[0]
+    if change is None:
+        del state[key]
+    else:
+        state[key] = change(state[key])
+    save_optimizer_state(state, path / "optimizer.safetensors")
+    forged(path)
+    assert resolve_resume(str(path), str(tmp_path))[0].path == path  # the checksums hold
+    fresh = paddle.optimizer.AdamW(1e-3, parameters=parameters)
+    with pytest.raises(CheckpointError, match=rf"{path}/optimizer.safetensors {message}.*not this model's optimizer state") as refused:
+        load_training_state(path, fresh, parameters)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_forged_rollout_in_flight_is_refused_in_one_line(tmp_path, parts):
+    """A one-step-off run's checkpoint holds the next step's rollout: token ids past the vocabulary, or another
+    number of completions than the run's, are refused naming the file (not a traceback inside the step)."""
+    import numpy as np
+
+    from alignment.rollout.base import Rollout
+    from alignment.rollout.link import PENDING_FILE, read_pending
+    from alignment.rollout.wire import RolloutPart, pending_bytes
+
+    def rollout(token: int) -> Rollout:
+        ids = np.array([[5, token], [6, 7]], dtype=np.int64)
+        return Rollout([[1, 2], [1, 2]], ids, np.ones(ids.shape, np.float32), np.zeros(ids.shape, np.float32), ["eos", "eos"], 2)
+
+    path = save(tmp_path, 2, parts)
+    (path / PENDING_FILE).write_bytes(pending_bytes(3, [RolloutPart(3, rollout(8), 2, 1.0, 0.0)]))
+    forged(path)
+    assert read_pending(path, 3, False, 2, 2, 451)[0] == 3  # as the run saved it
+    with pytest.raises(CheckpointError, match=rf"{PENDING_FILE} holds 2 completions in groups of 2, not this run's 8 in groups of 4"):
+        read_pending(path, 3, False, 8, 4, 451)
+    (path / PENDING_FILE).write_bytes(pending_bytes(3, [RolloutPart(3, rollout(999_999), 2, 1.0, 0.0)]))
+    forged(path)
+    assert resolve_resume(str(path), str(tmp_path))[0].path == path
+    past = rf"{path}/{PENDING_FILE}: part 0: token id 999999 is past the model's vocabulary of 451"
+    with pytest.raises(CheckpointError, match=past) as refused:
+        read_pending(path, 3, False, 2, 2, 451)
+    assert "\n" not in str(refused.value)

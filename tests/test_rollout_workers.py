@@ -213,6 +213,49 @@ def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(mon
     assert time.monotonic() - started < 30
 
 
+def test_silent_or_failing_connections_do_not_hold_up_the_rollout_processes():
+    """Two connections that never say a word and one with a wrong key reach the trainer's port first; the rollout
+    process behind them is taken in at once (served one at a time, each silent one held the start for a minute)."""
+    from alignment.rollout.link import HANDSHAKE_SECONDS, _accept_workers, _authkey, _join
+    from alignment.rollout.wire import receive_message, send_message
+
+    key, server = b"k" * 32, socket.create_server(("127.0.0.1", 0))
+    host, port = server.getsockname()
+    silent = [socket.create_connection((host, port)) for _ in range(2)]
+    wrong = threading.Thread(target=handshake_with, args=(host, port, _authkey(b"x" * 32, host, port)), daemon=True)
+    wrong.start()
+    joined = []
+    worker = threading.Thread(target=lambda: joined.append(_join(host, port, key, 1)), daemon=True)
+    worker.start()
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match="rollout link: turned away a connection from 127.0.0.1"):
+        (connection,) = _accept_workers(server, _authkey(key, host, port), 1)
+        wrong.join(timeout=30)
+    waited = time.monotonic() - started
+    worker.join(timeout=30)
+    send_message(connection, "plan", {"first_step": 0})
+    assert receive_message(joined[0])[:2] == ("plan", {"first_step": 0})
+    assert waited < HANDSHAKE_SECONDS / 2, f"the rollout process waited {waited:.1f} s behind connections that proved nothing"
+    for sock in silent:
+        sock.close()
+
+
+def handshake_with(host: str, port: int, authkey: bytes) -> str:
+    """A peer's side of the handshake with `authkey` -> "ok" or the error's name."""
+    from multiprocessing.connection import Connection
+
+    from alignment.rollout.link import _handshake
+
+    connection = Connection(socket.create_connection((host, port)).detach())
+    try:
+        _handshake(connection, authkey, trainer=False)
+        return "ok"
+    except Exception as error:
+        return type(error).__name__
+    finally:
+        connection.close()
+
+
 SEVERAL_MACHINES, ONE_MACHINE = "10.0.0.1:6170,10.0.0.2:6170", "127.0.0.1:6170,127.0.0.1:6171"
 
 

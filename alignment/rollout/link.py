@@ -32,6 +32,7 @@ import hashlib
 import hmac
 import json
 import os
+import queue
 import secrets
 import socket
 import threading
@@ -46,14 +47,14 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from alignment.errors import ConfigError, RolloutWorkerError, TrainerGone, WireError
+from alignment.errors import CheckpointError, ConfigError, RolloutWorkerError, TrainerGone, WireError
 from alignment.key_files import read_key_file
 from alignment.rollout.wire import RolloutPart, load_parts, parts_from_record, parts_record, pending_bytes, receive_message, send_message
 
 PENDING_FILE = "pending_rollout.safetensors"  # in a checkpoint of a one-step-off run: the next step's rollout, received
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory
 RELEASE_SECONDS = 600  # how long a failed rollout process waits for the trainer to save before it exits anyway
-HANDSHAKE_SECONDS = 60  # a connection that has not proved its key by then is closed
+HANDSHAKE_SECONDS = 10  # a connection that has not proved its key by then is closed (each is served in a thread of its own)
 KEY_FILE_VARIABLE = "GRPO_ROLLOUT_LINK_KEY_FILE"  # across machines: a file only its user can read holding the link key
 PLAIN_KEY_VARIABLE = "GRPO_ROLLOUT_LINK_KEY"  # refused: the launcher writes every environment variable to its log folder
 LINK_FILE = ".rollout_link.json"  # in output_dir, on one machine: the trainer's address and the run's key, mode 0600
@@ -206,6 +207,64 @@ def _handshake(connection: Connection, authkey: bytes, trainer: bool) -> None:
         duplicate.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+def _accept_workers(server: socket.socket, authkey: bytes, workers: int) -> list:
+    """One connection per rollout process, in rank order: each proves the key and says its rank; anything else is
+    turned away and the trainer goes on waiting. Every connection is served in a thread of its own with
+    HANDSHAKE_SECONDS to do so, so that peers which stay silent or fail hold up no other (served one at a time, two
+    silent connections held a run's start for two minutes). Closes `server` once every rank is in."""
+    arrived: queue.Queue = queue.Queue()  # (peer, connection, rank) of a connection that proved the key
+
+    def serve(sock: socket.socket, peer: tuple) -> None:
+        connection = Connection(sock.detach())
+        try:
+            _handshake(connection, authkey, trainer=True)
+            kind, fields, _ = receive_message(connection)
+            rank = fields.get("rank")
+            if kind != "hello" or type(rank) is not int or not 1 <= rank <= workers:
+                raise WireError(f"a hello with rank {rank!r} from a run of {workers} rollout process(es)")
+            arrived.put((peer, connection, rank))
+        except (AuthenticationError, EOFError, OSError, WireError) as error:
+            _turn_away(connection, peer, error)
+
+    slots: dict = {}
+    server.settimeout(0.05)  # between accepts, the connections that finished their handshake are taken in
+    while len(slots) < workers:
+        try:
+            sock, peer = server.accept()
+            threading.Thread(target=serve, args=(sock, peer), daemon=True, name=f"rollout link {peer[0]}:{peer[1]}").start()
+        except TimeoutError:
+            pass
+        except OSError as error:  # out of file descriptors, say: the connections in flight end by their deadline
+            warnings.warn(f"rollout link: could not accept a connection ({error})")
+            time.sleep(0.05)
+        while not arrived.empty():
+            peer, connection, rank = arrived.get()
+            if rank in slots:
+                _turn_away(connection, peer, WireError(f"a second hello with rank {rank}"))
+            else:
+                slots[rank] = connection
+    server.close()
+    return [slots[rank] for rank in sorted(slots)]
+
+
+def _turn_away(connection: Connection, peer: tuple, error: BaseException) -> None:
+    warnings.warn(f"rollout link: turned away a connection from {peer[0]}:{peer[1]} ({type(error).__name__}: {_last_line(error)})")
+    connection.close()
+
+
+def _join(host: str, port: int, key: bytes, rank: int) -> Connection:
+    """A rollout process's connection to the trainer at host:port: both ends prove the key, then it says its rank."""
+    connection = Connection(socket.create_connection((host, port)).detach())
+    try:
+        _handshake(connection, _authkey(key, host, port), trainer=False)
+    except (AuthenticationError, EOFError, OSError) as error:
+        raise TrainerGone(
+            f"the rollout link to {host}:{port} did not prove the run's key ({type(error).__name__}): not this run's trainer"
+        ) from None
+    send_message(connection, "hello", {"rank": rank})
+    return connection
+
+
 def _write_private(path: Path, record: dict) -> None:
     """A file only this user can read, written whole (made afresh, so no earlier file's mode carries over)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,30 +315,11 @@ class TrainerLink:
         store.add("grpo/link_ready", 1)  # the rollout processes wait for this before they read the address
 
     def publish(self, plan: RunPlan) -> None:
-        """Accept every rollout process (each proves the key and says its rank; anything else is turned away and the
-        trainer goes on waiting), then send each the plan."""
+        """Accept every rollout process, then send each the plan."""
         self.total_steps = plan.total_steps
-        slots: dict = {}
-        while len(slots) < self.workers:
-            sock, peer = self.server.accept()
-            connection = Connection(sock.detach())
-            try:
-                _handshake(connection, self.authkey, trainer=True)
-                kind, fields, _ = receive_message(connection)
-                rank = fields.get("rank")
-                if kind != "hello" or type(rank) is not int or not 1 <= rank <= self.workers or rank in slots:
-                    raise WireError(f"a hello with rank {rank!r} from a run of {self.workers} rollout process(es)")
-            except (AuthenticationError, EOFError, OSError, WireError) as error:
-                warnings.warn(
-                    f"rollout link: turned away a connection from {peer[0]}:{peer[1]} ({type(error).__name__}: {_last_line(error)})"
-                )
-                connection.close()
-                continue
-            slots[rank] = connection
-        self.server.close()
+        self.connections = _accept_workers(self.server, self.authkey, self.workers)
         if self.link_file is not None:
             self.link_file.unlink(missing_ok=True)  # read by every rollout process by now
-        self.connections = [slots[rank] for rank in sorted(slots)]
         for connection in self.connections:
             send_message(connection, "plan", asdict(plan))
 
@@ -300,23 +340,10 @@ class TrainerLink:
     def pending_bytes(self) -> Optional[bytes]:
         return None if self.pending is None else pending_bytes(*self.pending[:2])
 
-    def restore_pending(self, checkpoint: Path, step: int, trust_pickle: bool) -> None:
-        """A checkpoint's in-flight rollout, if it holds one, which must be the step after it (an earlier version's
-        pickle only when trust_pickle: start_point refused it otherwise)."""
-        if (checkpoint / PENDING_FILE).is_file():
-            try:
-                due, parts = load_parts(checkpoint / PENDING_FILE)
-            except WireError as error:
-                raise RolloutWorkerError(f"the checkpoint's rollout in flight cannot be read: {error}") from None
-        elif trust_pickle and (checkpoint / "pending_rollout.pkl").is_file():
-            import pickle
-
-            due, parts = pickle.loads((checkpoint / "pending_rollout.pkl").read_bytes())
-        else:
-            return
-        if due != step:
-            raise RolloutWorkerError(f"the checkpoint's {PENDING_FILE} holds step {due}'s rollout, not step {step}'s")
-        self.pending = (due, parts, 0.0)
+    def restore_pending(self, checkpoint: Path, step: int, trust_pickle: bool, rows: int, group_size: int, vocab_size: int) -> None:
+        """A checkpoint's in-flight rollout, if it holds one (read_pending)."""
+        if (pending := read_pending(checkpoint, step, trust_pickle, rows, group_size, vocab_size)) is not None:
+            self.pending = (*pending, 0.0)
 
     def send_word(self, step: int, parameters: list, stop: bool) -> None:
         """After `step`: go with the new weights, or stop. Nothing when no rollout process waits for a word after
@@ -401,6 +428,35 @@ class TrainerLink:
         return None
 
 
+def read_pending(checkpoint: Path, step: int, trust_pickle: bool, rows: int, group_size: int, vocab_size: int) -> Optional[tuple]:
+    """A checkpoint's rollout in flight -> (step, [RolloutPart]), or None where it holds none. It must be the step
+    after the checkpoint's and of the run's shape: `rows` completions in groups of `group_size`, token ids below
+    vocab_size (CheckpointError naming the file otherwise). An earlier version's pickle only when trust_pickle
+    (start_point refused it otherwise)."""
+    file = checkpoint / PENDING_FILE
+    if file.is_file():
+        try:
+            due, parts = load_parts(file, vocab_size)
+        except WireError as error:
+            raise CheckpointError(f"the checkpoint's rollout in flight cannot be read: {error}") from None
+    elif trust_pickle and (checkpoint / "pending_rollout.pkl").is_file():
+        import pickle
+
+        file = checkpoint / "pending_rollout.pkl"
+        due, parts = pickle.loads(file.read_bytes())
+    else:
+        return None
+    if due != step:
+        raise CheckpointError(f"{file} holds step {due}'s rollout, not step {step}'s")
+    held, groups = sum(len(part.rollout.prompt_ids) for part in parts), {part.rollout.group_size for part in parts}
+    if held != rows or groups != {group_size}:
+        raise CheckpointError(
+            f"{file} holds {held} completions in groups of {', '.join(map(str, sorted(groups)))}, not this run's {rows} in "
+            f"groups of {group_size} (rollout_n)"
+        )
+    return due, parts
+
+
 class WorkerLink:
     """A rollout process's end: connects to the trainer, reads the plan, sends its rollouts, waits for the trainer's
     words and weights."""
@@ -418,14 +474,7 @@ class WorkerLink:
             (host, port), key = record["address"], bytes.fromhex(record["key"])
         else:
             host, port = json.loads(bytes(store.get("grpo/link_address")))
-        self.connection = Connection(socket.create_connection((host, port)).detach())
-        try:
-            _handshake(self.connection, _authkey(key, host, port), trainer=False)
-        except (AuthenticationError, EOFError, OSError) as error:
-            raise TrainerGone(
-                f"the rollout link to {host}:{port} did not prove the run's key ({type(error).__name__}): not this run's trainer"
-            ) from None
-        send_message(self.connection, "hello", {"rank": place.rank})
+        self.connection = _join(host, port, key, place.rank)
 
     def plan(self) -> RunPlan:
         kind, fields, _ = self._next()

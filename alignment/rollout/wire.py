@@ -65,8 +65,8 @@ def parts_record(step: int, parts: list) -> tuple:
     return header, arrays
 
 
-def parts_from_record(header, arrays: dict) -> tuple:
-    """The inverse of parts_record, checking everything -> (step, [RolloutPart])."""
+def parts_from_record(header, arrays: dict, vocab_size: Optional[int] = None) -> tuple:
+    """The inverse of parts_record, checking everything (token ids below vocab_size, where given) -> (step, [RolloutPart])."""
     record = _Fields(header, "the record")
     step = record.integer("step")
     parts = []
@@ -83,6 +83,9 @@ def parts_from_record(header, arrays: dict) -> tuple:
         shape = completion_ids.shape
         if completion_ids.size and completion_ids.min() < 0:
             raise WireError(f"part {index}: completion_ids holds a negative token id")
+        largest = max([int(completion_ids.max()) if completion_ids.size else -1, *(max(ids, default=-1) for ids in prompt_ids)])
+        if vocab_size is not None and largest >= vocab_size:
+            raise WireError(f"part {index}: token id {largest} is past the model's vocabulary of {vocab_size}")
         finish_reasons = part.items("finish_reasons", str)
         episodes = part.optional_items("episodes", dict)
         if len(finish_reasons) != rows or (episodes is not None and len(episodes) != rows):
@@ -253,14 +256,15 @@ def pending_bytes(step: int, parts: list) -> bytes:
     return save(arrays, metadata={"grpo_rollout": json.dumps(header)})
 
 
-def load_parts(path) -> tuple:
-    """A checkpoint's rollout in flight -> (step, [RolloutPart]); WireError naming the file when it is not one."""
+def load_parts(path, vocab_size: Optional[int] = None) -> tuple:
+    """A checkpoint's rollout in flight -> (step, [RolloutPart]); WireError naming the file when it is not one (or holds
+    a token id at or past vocab_size)."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), "numpy") as opened:
             header = json.loads((opened.metadata() or {})["grpo_rollout"])
-        return parts_from_record(header, load_file(str(path)))
+        return parts_from_record(header, load_file(str(path)), vocab_size)
     except WireError as error:
         raise WireError(f"{path}: {error}") from None
     except Exception as error:  # a missing file or key, a header that is not JSON, safetensors' own SafetensorError

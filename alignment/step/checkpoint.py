@@ -41,6 +41,7 @@ match the run's, never another run's checkpoint that happens to have a higher st
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -141,9 +142,16 @@ def read_checkpoint(path: Path) -> tuple:
 
 
 def damage(path: Path, state: dict) -> str | None:
-    """None when every file trainer_state.json lists has its recorded size and SHA-256, else what is wrong.
-    A checkpoint written before the list existed is taken as it is."""
-    for name, expected in state.get("files", {}).items():
+    """None when every file trainer_state.json lists is inside the checkpoint and has its recorded size and SHA-256,
+    else what is wrong. A checkpoint written before the list existed is taken as it is."""
+    files = state.get("files", {})
+    if not isinstance(files, dict):
+        return f"{path / STATE_FILE} lists its files as {type(files).__name__}, not an object"
+    for name, expected in files.items():
+        if why := _outside(path, name):
+            return why
+        if not isinstance(expected, dict) or type(expected.get("size")) is not int or not isinstance(expected.get("sha256"), str):
+            return f"{path / STATE_FILE} records the file {name!r} without an integer size and a sha256"
         file = path / name
         if not file.is_file():
             return f"{file} is missing"
@@ -152,6 +160,18 @@ def damage(path: Path, state: dict) -> str | None:
             return f"{file} has {size} bytes, {expected['size']} were written (truncated?)"
         if _sha256(file) != expected["sha256"]:
             return f"{file} does not match the checksum recorded when it was written"
+    return None
+
+
+def _outside(path: Path, name: str) -> str | None:
+    """Why a file that trainer_state.json lists is not a file of the checkpoint (an absolute path, a '..', a link
+    leading out of the folder, as a forged checkpoint names /etc/hostname), else None."""
+    where = f"{path / STATE_FILE} lists the file {name!r}"
+    if not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return f"{where}, which is not a path inside the checkpoint"
+    target = (path / name).resolve()
+    if not target.is_relative_to(path.resolve()):
+        return f"{where}, a link to {target} outside the checkpoint"
     return None
 
 
@@ -290,16 +310,58 @@ def load_optimizer_state(path: Path) -> dict:
     return state
 
 
-def load_training_state(path: Path, optimizer, trust_pickle: bool = False) -> dict:
-    """Restores the optimizer (AdamW moments and the learning-rate schedule) -> trainer_state.json. A checkpoint of an
-    earlier version (optimizer.pdopt, pickle) is read only when trust_pickle (start_point refused it otherwise)."""
+def load_training_state(path: Path, optimizer, parameters: list, trust_pickle: bool = False) -> dict:
+    """Restores the optimizer (AdamW moments and the learning-rate schedule) of `parameters` (the trained ones) ->
+    trainer_state.json. The moments are checked against the parameters first (CheckpointError naming the file and the
+    tensor). A checkpoint of an earlier version (optimizer.pdopt, pickle) is read only when trust_pickle (start_point
+    refused it otherwise)."""
     if (path / OPTIMIZER_FILE).is_file():
-        optimizer.set_state_dict(load_optimizer_state(path / OPTIMIZER_FILE))
+        state = load_optimizer_state(path / OPTIMIZER_FILE)
+        if why := optimizer_state_mismatch(state, parameters):
+            raise CheckpointError(f"resume_from_checkpoint: {path / OPTIMIZER_FILE} {why}: it is not this model's optimizer state")
+        optimizer.set_state_dict(state)
     elif trust_pickle:
         optimizer.set_state_dict(paddle.load(str(path / "optimizer.pdopt")))
     else:
         raise CheckpointError(f"{path} has no {OPTIMIZER_FILE}")
     return json.loads((path / STATE_FILE).read_text())
+
+
+# AdamW's tensors per parameter, named <parameter>_<kind>_<n>: the moments have the parameter's shape, the powers one value
+MOMENTS, POWERS = ("moment1", "moment2", "moment2_max"), ("beta1_pow_acc", "beta2_pow_acc")
+ACCUMULATOR_RE = re.compile(rf"^(.+)_({'|'.join(MOMENTS + POWERS)})_\d+$")
+
+
+def optimizer_state_mismatch(state: dict, parameters: list) -> str | None:
+    """What in a loaded optimizer state does not fit the trained parameters (a moment of another shape or dtype,
+    one missing, a schedule that is not numbers), else None. Moments are float32 or the parameter's dtype."""
+    by_name = {p.name: p for p in parameters}
+    found = set()
+    tensors = [(key, value) for key, value in state.items() if isinstance(value, paddle.Tensor)]
+    tensors += [(f"master_weights/{key}", value) for key, value in state.get("master_weights", {}).items()]
+    for key, value in tensors:
+        if key.startswith("master_weights/"):
+            name, kind = key.removeprefix("master_weights/"), "master"
+        elif match := ACCUMULATOR_RE.match(key):
+            name, kind = match.groups()
+        else:
+            return f"holds {key}, which is none of AdamW's tensors"
+        parameter = by_name.get(name)
+        if parameter is None:
+            return f"holds {key}, which belongs to no trained parameter of the model"
+        shape = [1] if kind in POWERS else list(parameter.shape)
+        dtypes = {paddle.float32} if kind in POWERS + ("master",) else {paddle.float32, parameter.dtype}
+        if list(value.shape) != shape or value.dtype not in dtypes:
+            wanted = " or ".join(sorted(str(dtype).removeprefix("paddle.") for dtype in dtypes))
+            return f"holds {key} as {str(value.dtype).removeprefix('paddle.')} {list(value.shape)}, not {wanted} {shape}"
+        found.add((name, kind))
+    needed = ("moment1", "moment2", *POWERS)  # each parameter's, once any is there (none: saved before the first update)
+    if found and (missing := [f"{name}'s {kind}" for name in by_name for kind in needed if (name, kind) not in found]):
+        return f"lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+    schedule = state.get("LR_Scheduler", {})
+    if not isinstance(schedule, dict) or not all(type(v) in (int, float) and math.isfinite(v) for v in schedule.values()):
+        return f"holds a learning-rate schedule that is not finite numbers ({str(schedule)[:80]})"
+    return None
 
 
 def checkpoint_path(output_dir: str, step: int) -> Path:
