@@ -12,6 +12,7 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- the option tables are generated here by docs/hooks.py -->"
+PADDLENLP_MARKER = "<!-- PaddleNLP's keys are generated here by docs/hooks.py -->"
 SERVED = ["bench/RESULTS.md", *(f"bench/{p.name}" for p in sorted((ROOT / "bench").glob("*.png")))]
 
 
@@ -47,6 +48,18 @@ def options_markdown() -> str:
     return "\n".join(out)
 
 
+def paddlenlp_markdown() -> str:
+    """PaddleNLP's keys this trainer spells otherwise or does not have (alignment/run/paddlenlp_keys.py): key, what it does here, why."""
+    _config_module()
+    from alignment.run.paddlenlp_keys import PADDLENLP_KEYS, SAME
+
+    out = ["| PaddleNLP's key | here | what it does here |", "|---|---|---|"]
+    for key, record in sorted(PADDLENLP_KEYS.items()):
+        meaning = f"`{record.why}`" if record.kind == SAME else record.why.replace("|", "\\|")
+        out.append(f"| `{key}` | {record.kind} | {meaning} |")
+    return "\n".join(out + [""])
+
+
 def on_files(files, config):
     for path in SERVED:
         files.append(File(path, src_dir=str(ROOT), dest_dir=config["site_dir"], use_directory_urls=config["use_directory_urls"]))
@@ -56,6 +69,7 @@ def on_files(files, config):
 def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri != "configuration.md":
         return markdown
-    if MARKER not in markdown:
-        raise ValueError(f"docs/configuration.md has lost its marker line {MARKER!r}: the option tables have no place")
-    return markdown.replace(MARKER, options_markdown())
+    for marker in (MARKER, PADDLENLP_MARKER):
+        if marker not in markdown:
+            raise ValueError(f"docs/configuration.md has lost its marker line {marker!r}: its generated table has no place")
+    return markdown.replace(MARKER, options_markdown()).replace(PADDLENLP_MARKER, paddlenlp_markdown())

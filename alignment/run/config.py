@@ -2,11 +2,13 @@
 `--key value` pairs on the command line, validated once before any model is loaded.
 
 Key names are PaddleNLP's; the names TRL and ms-swift users bring are accepted as aliases (ALIASES).
+PaddleNLP's keys this trainer spells otherwise or does not have are read as paddlenlp_keys.py says.
 An unknown key is an error naming the closest known key; values that disagree fail with a message
-naming the keys. The file's values must have their key's JSON type ("4" is not an integer, 1 not a
-boolean); the command line is parsed by paddleformers' PdArgumentParser (argparse over dataclass fields),
-so `--key value` works exactly as in PaddleNLP's launchers (a list key takes the values up to the next
---key). Every number must be finite and fit in int64.
+naming the keys, every problem of a config in one message. The file's values must have their key's JSON type
+("4" is not an integer; a boolean is true, false, 0 or 1, as PaddleNLP's files write them); the command
+line is parsed by paddleformers' PdArgumentParser (argparse over dataclass fields), so `--key value` works
+exactly as in PaddleNLP's launchers (a list key takes the values up to the next --key). Every number must be
+finite and fit in int64.
 """
 
 import codecs
@@ -780,7 +782,8 @@ def _unique_keys(pairs: list, path: str) -> dict:
 
 def _typed(key: str, value, where: str):
     """A JSON value for key -> the value, checked against the key's type. JSON's types are taken as written:
-    "4" is not an integer nor 1 a boolean (text becomes a number on the command line only); numbers are finite."""
+    "4" is not an integer nor 2 a boolean (0 and 1 are, as PaddleNLP writes them; text becomes a number on the command line
+    only); numbers are finite."""
     kind, nullable = _value_type(key)
     if value is None:
         if nullable:
