@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from alignment.rewards import RewardSettings, ScoreTable, available_rewards
 from alignment.rewards.pool import ScoringPool
 
+from .body import MAX_JSON_DEPTH, MAX_JSON_VALUES, BoundedRoute
 from .middleware import PADDLENLP_PATH, AccessLog, ReadBody, RequireKey, error_response
 from .schemas import (
     Health,
@@ -37,6 +38,8 @@ class Settings:
     max_body_bytes: int
     body_timeout: float  # seconds to receive a request's body
     request_timeout: float  # seconds of scoring per request; items not scored by then get an error
+    max_json_values: int = MAX_JSON_VALUES  # a body's JSON: most values, counted before it is parsed (more: 422)
+    max_json_depth: int = MAX_JSON_DEPTH  # and deepest nesting
 
 
 def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
@@ -50,6 +53,8 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
 
     # No /docs or /redoc: their pages load JavaScript from a CDN, blank offline. /openapi.json is the schema.
     app = FastAPI(title="GRPO reward server", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.router.route_class = BoundedRoute  # bodies measured before they are parsed, and parsed in a worker thread
+    app.state.json_limits = (settings.max_json_values, settings.max_json_depth)
     # The key is checked by RequireKey before any body is read; this only declares it in the OpenAPI schema.
     keyed = [Security(HTTPBearer(auto_error=False))] if settings.api_key else []
 

@@ -34,6 +34,7 @@ from alignment.rewards import get_reward  # noqa: E402
 from alignment.rewards.pool import ScoringPool  # noqa: E402
 from alignment.run.plugins import plugin_sources  # noqa: E402
 from reward_server.app import Settings, create_app  # noqa: E402
+from reward_server.body import MAX_JSON_DEPTH, MAX_JSON_VALUES  # noqa: E402
 from reward_server.middleware import access_log  # noqa: E402
 
 API_KEY_ENV = "GRPO_REWARD_SERVER_API_KEY"
@@ -90,6 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--max_items", type=int, default=4096, help="most items per request (more: 422)")
     add("--max_body_bytes", type=int, default=16 * 2**20, help="largest request body (larger: 413)")
+    add("--max_json_values", type=int, default=MAX_JSON_VALUES,
+        help=f"most JSON values in a request body, counted before it is parsed (more: 422; default {MAX_JSON_VALUES})")
+    add("--max_json_depth", type=int, default=MAX_JSON_DEPTH,
+        help=f"deepest nesting of a request body's JSON, measured before it is parsed (deeper: 422; default {MAX_JSON_DEPTH})")
     add("--header_timeout", type=float, default=10.0, help="seconds to receive a request's headers (else closed)")
     add("--body_timeout", type=float, default=60.0, help="seconds to receive a request's body (else 408)")
     add("--log_file", default=None, help="one line per request (default: stderr)")
@@ -105,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             f"--reward_weights has {len(args.reward_weights)} values for {len(args.reward_funcs)} --reward_funcs"
         )
-    positive = ["workers", "item_timeout", "request_timeout", "max_items", "max_body_bytes"]
+    positive = ["workers", "item_timeout", "request_timeout", "max_items", "max_body_bytes", "max_json_values", "max_json_depth"]
     positive += ["header_timeout", "body_timeout"]
     if not all(getattr(args, name) > 0 for name in positive):
         parser.error(f"{', '.join('--' + name for name in positive)} must be positive")
@@ -193,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
         request_timeout=args.request_timeout,
+        max_json_values=args.max_json_values,
+        max_json_depth=args.max_json_depth,
     )
     # One request holds at most all workers but one, so a request that comes while it runs starts at once.
     pool = ScoringPool(args.workers, args.item_timeout, plugins, job_workers=args.workers - 1)

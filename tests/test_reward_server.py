@@ -275,6 +275,61 @@ def test_malformed_bodies_are_4xx(client, path, body):
     assert 400 <= answer.status_code < 500, answer.text
 
 
+@pytest.mark.parametrize("path", SCORING_PATHS)
+@pytest.mark.parametrize("depth", [40, 3000])
+def test_an_extra_column_nested_too_deep_is_422_naming_it(client, path, depth):
+    # 40 levels passed the parser and went on to the scoring pool; 3,000 were a RecursionError, answered with FastAPI's
+    # "There was an error parsing the body". Neither is parsed now.
+    column = "[" * depth + "]" * depth
+    body = '{"items": [{"completion": "x", "answer": "1", "trace": %s}], "src": [], "tgt": [], "response": []}' % column
+    answer = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"] == f"invalid request: items.0.trace{'.0' * 29}: nested deeper than 32 levels (--max_json_depth)"
+
+
+def test_a_body_of_millions_of_values_is_refused_unparsed_and_health_is_not_held(tmp_path):
+    """Six 16 MB bodies of 5.5 million empty objects each, in an extra column, at once: each was parsed on the event
+    loop (2.1 GB; /health unanswered for 5.7 s, 15.6 s on a busy machine) and scored. Now each is measured before it
+    is parsed and refused naming the column; a legal 15 MB body of 1,024 items (150,000 values) is parsed in a worker
+    thread. Order-of-magnitude bounds only: timings are measured in bench/."""
+    hostile = b'{"items": [{"completion": "x", "answer": "1", "e": [' + b"{}," * 5_500_000 + b"{}]}]}"
+    tests = [{"in": str(i), "out": "2"} for i in range(48)]
+    legal = json.dumps({"items": [{"completion": "c" * 12_000, "answer": "42", "tests": tests} for _ in range(1024)]}).encode()
+    with reward_server(tmp_path, "--workers", "1") as running:
+        slowest, answers = [], []
+        watching = threading.Event()
+
+        def watch_health():
+            with httpx.Client(base_url=running.url, timeout=60) as http:
+                while not watching.is_set():
+                    started = time.perf_counter()
+                    assert http.get("/health").status_code == 200
+                    slowest.append(time.perf_counter() - started)
+                    time.sleep(0.02)
+
+        def post(body):
+            answers.append(httpx.post(f"{running.url}/v1/score", content=body, headers={"content-type": "application/json"}, timeout=300))
+
+        watcher = threading.Thread(target=watch_health)
+        watcher.start()
+        with ThreadPoolExecutor(7) as pool:
+            list(pool.map(post, [legal] + [hostile] * 6))
+        watching.set()
+        watcher.join()
+        peak = next(int(line.split()[1]) for line in Path(f"/proc/{running.process.pid}/status").read_text().splitlines()
+                    if line.startswith("VmHWM"))
+    assert sorted(answer.status_code for answer in answers) == [200] + [422] * 6, [answer.text[:200] for answer in answers]
+    for answer in answers:
+        if answer.status_code == 200:
+            assert len(answer.json()["scores"]) == 1024
+        else:
+            assert re.fullmatch(r"invalid request: items\.0\.e\.\d+: the request holds more than 262144 JSON values "
+                                r"\(--max_json_values\)", answer.json()["detail"]), answer.text
+    print(f"/health at most {max(slowest):.2f} s over {len(slowest)} calls; the server's peak {peak / 1024:.0f} MB")
+    assert max(slowest) < 3.0, f"/health took {max(slowest):.1f} s while the bodies were read"
+    assert peak < 1 << 20, f"the server peaked at {peak / 1024:.0f} MB"  # VmHWM in kB: under 1 GB
+
+
 def test_a_form_post_is_not_taken_for_json(client):
     # A browser page can send a form to localhost without asking; only application/json is read.
     answer = client.post("/", content=b'{"src": [], "tgt": [], "response": []}', headers={"content-type": "text/plain"})
