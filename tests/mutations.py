@@ -200,6 +200,19 @@ MUTATIONS = (
         ("tests/test_gguf.py::test_a_hostile_header_is_refused_before_the_gguf_package_reads_it[nested arrays]",),
     ),
     Mutation(
+        "config-first-problem-only",  # a failed value check stops its section again: a config's second mistake is not reported
+        "alignment/run/checks.py",
+        (("        found.append(message)\n", "        raise ConfigError(message)\n"),),
+        ("tests/test_paddlenlp_keys.py::test_every_problem_of_a_config_is_reported_at_once_before_anything_loads",),
+    ),
+    Mutation(
+        "paddlenlp-refused-key-accepted",  # a PaddleNLP key this run cannot honour is accepted with a note instead
+        "alignment/run/paddlenlp_keys.py",
+        (("        raise Refusal(record.why)\n", "        return {}, record.why\n"),),
+        ("tests/test_paddlenlp_keys.py::test_every_no_effect_key_says_so_at_start_and_every_refused_one_is_refused_with_its_reason"
+         "[ptx_datasets]",),
+    ),
+    Mutation(
         "tool-call-depth-unchecked",  # arguments as a string 3,000 deep raise out of the environment again
         "alignment/tools/calls.py",
         (("    if depth := json_too_deep(text):\n", "    if depth := None:\n"),),
