@@ -155,6 +155,8 @@ def nested(depth: int) -> str:
          "the \"arguments\" string of tool call 'calculator' holds a number that cannot be read (Exceeds the limit (4300 digits)"),
         (json.dumps({"name": "calculator", "arguments": "{a"}),
          "the \"arguments\" string of tool call 'calculator' is not valid JSON (Expecting property name enclosed in double quotes"),
+        (json.dumps({"name": "calculator", "arguments": "[" * 70 + "\ud800"}),  # a lone surrogate the first parse made
+         "the \"arguments\" string of tool call 'calculator' nests arrays or objects 70 deep; at most 64 are read"),
         # Parsed without error, then too deep for what follows (pickling the sample to the scoring pool raised).
         (json.dumps({"name": "calculator", "arguments": {"a": json.loads(nested(600)), "b": 1}}),
          "the tool call nests arrays or objects 602 deep; at most 64 are read"),

@@ -118,7 +118,8 @@ def json_too_deep(text: str) -> Optional[int]:
     it is refused either way."""
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # most rows: too few brackets to be deep
         return None
-    chars = np.frombuffer(JSON_STRING.sub("", text).encode(), np.int8)  # brackets are ASCII, in UTF-8 too
+    # brackets are ASCII, in UTF-8 too; a lone surrogate (arguments parsed from "\\ud800") passes as its three bytes
+    chars = np.frombuffer(JSON_STRING.sub("", text).encode("utf-8", "surrogatepass"), np.int8)
     steps = (chars == ord("[")).view(np.int8) + (chars == ord("{")) - (chars == ord("]")) - (chars == ord("}"))
     depth = int(np.cumsum(steps, dtype=np.int32).max(initial=0))
     return depth if depth > MAX_JSON_DEPTH else None
