@@ -98,7 +98,8 @@ def test_the_host_is_read_only_and_mostly_absent(environment, tmp_path):
     where the checkout is) and the folders on the way to them; none of its writes reaches the host."""
     target, kept = tmp_path / "escaped.txt", tmp_path / "kept.txt"
     kept.write_text("mine")
-    bound = sorted({os.path.realpath(path) for path in (sys.base_prefix, sys.prefix, os.path.dirname(alignment.__file__))})
+    bound = sorted({place(path) for path in (sys.base_prefix, sys.prefix, os.path.dirname(alignment.__file__))
+                    for place in (os.path.realpath, os.path.abspath)})  # a symlinked .venv: at both its paths
     code = f"""
 import json, os
 tries = {{}}

@@ -84,6 +84,7 @@ def limit():
     resource.setrlimit(resource.RLIMIT_AS, (job["memory_mb"] * megabyte,) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_mb"] * megabyte,) * 2)
     resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_seconds"],) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash writes no core file and starts no core_pattern handler of the host
     if job["processes"]:  # None where a pids cgroup bounds the call (as root: nobody's count is the whole host's)
         resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"],) * 2)
 
@@ -200,11 +201,16 @@ def _bwrap(disk_mb: int, command: list, seccomp: int) -> list:
             arguments += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             arguments += ["--ro-bind", str(path), str(path)]
-    bound = [path for path in dict.fromkeys(map(os.path.realpath, (sys.base_prefix, sys.prefix, PACKAGE))) if not path.startswith("/usr/")]
-    for path in bound:  # the folders on its way open to nobody (bwrap makes them 0700, as root its own)
-        for folder in reversed(Path(path).parents[:-1]):
+    # each folder at its real path and, where a symlink leads to it (a linked .venv), at the path python is run by too
+    binds = {(os.path.realpath(path), place) for path in (sys.base_prefix, sys.prefix, PACKAGE)
+             for place in (os.path.realpath(path), os.path.abspath(path))}
+    bound = sorted(place for source, place in binds if not place.startswith("/usr/"))
+    for source, place in sorted(binds, key=lambda bind: bind[1]):
+        if place.startswith("/usr/"):
+            continue
+        for folder in reversed(Path(place).parents[:-1]):  # the folders on its way open to nobody (bwrap makes them 0700)
             arguments += ["--perms", "0755", "--dir", str(folder)]
-        arguments += ["--ro-bind", path, path]
+        arguments += ["--ro-bind", source, place]
     # the writable places, each a tmpfs of disk_mb; /tmp is the private folder unless a bound path is under it (a
     # checkout in /tmp: then /tmp is read-only, as the rest of / and /dev are; their device nodes stay writable)
     for place in (WORKDIR, "/dev/shm"):
