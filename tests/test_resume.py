@@ -81,3 +81,28 @@ def test_resume_from_a_folder_that_is_not_a_checkpoint_fails_before_loading(tmp_
     )
     assert done.returncode == 2
     assert f"resume_from_checkpoint: '{tmp_path}' is not a complete checkpoint folder" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_forged_optimizer_state_stops_the_resume_in_one_line(tmp_path):
+    """A checkpoint whose optimizer.safetensors holds a moment of another shape, with its checksums recomputed (whoever
+    forges a checkpoint writes them too): the resume stops naming the file and the tensor (a traceback inside the
+    first optimizer step before)."""
+    import paddle
+
+    from alignment.step.checkpoint import _sha256, load_optimizer_state, save_optimizer_state
+
+    out = tmp_path / "out"
+    run(out, "--max_steps", "1", "--save_steps", "1")
+    checkpoint = out / "checkpoint-1"
+    state = load_optimizer_state(checkpoint / "optimizer.safetensors")
+    moment = sorted(key for key in state if "_moment1_" in key)[0]
+    state[moment] = paddle.zeros([7, 7])
+    save_optimizer_state(state, checkpoint / "optimizer.safetensors")
+    record = json.loads((checkpoint / "trainer_state.json").read_text())
+    record["files"] = {name: {"size": (checkpoint / name).stat().st_size, "sha256": _sha256(checkpoint / name)} for name in record["files"]}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(record))
+    done = subprocess.run([sys.executable, *RUN, "--output_dir", str(out), "--max_steps", "2", "--resume_from_checkpoint", str(checkpoint)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"run_grpo: error: resume_from_checkpoint: {checkpoint}/optimizer.safetensors holds {moment} as float32 [7, 7]" in done.stderr
