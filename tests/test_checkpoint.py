@@ -326,19 +326,19 @@ def forged(path, files: dict | None = None):
     (path / "trainer_state.json").write_text(json.dumps(state))
 
 
-@pytest.mark.parametrize("entry", ["../../secret.txt", "absolute", "link"])
+@pytest.mark.parametrize("entry", ["../../secret.txt", "absolute", "link", "unlisted link"])
 def test_a_files_entry_outside_the_checkpoint_is_refused_unread(tmp_path, parts, entry):
     path, secret = save(tmp_path / "out", 2, parts), tmp_path / "secret.txt"
     secret.write_text("another file of this machine")
-    if entry == "absolute":
-        entry = str(secret)
-    if entry == "link":
+    listed = {"../../secret.txt": "../../secret.txt", "absolute": str(secret), "link": "link", "unlisted link": None}[entry]
+    if "link" in entry:
         (path / "link").symlink_to(secret)
-    forged(path, {entry: {"size": secret.stat().st_size, "sha256": _sha256(secret)}})
-    if entry != "link":
-        (path / "link").unlink(missing_ok=True)
-    with pytest.raises(CheckpointError, match=rf"{path}/trainer_state.json lists the file '{entry}', (which is not a path inside|a link to "
-                                              rf"{secret} outside) the checkpoint") as refused:
+    forged(path, {listed: {"size": secret.stat().st_size, "sha256": _sha256(secret)}} if listed else {})
+    refusal = {
+        "link": rf"{path}/link is a link to {secret} outside the checkpoint",
+        "unlisted link": rf"{path}/link is a link to {secret} outside the checkpoint",
+    }.get(entry, rf"{path}/trainer_state.json lists the file '{listed}', which is not a path inside the checkpoint")
+    with pytest.raises(CheckpointError, match=refusal) as refused:
         resolve_resume(str(path), str(tmp_path / "out"))
     assert "\n" not in str(refused.value)
     assert resolve_resume("auto", str(tmp_path / "out"))[0] is None  # auto skips it

@@ -142,8 +142,12 @@ def read_checkpoint(path: Path) -> tuple:
 
 
 def damage(path: Path, state: dict) -> str | None:
-    """None when every file trainer_state.json lists is inside the checkpoint and has its recorded size and SHA-256,
-    else what is wrong. A checkpoint written before the list existed is taken as it is."""
+    """None when no link in the checkpoint leads out of it and every file trainer_state.json lists is inside it with its
+    recorded size and SHA-256, else what is wrong. A checkpoint written before the list existed is taken as it is."""
+    for folder, subfolders, names in os.walk(path):  # links are not followed: one leading out is refused, listed or not
+        for entry in (Path(folder, name) for name in subfolders + names):
+            if entry.is_symlink() and not entry.resolve().is_relative_to(path.resolve()):
+                return f"{entry} is a link to {entry.resolve()} outside the checkpoint"
     files = state.get("files", {})
     if not isinstance(files, dict):
         return f"{path / STATE_FILE} lists its files as {type(files).__name__}, not an object"
@@ -164,14 +168,10 @@ def damage(path: Path, state: dict) -> str | None:
 
 
 def _outside(path: Path, name: str) -> str | None:
-    """Why a file that trainer_state.json lists is not a file of the checkpoint (an absolute path, a '..', a link
-    leading out of the folder, as a forged checkpoint names /etc/hostname), else None."""
-    where = f"{path / STATE_FILE} lists the file {name!r}"
+    """Why a file that trainer_state.json lists is not a path inside the checkpoint (absolute, or with a '..', as a
+    forged checkpoint names ../../../../etc/hostname), else None. Links leading out are damage()'s own check."""
     if not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
-        return f"{where}, which is not a path inside the checkpoint"
-    target = (path / name).resolve()
-    if not target.is_relative_to(path.resolve()):
-        return f"{where}, a link to {target} outside the checkpoint"
+        return f"{path / STATE_FILE} lists the file {name!r}, which is not a path inside the checkpoint"
     return None
 
 
