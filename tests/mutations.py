@@ -224,6 +224,31 @@ MUTATIONS = (
         (('    return TERMINAL_CONTROLS.sub("", text)', "    return text"),),
         ("tests/test_chat.py::test_terminal_controls_from_the_model_or_a_tool_are_not_printed",),
     ),
+    Mutation(
+        "checkpoint-file-entries-outside-read",  # trainer_state.json's ../../../../etc/hostname is read and checksummed again
+        "alignment/step/checkpoint.py",
+        (("        if why := _outside(path, name):\n            return why\n", ""),),
+        ("tests/test_checkpoint.py::test_a_files_entry_outside_the_checkpoint_is_refused_unread",),
+    ),
+    Mutation(
+        "forged-moments-loaded",  # a moment of another shape or dtype goes into the optimizer: a traceback at its step
+        "alignment/step/checkpoint.py",
+        (("        if why := optimizer_state_mismatch(state, parameters):", "        if why := None:"),),
+        ("tests/test_checkpoint.py::test_forged_optimizer_moments_are_refused_in_one_line",),
+    ),
+    Mutation(
+        "reward-body-parsed-unmeasured",  # json.loads takes any body the size cap lets through
+        "reward_server/body.py",
+        (("    if why := check_shape(body, max_values, max_depth):", "    if why := None:"),),
+        ("tests/test_reward_server.py::test_an_extra_column_nested_too_deep_is_422_naming_it",),
+    ),
+    Mutation(
+        "link-handshakes-one-at-a-time",  # the accept loop serves each connection to its end before the next
+        "alignment/rollout/link.py",
+        (("            threading.Thread(target=serve, args=(sock, peer), daemon=True, name=f\"rollout link {peer[0]}:{peer[1]}\").start()",
+          "            serve(sock, peer)"),),
+        ("tests/test_rollout_workers.py::test_silent_or_failing_connections_do_not_hold_up_the_rollout_processes",),
+    ),
 )
 
 
