@@ -110,13 +110,19 @@ def import_gguf(source: str | Path, out_dir: str | Path, overwrite: bool = False
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise GGUFImportError(f"{out_dir}: exists and is not empty; choose another folder or pass --overwrite")
     reader = _open(source)
-    metadata = {name: field.contents() for name, field in reader.fields.items()}
+    metadata = _metadata(source, reader)
     arch = _architecture(source, metadata)
     config = model_config(source, metadata, arch, reader)
     check_tensors(source, reader, config)
     check_token_ids(source, metadata, config)
     weights = hf_weights(source, reader, config)
-    tokenizer = build_tokenizer(source, metadata)
+    try:
+        tokenizer = build_tokenizer(source, metadata)
+    except GGUFImportError:
+        raise
+    except Exception as e:  # the tokenizers library's refusals: a merge of tokens the vocabulary lacks, a merge not "a b"
+        why = " ".join(str(e).split())
+        raise GGUFImportError(f"{source}: no tokenizer can be built from tokenizer.ggml.* ({type(e).__name__}: {why})") from None
     check_chat_template(source, tokenizer)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -140,11 +146,7 @@ def read_config(source: str | Path) -> dict:
     import's first step (a GGUF, an architecture and rotary scheme the importer reads) before any weight is."""
     source = Path(source)
     reader = _open(source)
-    metadata = {
-        name: field.contents()
-        for name, field in reader.fields.items()
-        if not name.startswith("tokenizer.ggml.") or name.endswith("_token_id")
-    }
+    metadata = _metadata(source, reader, lambda name: not name.startswith("tokenizer.ggml.") or name.endswith("_token_id"))
     config = model_config(source, metadata, _architecture(source, metadata), reader)
     check_tensors(source, reader, config)
     check_token_ids(source, metadata, config)
@@ -277,6 +279,18 @@ def check_header(source: Path) -> None:
             if dims > MAX_DIMS:
                 walk.refuse(f"tensor {name} has {dims:,} dimensions; ggml's tensors have at most {MAX_DIMS}")
             walk.skip(8 * dims + 4 + 8, f"tensor {name}")  # its dimensions, type and offset
+
+
+def _metadata(source: Path, reader, wanted=lambda name: True) -> dict:
+    """The metadata's values, those of the wanted keys; text that is not UTF-8 is refused naming its key."""
+    metadata = {}
+    for name, field in reader.fields.items():
+        if wanted(name):
+            try:
+                metadata[name] = field.contents()
+            except UnicodeDecodeError as e:
+                raise GGUFImportError(f"{source}: metadata {name} holds text that is not UTF-8 ({e.reason} at byte {e.start})") from None
+    return metadata
 
 
 def _architecture(source: Path, metadata: dict) -> str:

@@ -584,7 +584,7 @@ def test_refusals_name_the_file_and_the_key(tmp_path):
 # A file made to do harm: metadata that disagree with the tensors, shared bytes, ids outside the vocabulary, a chat
 # template that loops. Each is refused at import in one line, before a tensor is read or the run waits.
 
-U32, STRING = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.STRING
+U32, STRING, ARRAY = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
 
@@ -614,8 +614,12 @@ def overriding(**keys):
          "tokenizer.chat_template took more than 1 s of CPU time to render one conversation"),
         ({"tokenizer__chat_template": ("{% for i in range(100000) %}" + "x" * 20 + "{% endfor %}", STRING)},
          "tokenizer.chat_template rendered one conversation as 2000000 characters or tokens, more than 1048576"),
+        ({"general__name": (b"\xff\xfe", STRING)}, r"metadata general.name holds text that is not UTF-8 \(invalid start byte at byte 0\)"),
+        ({"tokenizer__ggml__merges": (["zzzq zzzw"], ARRAY)},  # a merge of tokens the vocabulary lacks: an exception of tokenizers'
+         r"no tokenizer can be built from tokenizer.ggml.\* \(Exception: Error while initializing BPE: Token `zzzq\w*` out of vocabulary"),
     ],
-    ids=["4e9 layers and ffn", "layers past block_count", "ffn width", "kv heads", "eos id", "template loops", "template size"],
+    ids=["4e9 layers and ffn", "layers past block_count", "ffn width", "kv heads", "eos id", "template loops", "template size",
+         "name not UTF-8", "merge outside the vocabulary"],
 )
 def test_a_hostile_file_is_refused_in_one_line(tmp_path, monkeypatch, keys, refusal):
     monkeypatch.setattr("alignment.models.template_limits.TEMPLATE_SECONDS", 1)
@@ -678,7 +682,6 @@ def gguf_header(keys: list, tensors: list = (), version: int = 3) -> bytes:
     return b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(keys)) + pairs + infos
 
 
-ARRAY = gguf.GGUFValueType.ARRAY
 QWEN2 = (b"general.architecture", STRING, gguf_string(b"qwen2"))
 
 
