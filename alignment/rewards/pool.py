@@ -14,9 +14,10 @@ its unstarted items an error, and the workers still scoring its items are killed
 Plugins are executed from the text the parent read (alignment/run/plugins.py), in every worker,
 replacements included: an edited or deleted plugin file changes nothing while the pool runs.
 
-Messages are pickled: the workers are this process's own children on a socket pair it made, no other
-process can write to it, and what a client sent the reward server arrives parsed from JSON. Pickling
-recurses once a level, so a sample nested past MAX_SAMPLE_DEPTH gets an error and is not sent.
+Messages are pickled: the workers are this process's own children, as this user, on a socket pair it
+made, no other process can write to it, and what a client sent the reward server arrives parsed from
+JSON. Pickling recurses once a level, so a sample nested past MAX_SAMPLE_DEPTH gets an error and is
+not sent.
 """
 
 import asyncio
@@ -181,13 +182,13 @@ class Job:
 
 
 def _deeper_than(value, most: int) -> bool:
-    """Whether `value` nests dicts, lists and tuples more than `most` deep; walked a level at a time, not recursively."""
+    """Whether `value` nests mappings, lists and tuples more than `most` deep; walked a level at a time, not recursively."""
     level = [value]
     for _ in range(most + 1):
-        containers = [item for item in level if isinstance(item, (dict, list, tuple))]
+        containers = [item for item in level if isinstance(item, (Mapping, list, tuple))]
         if not containers:
             return False
-        level = [child for item in containers for child in (item.values() if isinstance(item, dict) else item)]
+        level = [child for item in containers for child in (item.values() if isinstance(item, Mapping) else item)]
     return True
 
 
