@@ -276,15 +276,23 @@ def test_malformed_bodies_are_4xx(client, path, body):
 
 
 @pytest.mark.parametrize("path", SCORING_PATHS)
-@pytest.mark.parametrize("depth", [40, 3000])
+@pytest.mark.parametrize("depth", [120, 3000])
 def test_an_extra_column_nested_too_deep_is_422_naming_it(client, path, depth):
-    # 40 levels passed the parser and went on to the scoring pool; 3,000 were a RecursionError, answered with FastAPI's
-    # "There was an error parsing the body". Neither is parsed now.
+    # 120 levels were parsed and scored; 3,000 were a RecursionError, answered with FastAPI's "There was an error parsing
+    # the body". Neither is parsed now; the trainer's own rows and tool-call arguments nest at most 64 levels.
     column = "[" * depth + "]" * depth
     body = '{"items": [{"completion": "x", "answer": "1", "trace": %s}], "src": [], "tgt": [], "response": []}' % column
     answer = client.post(path, content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 422, answer.text
-    assert answer.json()["detail"] == f"invalid request: items.0.trace{'.0' * 29}: nested deeper than 32 levels (--max_json_depth)"
+    assert answer.json()["detail"] == f"invalid request: items.0.trace{'.0' * 97}: nested deeper than 100 levels (--max_json_depth)"
+
+
+def test_a_column_as_deep_as_the_trainer_reads_is_scored(server):
+    # a data row nests up to 64 levels in the trainer (alignment/run/data.py), and so may a tool call's arguments
+    nested = json.loads("[" * 63 + "{}" + "]" * 63)
+    sample = {"prompt": "q", "answer": "1", "tool_calls": [{"name": "f", "arguments": {"x": nested}}], "row": nested}
+    table = score_remote(["<answer>1</answer>"], [sample], ["accuracy"], [1.0], RewardServer(server.url, "v1", 30, 0))
+    assert table.errors == [None] and table.totals == [1.0]
 
 
 def test_a_body_of_millions_of_values_is_refused_unparsed_and_health_is_not_held(tmp_path):
