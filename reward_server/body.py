@@ -94,7 +94,7 @@ def _first_excess(body: bytes, max_values: int, max_depth: int) -> str:
     """Walks the body's tokens up to the first value past max_values or nesting past max_depth -> what and where,
     as the field's path (items.3.tests). Called only for a body check_shape refuses: the walk is bounded by the limits."""
     stack: list = []  # per open container: [its key in its parent or its index, expecting a key (objects)]
-    values = 1
+    values, strings = 1, 0
     for match in TOKEN.finditer(body):
         token = match.group()
         if token in (b"{", b"["):
@@ -103,18 +103,24 @@ def _first_excess(body: bytes, max_values: int, max_depth: int) -> str:
             stack.append([None if token == b"{" else 0, token == b"{"])
             values += 1
         elif token in (b"}", b"]"):
-            stack = stack[:-1]
+            if stack:
+                stack.pop()
         elif token == b",":
             values += 1
             if stack and isinstance(stack[-1][0], int):  # the next item of an array
                 stack[-1][0] += 1
             elif stack:  # the next member of an object: its key comes first
                 stack[-1][1] = True
-        elif token != b":" and stack and stack[-1][1]:  # a key
-            stack[-1][0], stack[-1][1] = _key(token), False
+        elif token != b":":  # a string: a key where an object expects one
+            strings += 1
+            if strings > 2 * max_values + 2:
+                return f"{_path(stack)}: the request holds more than {2 * max_values + 2} strings, so more than {max_values} JSON values " \
+                       "(--max_json_values)"
+            if stack and stack[-1][1]:
+                stack[-1][0], stack[-1][1] = _key(token), False
         if values > max_values:
             return f"{_path(stack)}: the request holds more than {max_values} JSON values (--max_json_values)"
-    return f"the body holds more than {2 * max_values + 2} strings for at most {max_values} JSON values (--max_json_values)"
+    return f"the body holds more than {max_values} JSON values or nests deeper than {max_depth} levels"
 
 
 def _key(token: bytes) -> str:

@@ -287,6 +287,30 @@ def test_an_extra_column_nested_too_deep_is_422_naming_it(client, path, depth):
     assert answer.json()["detail"] == f"invalid request: items.0.trace{'.0' * 97}: nested deeper than 100 levels (--max_json_depth)"
 
 
+ITEM = b'{"items": [{"completion": "x", "answer": "1", "e": ['
+
+
+@pytest.mark.parametrize(
+    "body, refusal",
+    [
+        (ITEM + b"{}," * 2000 + b"{}]}]}", r"items\.0\.e\.(\d+): the request holds more than 1000 JSON values \(--max_json_values\)"),
+        (ITEM + b'"a",' * 2000 + b'"a"]}]}', r"items\.0\.e\.(\d+): the request holds more than 1000 JSON values \(--max_json_values\)"),
+        (ITEM + b"0," * 2000 + b"0]}]}", r"items\.0\.e\.(\d+): the request holds more than 1000 JSON values \(--max_json_values\)"),
+        (ITEM + b'""' * 2000 + b"]}]}", r"items\.0\.e\.0: the request holds more than 2002 strings, so more than 1000 JSON values .*"),
+        (b'{"items": [{"completion": "x", "we\\"ird": ' + b"[" * 20 + b"]" * 20 + b"}]}",
+         r'items\.0\.we"ird(\.0){7}: nested deeper than 10 levels \(--max_json_depth\)'),
+        # brackets, commas and escaped quotes inside strings are text, not structure
+        (b'{"items": [{"completion": "' + b'{[,\\"\\\\' * 3000 + b'", "answer": "[[[["}]}', None),
+    ],
+    ids=["empty objects", "short strings", "zeros", "adjacent strings", "deep", "structure inside strings"],
+)
+def test_a_body_is_measured_before_it_is_parsed(body, refusal):
+    from reward_server.body import check_shape
+
+    found = check_shape(body, 1000, 10)
+    assert found is None if refusal is None else re.fullmatch(refusal, found), found
+
+
 def test_a_column_as_deep_as_the_trainer_reads_is_scored(server):
     # a data row nests up to 64 levels in the trainer (alignment/run/data.py), and so may a tool call's arguments
     nested = json.loads("[" * 63 + "{}" + "]" * 63)
