@@ -2,8 +2,9 @@
 
 FastAPI parses a body with json.loads on the event loop, then validates it: a 16 MB body of empty objects in an extra
 column made 5.6 million dicts (550 MB; six at once 2.1 GB) while /health went unanswered for 0.8 s (5.7 s). Here the
-raw bytes are measured first, with no Python object made of them: the strings set aside, then the commas and brackets
-of what is left counted and the nesting measured in C and numpy. A body with more values or deeper nesting than the
+raw bytes are measured first, with no Python object made of them: the strings set aside one by one (each found in C,
+the event loop's thread getting its turn between them), then the commas and brackets of what is left counted and the
+nesting measured in C and numpy. A body with more values or deeper nesting than the
 server takes (--max_json_values, --max_json_depth) is refused with a 422 naming the field where it went past; the
 parse itself runs in a worker thread.
 """
