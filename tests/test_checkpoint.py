@@ -1,4 +1,5 @@
 import json
+import re
 
 import paddle
 import pytest
@@ -342,6 +343,25 @@ def test_a_files_entry_outside_the_checkpoint_is_refused_unread(tmp_path, parts,
         resolve_resume(str(path), str(tmp_path / "out"))
     assert "\n" not in str(refused.value)
     assert resolve_resume("auto", str(tmp_path / "out"))[0] is None  # auto skips it
+
+
+@pytest.mark.parametrize(
+    "field, value, refusal",
+    [
+        ("skipped_steps", "3", "skipped_steps = '3', not a count"),
+        ("log_offsets", {"metrics.jsonl": -5}, "log_offsets = {'metrics.jsonl': -5}, not byte offsets"),
+        ("ancestry", [["run", "one"]], "run_id = '' and ancestry = [['run', 'one']], not a run id and [run id, step] pairs"),
+        ("saved_at", "yesterday", "saved_at = 'yesterday', not a time"),
+    ],
+)
+def test_forged_trainer_state_fields_are_refused_in_one_line(tmp_path, parts, field, value, refusal):
+    path = save(tmp_path, 2, parts)
+    state = json.loads((path / "trainer_state.json").read_text())
+    (path / "trainer_state.json").write_text(json.dumps(state | {field: value}))  # the checksums do not cover it: it holds them
+    message = f"{path}/trainer_state.json holds {refusal}: the checkpoint is damaged"
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        resolve_resume(str(path), str(tmp_path))
+    assert resolve_resume("auto", str(tmp_path)) == (None, [(path, message)])  # skipped, saying why
 
 
 @pytest.fixture(scope="module")

@@ -137,8 +137,29 @@ def read_checkpoint(path: Path) -> tuple:
             raise CheckpointError(f"{path / name} cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged") from None
         if not isinstance(record, dict) or (name == STATE_FILE and not isinstance(record.get("step"), int)):
             raise CheckpointError(f"{path / name} is not a checkpoint's record: the checkpoint is damaged")
+        if name == STATE_FILE and (why := _state_problem(record)):
+            raise CheckpointError(f"{path / name} holds {why}: the checkpoint is damaged")
         records.append(record)
     return tuple(records)
+
+
+def _state_problem(state: dict) -> str | None:
+    """Which of trainer_state.json's fields is not of its kind (damaged, or forged with its checksums), else None:
+    each would otherwise be a traceback later in the resume."""
+    for key in ("step", "total_steps", "skipped_steps", "processes"):
+        if key in state and (type(state[key]) is not int or state[key] < 0):
+            return f"{key} = {state[key]!r:.60}, not a count"
+    offsets = state.get("log_offsets", {})
+    if not isinstance(offsets, dict) or not all(type(offset) is int and offset >= 0 for offset in offsets.values()):
+        return f"log_offsets = {offsets!r:.60}, not byte offsets"
+    ancestry = state.get("ancestry", [])
+    if not isinstance(state.get("run_id", ""), str) or not isinstance(ancestry, list) or not all(
+        isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int for pair in ancestry
+    ):
+        return f"run_id = {state.get('run_id')!r:.40} and ancestry = {ancestry!r:.60}, not a run id and [run id, step] pairs"
+    if type(state.get("saved_at", 0.0)) not in (int, float):
+        return f"saved_at = {state['saved_at']!r:.60}, not a time"
+    return None
 
 
 def damage(path: Path, state: dict) -> str | None:
