@@ -293,6 +293,8 @@ def test_a_changed_byte_of_the_same_size_is_caught_by_the_checksum(tmp_path, par
             {"resume_from_checkpoint": None, "overwrite_output_dir": False}, 1,
             {"resume_from_checkpoint": "auto", "overwrite_output_dir": True, "new_key": 1}, 1, [], [],
         ),
+        # a forged batch size that is no count differs (no TypeError multiplying it by the processes)
+        ({"per_device_prompt_batch_size": {}}, 1, {"per_device_prompt_batch_size": 8}, 1, ["per_device_prompt_batch_size: {} -> 8"], []),
     ],
 )
 def test_settings_changes(recorded, recorded_processes, current, processes, refused, allowed):

@@ -272,7 +272,7 @@ def settings_changes(recorded: dict, recorded_processes: int | None, current: di
         if key in RESUME_KEYS:
             continue
         if key in PER_PROCESS_KEYS:
-            differs = recorded[key] * recorded_processes != current[key] * processes
+            differs = type(recorded[key]) is not int or recorded[key] * recorded_processes != current[key] * processes  # forged: {}
         else:
             differs = recorded[key] != current[key]
         if differs:
