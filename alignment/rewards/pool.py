@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from alignment.rewards import RewardSettings, ScoreTable, available_rewards, score_completions
-from alignment.run.data import MAX_JSON_DEPTH
+from alignment.json_depth import MAX_JSON_DEPTH
 from alignment.run.plugins import PluginSource, load_plugin_sources
 
 # Large enough that IPC is a small part of the cost (an item scores in ~30 us), small enough that a

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from alignment.errors import ChatTemplateError, DataError
+from alignment.json_depth import MAX_JSON_DEPTH, json_too_deep
 
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
 RESPONSE_KEYS = ("tgt", "answer", "solution", "response")
@@ -27,12 +28,6 @@ ROLES = ("system", "user", "assistant")
 # must not be read into memory as one line. Rows with long reference solutions or test cases fit well within it.
 MAX_LINE_BYTES = 64 * 2**20
 SKIPPED_SHOWN = 20  # skipped rows printed per file; the count covers them all
-# JSON from outside (a row, a model's tool call) nests arrays and objects at most this deep, checked before it is
-# parsed: every later walk of it recurses a level at a time (the parser, pickling a sample to the scoring pool,
-# json.dumps of a record), and Python's limit of 1,000 frames broke pickling at 600 levels. Real rows nest a few.
-MAX_JSON_DEPTH = 64
-# A JSON string with its escapes ("a\\"b"): what json_too_deep skips, so that brackets inside strings do not count.
-JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 # GSM8K's worked answers mark each calculation as <<48/2=24>>; the count of marks is the problem's number of steps.
 CALCULATION_MARK = re.compile(r"<<[^<>]*>>")
 
@@ -110,19 +105,6 @@ def _json_object(raw: bytes, handle, first: bool) -> Optional[dict]:
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     return row
-
-
-def json_too_deep(text: str) -> Optional[int]:
-    """How deep JSON text nests arrays and objects where that is over MAX_JSON_DEPTH, else None; read off its brackets
-    outside strings without parsing it (a parser recurses once a level). Text that is not JSON may get a number too:
-    it is refused either way."""
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # most rows: too few brackets to be deep
-        return None
-    # brackets are ASCII, in UTF-8 too; a lone surrogate (arguments parsed from "\\ud800") passes as its three bytes
-    chars = np.frombuffer(JSON_STRING.sub("", text).encode("utf-8", "surrogatepass"), np.int8)
-    steps = (chars == ord("[")).view(np.int8) + (chars == ord("{")) - (chars == ord("]")) - (chars == ord("}"))
-    depth = int(np.cumsum(steps, dtype=np.int32).max(initial=0))
-    return depth if depth > MAX_JSON_DEPTH else None
 
 
 def _detect(row: dict, prompt_key: Optional[str], response_key: Optional[str], where: str) -> tuple:
