@@ -79,7 +79,7 @@ def main() -> None:
     load_model_seconds = time.perf_counter() - started
     fresh = paddle.optimizer.AdamW(1e-6, parameters=loaded.parameters())
     started = time.perf_counter()
-    load_training_state(path, fresh, model.parameters())  # the names the file holds: a fresh process gives `loaded` these
+    load_training_state(path, fresh, list(model.named_parameters()))  # the names the file holds: a fresh process gives `loaded` these
     load_optimizer_seconds = time.perf_counter() - started
     shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({

@@ -233,7 +233,7 @@ MUTATIONS = (
     Mutation(
         "forged-moments-loaded",  # a moment of another shape or dtype goes into the optimizer: a traceback at its step
         "alignment/step/checkpoint.py",
-        (("        if why := optimizer_state_mismatch(state, parameters):", "        if why := None:"),),
+        (("        if why := optimizer_state_mismatch(state, named_parameters):", "        if why := None:"),),
         ("tests/test_checkpoint.py::test_forged_optimizer_moments_are_refused_in_one_line",),
     ),
     Mutation(

@@ -1,6 +1,7 @@
 import json
 import re
 
+import numpy as np
 import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
@@ -141,7 +142,7 @@ def test_optimizer_state_comes_back(tmp_path, parts):
 
     fresh_scheduler = paddle.optimizer.lr.LambdaDecay(0.1, schedule)
     fresh = paddle.optimizer.AdamW(fresh_scheduler, parameters=model.parameters())
-    assert load_training_state(path, fresh, model.parameters())["step"] == 3
+    assert load_training_state(path, fresh, list(model.named_parameters()))["step"] == 3
     assert fresh_scheduler.get_lr() == scheduler.get_lr() == 0.1 / 4
     saved, restored = optimizer.state_dict(), fresh.state_dict()
     moments = [k for k in saved if "moment" in k]
@@ -204,7 +205,7 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
     ):
         start_point(config, World(0, 1))
     with pytest.raises(CheckpointError, match="has no optimizer.safetensors") if name == "optimizer.pdopt" else _nothing():
-        load_training_state(path, paddle.optimizer.AdamW(1e-3, parameters=parts[0].parameters()), parts[0].parameters())
+        load_training_state(path, paddle.optimizer.AdamW(1e-3, parameters=parts[0].parameters()), list(parts[0].named_parameters()))
     assert not marker.exists()
     trusted = load_config(["config/tiny/grpo_argument.json", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path),
                            "--trust_pickled_checkpoint", "true"])
@@ -368,13 +369,37 @@ def test_forged_trainer_state_fields_are_refused_in_one_line(tmp_path, parts, fi
 
 @pytest.fixture(scope="module")
 def stepped(parts):
-    """An optimizer that has made one update (so its state holds every moment), and its parameters."""
+    """An optimizer that has made one update (so its state holds every moment), and (name, parameter) of its parameters."""
     model = parts[0]
     optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
     model(paddle.to_tensor([[1, 2, 3]]))[0].mean().backward()
     optimizer.step()
     optimizer.clear_grad()
-    return optimizer, model.parameters()
+    return optimizer, list(model.named_parameters())
+
+
+def test_moments_saved_by_the_models_names_come_back_where_paddle_named_the_parameters_otherwise(tmp_path, parts, stepped):
+    """Paddle names parameters by process-wide counters: a model built after another (a resume in the process that
+    trained, or a reference model built first) has other names. The checkpoint names the moments as the model does, so
+    they come back all the same (before, set_state_dict matched none and the resume went on with no moments)."""
+    from alignment.step.checkpoint import accumulators_renamed
+
+    optimizer, named = stepped
+    model, tokenizer, _ = parts
+    saved = accumulators_renamed(optimizer.state_dict(), {parameter.name: name for name, parameter in named})
+    assert not any(parameter.name in key for key in saved for _, parameter in named)  # only the model's names in the file
+    path = save_checkpoint(str(tmp_path), 1, CheckpointContents(model, tokenizer, saved, "{}", {"total_steps": 9}), None)
+    paddle.seed(1)
+    again = Qwen2ForCausalLM(model.config)  # the same model, built later: every parameter named anew
+    assert {p.name for p in again.parameters()}.isdisjoint(p.name for _, p in named)
+    fresh = paddle.optimizer.AdamW(1e-3, parameters=again.parameters())
+    load_training_state(path, fresh, list(again.named_parameters()))
+    by_model_name = dict(again.named_parameters())
+    restored = fresh.state_dict()
+    for name, parameter in named:
+        key = next(key for key in optimizer.state_dict() if key.startswith(parameter.name + "_moment1_"))
+        moved = key.replace(parameter.name, by_model_name[name].name, 1)
+        assert np.array_equal(restored[moved].numpy(), optimizer.state_dict()[key].numpy()), name
 
 
 @pytest.mark.parametrize(
@@ -402,7 +427,7 @@ def test_forged_optimizer_moments_are_refused_in_one_line(tmp_path, parts, stepp
     save_optimizer_state(state, path / "optimizer.safetensors")
     forged(path)
     assert resolve_resume(str(path), str(tmp_path))[0].path == path  # the checksums hold
-    fresh = paddle.optimizer.AdamW(1e-3, parameters=parameters)
+    fresh = paddle.optimizer.AdamW(1e-3, parameters=[parameter for _, parameter in parameters])
     with pytest.raises(CheckpointError, match=rf"{path}/optimizer.safetensors {message}.*not this model's optimizer state") as refused:
         load_training_state(path, fresh, parameters)
     assert "\n" not in str(refused.value)

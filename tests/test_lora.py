@@ -123,7 +123,7 @@ def test_checkpoint_holds_only_the_adapter_resumes_and_merges_to_the_same_logits
     load_adapter(resumed, path)
     assert np.array_equal(logits(resumed), logits(model))
     fresh = optimizer_for(resumed)
-    assert load_training_state(path, fresh, list(adapters.values()))["step"] == 2
+    assert load_training_state(path, fresh, list(adapters.items()))["step"] == 2
     moments = [key for key in fresh.state_dict() if "moment" in key]
     assert len(moments) == 2 * len(adapters)
 

@@ -9,10 +9,10 @@ from typing import Any, Optional
 
 from alignment.errors import RolloutWorkerError
 from alignment.parallel.distributed import World
-from alignment.rollout.link import PENDING_FILE, TrainerLink
+from alignment.rollout.link import PENDING_FILE, TrainerLink, trained_parameters
 from alignment.run.build import RunData, RunParts
 from alignment.run.config import GRPOConfig
-from alignment.step.checkpoint import CheckpointContents, Lineage, checkpoint_path, save_checkpoint
+from alignment.step.checkpoint import CheckpointContents, Lineage, accumulators_renamed, checkpoint_path, save_checkpoint
 from alignment.step.logger import RunLogger
 from alignment.step.rollout import Sampler
 
@@ -47,7 +47,8 @@ class Progress:
 def save(run: Run, progress: Progress, step: int) -> Path:
     """Every process calls it (with sharding, the optimizer state is gathered from all); the main one writes."""
     config, link = run.config, run.link
-    optimizer_state = run.parts.optimizer.state_dict()
+    model_names = {parameter.name: name for name, parameter in trained_parameters(run.parts.model)}
+    optimizer_state = accumulators_renamed(run.parts.optimizer.state_dict(), model_names)
     if not run.world.is_main:
         return checkpoint_path(config.output_dir, step)
     state = {"total_steps": run.data.total_steps, "log_offsets": run.logger.offsets(), "skipped_steps": progress.skipped_steps,

@@ -48,14 +48,14 @@ def train(config: GRPOConfig) -> Path:
     # with rollout processes, the training process generates for evaluation only
     parts = build_parts(config, data, world, sources, generates=link is None or bool(data.eval_prompts))
     # moments, schedule
-    trained = [parameter for _, parameter in trained_parameters(parts.model)]
+    trained = trained_parameters(parts.model)
     state = load_training_state(resume.path, parts.optimizer, trained, config.trust_pickled_checkpoint) if resume else {"step": 0}
     first_step = state["step"]
     if link:
         if resume and config.async_generate:
             link.restore_pending(resume.path, first_step + 1, config.trust_pickled_checkpoint,
                                  data.schedule.global_batch * config.rollout_n, config.rollout_n, parts.model.config.vocab_size)
-        names = [name for name, _ in trained_parameters(parts.model)]
+        names = [name for name, _ in trained]
         link.publish(RunPlan(data.tokenizer_folder, *sources, first_step, data.total_steps, link.pending is not None, names))
     logger = RunLogger(
         config.output_dir, config.dashboard_settings(), config.logging_steps, data.total_steps, first_step, world.is_main,
