@@ -3,7 +3,7 @@
 # make test:  the same environment -> ruff (make lint), the documentation site built in strict mode (make docs), then the
 #             test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
 # make docs:  the same environment (mkdocs is in the test extra) -> the documentation site (mkdocs.yml, docs/) in build/site.
-# make test-slow: those slow runs (25 tests, about 16 minutes).
+# make test-slow: those slow runs (30 tests, about 21 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make test-gpu: on a GPU machine with PyTorch and nvcc (no paddle, no .venv): the CUDA kernels against torch, the CUDA
 #             sampler against the CPU kernel row for row, compute-sanitizer (tests/test_cuda_kernels.py); skips without.
