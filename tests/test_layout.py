@@ -17,7 +17,7 @@ LAYERS = [
     ("alignment.step",),  # the step's phases
     ("alignment.run",),  # setting a run up: config, preflight, start, the one builder of its parts
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
-     "alignment.gguf", "alignment.step.checkpoint", "alignment.step.dashboards"),
+     "alignment.gguf", "alignment.gguf_header", "alignment.step.checkpoint", "alignment.step.dashboards"),
     ("alignment.run.data", "alignment.run.plugins", "alignment.run.runtime", "alignment.run.output_folders", "alignment.key_files",
      "alignment.json_depth"),
     ("alignment.errors",),
