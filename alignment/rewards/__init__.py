@@ -1,4 +1,4 @@
-from . import format_rewards, length_rewards, logic_rewards, math_rewards  # noqa: F401  (importing them registers the built-in rewards)
+from . import format_rewards, instructions, length_rewards, logic_rewards, math_rewards  # noqa: F401  (importing them registers the built-in rewards)
 from .registry import RewardSpec, available_rewards, get_reward, register_reward
 from .scoring import ScoreTable, score_completions
 from .settings import RewardSettings

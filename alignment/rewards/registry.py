@@ -17,13 +17,16 @@ class RewardSpec:
     description: str  # one line, served by GET /v1/reward_funcs
     uses_settings: bool = False  # fn takes the RewardSettings as a third argument
     needs_reference: bool = False  # fn reads sample["answer"]: a dataset row without one is refused at load time
+    # sample -> None, raising ValueError for a row fn cannot score (run on every row at load time, before any model loads)
+    check_sample: Callable[[Mapping[str, Any]], None] | None = None
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
 
 
 def register_reward(
-    name: str, description: str, uses_settings: bool = False, needs_reference: bool = False
+    name: str, description: str, uses_settings: bool = False, needs_reference: bool = False,
+    check_sample: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> Callable[[RewardFn], RewardFn]:
     description = description.strip()
     if not description or "\n" in description:
@@ -39,7 +42,8 @@ def register_reward(
         if existing is not None:
             return fn
         _REGISTRY[name] = RewardSpec(
-            name=name, fn=fn, description=description, uses_settings=uses_settings, needs_reference=needs_reference
+            name=name, fn=fn, description=description, uses_settings=uses_settings, needs_reference=needs_reference,
+            check_sample=check_sample,
         )
         return fn
 
@@ -62,3 +66,8 @@ def available_rewards() -> list[RewardSpec]:
 def reference_readers(names: list[str]) -> list[str]:
     """The registered functions among names that read the reference answer (names not registered: none)."""
     return [name for name in names if name in _REGISTRY and _REGISTRY[name].needs_reference]
+
+
+def sample_checks(names: list[str]) -> dict:
+    """reward name -> its load-time row check, for the registered functions among names that have one."""
+    return {name: _REGISTRY[name].check_sample for name in names if name in _REGISTRY and _REGISTRY[name].check_sample}

@@ -15,7 +15,7 @@ from alignment.models.lora import apply_lora, load_adapter
 from alignment.models.modeling import enable_recompute, load_causal_lm, load_tokenizer, stop_token_ids
 from alignment.parallel.distributed import World
 from alignment.parallel.optim import OptimizerSettings, build_optimizer
-from alignment.rewards.registry import reference_readers
+from alignment.rewards.registry import reference_readers, sample_checks
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EngineSettings, SamplingParams, build_engine
 from alignment.rollout.multi_turn import TurnLimits, TurnSettings, check_template, tool_schemas, with_environment
@@ -102,7 +102,8 @@ def load_prompts(paths: str, tokenizer, config: GRPOConfig):
     needed_by = f"reward function {readers[0]}" if readers else None
     if needed_by is None and reference_readers([config.accuracy_function]):
         needed_by = f"accuracy_function {config.accuracy_function}; name one there that reads none"
-    records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by)
+    checks = sample_checks([*config.reward_functions, config.accuracy_function])
+    records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by, checks)
     records = select_by_calculation_steps(records, config.calculation_steps, paths)
     return encode_prompts(
         records, tokenizer, config.max_prompt_len, config.prompt_truncation, config.system_prompt, tool_schemas(config.tools)

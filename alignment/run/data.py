@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from alignment.errors import ChatTemplateError, DataError
+from alignment.errors import ChatTemplateError, ConfigError, DataError
 from alignment.json_depth import MAX_JSON_DEPTH, json_too_deep
 
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
@@ -182,7 +182,7 @@ def parse_row(row: dict, prompt_key: str, response_key: Optional[str], where: st
 
 
 def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_key: Optional[str] = None, skip_bad_rows: bool = False,
-                        reference_needed_by: Optional[str] = None) -> list:
+                        reference_needed_by: Optional[str] = None, row_checks: Optional[dict] = None) -> list:
     """Comma-separated jsonl paths -> PromptRecords, each file's layout that of its first good row. The first bad
     row stops loading with DataError "file:line: what"; with skip_bad_rows it is left out, and each file's skipped
     rows are printed to stderr ("skipped file:line: what", the first SKIPPED_SHOWN) with their count. A file with
@@ -190,7 +190,9 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
 
     reference_needed_by (e.g. "reward function accuracy") makes a row without a usable reference (none, or only
     whitespace) a bad row too, judged once the file is read: a file where no row has one is refused naming the
-    file, the column and what needs it, whatever skip_bad_rows says."""
+    file, the column and what needs it, whatever skip_bad_rows says.
+
+    row_checks ({reward function name: check(sample) raising ValueError}) makes a row a reward cannot score a bad row."""
     records = []
     for path in [p.strip() for p in paths.split(",") if p.strip()]:
         keys, kept, skipped, unreferenced = None, 0, [], []
@@ -210,6 +212,12 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
                 unreferenced.append((error, row_keys[1]))
                 if skip_bad_rows:
                     skipped.append(error)
+                continue
+            problem = _row_problem(record, row_checks or {}, where)
+            if problem is not None:
+                if not skip_bad_rows:
+                    raise problem
+                skipped.append(problem)
                 continue
             records.append(record)
             keys, kept = row_keys, kept + 1
@@ -232,6 +240,18 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
                 f"{path}: no rows left, all {len(skipped)} are bad; the first: {skipped[0]}" if skipped else f"{path}: the file has no rows"
             )
     return records
+
+
+def _row_problem(record: PromptRecord, row_checks: dict, where: str) -> Optional[DataError]:
+    sample = record.reward_sample()
+    for name, check in row_checks.items():
+        try:
+            check(sample)
+        except ConfigError:  # the installation, not the row (NLTK data missing)
+            raise
+        except ValueError as e:
+            return DataError(f"{where}: {e} (needed by reward function {name})")
+    return None
 
 
 def parse_step_range(text: str) -> tuple:

@@ -1,0 +1,144 @@
+"""Instruction following with verifiable constraints: IFEval's and IFBench's verifiers as rewards.
+
+A row carries `instruction_id_list` (ids such as "punctuation:no_comma", IFEval's 25 or IFBench's 58) and `kwargs`,
+one object of arguments per id, as both benchmarks' files do. The verifiers are the reference implementations' code as
+the if-verifiable package (Apache-2.0) carries it; this module only looks them up, checks a row before a run starts,
+and applies IFEval's two ways of judging a response (Zhou et al. 2023, evaluation_lib.py):
+
+- strict: the response as it is (blank: not followed);
+- loose: followed if any of eight variants follows: the response, without its first line, its last line or both,
+  each also with every "*" removed (markdown emphasis a model adds around what the check reads).
+
+Rewards: the share of a row's instructions followed (instruction level) or 1.0 only if all are (prompt level), strict
+or loose. The sentence tokenizer and stop words come from NLTK data installed with the project (nltk_resources.py).
+"""
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from alignment.errors import ConfigError
+
+from . import nltk_resources
+from .registry import register_reward
+
+# Resource paths every verifier module may read, and the extra one of an instruction
+COMMON_RESOURCES = tuple(nltk_resources.ENGLISH_FILES)
+EXTRA_RESOURCES = {"words:start_verb": (nltk_resources.TAGGER,)}
+
+
+@dataclass(frozen=True)
+class Followed:
+    """One instruction's verdicts for one response."""
+
+    instruction_id: str
+    strict: bool
+    loose: bool
+
+
+@functools.cache
+def verifiers() -> dict:
+    """instruction id -> the verifier class, IFEval's and IFBench's together (their ids do not overlap)."""
+    absent = nltk_resources.missing(COMMON_RESOURCES)
+    if absent:
+        raise ConfigError(f"the instruction verifiers need NLTK's {', '.join(absent)}, not installed: run {nltk_resources.INSTALL_COMMAND}")
+    import langdetect
+    import nltk
+
+    # if-verifiable's IFBench module calls nltk.download at import for what it does not find; nothing is fetched at
+    # run time here (a missing tagger refuses its rows at load time instead), so the downloader is held off meanwhile.
+    download, nltk.download = nltk.download, lambda *args, **kwargs: False
+    try:
+        from if_verifiable.ifbench.instructions_registry import INSTRUCTION_DICT as ifbench
+        from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT as ifeval
+    finally:
+        nltk.download = download
+    langdetect.DetectorFactory.seed = 0  # language:response_language: langdetect draws at random unless seeded
+    return {**ifeval, **ifbench}
+
+
+def built_verifier(instruction_id: str, arguments: Mapping, prompt: str):
+    """The verifier of instruction_id with its arguments (those set to null left out, as the benchmarks' files hold
+    every id's argument names), and the prompt for the verifiers that read it (IFEval's repeat_prompt)."""
+    verifier = verifiers()[instruction_id](instruction_id)
+    verifier.build_description(**{name: value for name, value in arguments.items() if value is not None})
+    expected = verifier.get_instruction_args()
+    if expected and "prompt" in expected:
+        verifier.build_description(prompt=prompt)
+    return verifier
+
+
+def check_row(sample: Mapping[str, Any]) -> None:
+    """Raises ValueError naming what is wrong with a row's instructions: missing or malformed columns, an unknown id,
+    arguments that are not the verifier's (a verifier draws a missing argument at random), or NLTK data not installed."""
+    ids, arguments = sample.get("instruction_id_list"), sample.get("kwargs")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        raise ValueError(f"'instruction_id_list' must be a non-empty list of instruction ids, got {str(ids)[:80]}")
+    if not isinstance(arguments, list) or len(arguments) != len(ids) or not all(isinstance(a, dict) for a in arguments):
+        raise ValueError(f"'kwargs' must be a list of {len(ids)} objects, one per instruction id, got {str(arguments)[:80]}")
+    known = verifiers()
+    for position, (instruction_id, given) in enumerate(zip(ids, arguments)):
+        if instruction_id not in known:
+            raise ValueError(f"unknown instruction id {instruction_id!r} (instruction_id_list[{position}]); known: IFEval's and "
+                             "IFBench's ids, e.g. 'punctuation:no_comma'")
+        absent = nltk_resources.missing(EXTRA_RESOURCES.get(instruction_id, ()))
+        if absent:
+            command = f"python -m nltk.downloader -d {nltk_resources.default_target()} {absent[0].split('/')[-1]}"
+            raise ValueError(f"instruction {instruction_id!r} needs NLTK's {', '.join(absent)}, which no registry package carries: "
+                             f"install it where the internet can be reached ({command})")
+        expected = set(known[instruction_id](instruction_id).get_instruction_args_keys() or ()) - {"prompt"}
+        named = {name for name, value in given.items() if value is not None}
+        if named != expected:
+            raise ValueError(
+                f"kwargs[{position}] of {instruction_id!r} must set {sorted(expected) or 'nothing'}, got {sorted(named) or 'nothing'}"
+            )
+
+
+def loose_variants(response: str) -> list:
+    """IFEval's loose variants: the response, and without its first line, last line or both, each also without '*'."""
+    lines = response.split("\n")
+    cut = [response, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
+    return cut + [text.replace("*", "") for text in cut]
+
+
+def followed(completion: str, sample: Mapping[str, Any]) -> list:
+    """-> [Followed] for each of the row's instructions, in its order."""
+    check_row(sample)
+    prompt = str(sample.get("prompt", ""))
+    variants = loose_variants(completion)
+    verdicts = []
+    for instruction_id, arguments in zip(sample["instruction_id_list"], sample["kwargs"]):
+        verifier = built_verifier(instruction_id, arguments, prompt)
+        strict = bool(completion.strip()) and bool(verifier.check_following(completion))
+        loose = strict or any(text.strip() and verifier.check_following(text) for text in variants)
+        verdicts.append(Followed(instruction_id, strict, loose))
+    return verdicts
+
+
+def _share(verdicts: list, loose: bool) -> float:
+    return sum(v.loose if loose else v.strict for v in verdicts) / len(verdicts)
+
+
+@register_reward("ifeval", "IFEval/IFBench rows (instruction_id_list, kwargs): the share of the row's instructions the completion follows, "
+                 "strict (the completion as it is)", check_sample=check_row)
+def ifeval(completion: str, sample: Mapping[str, Any]) -> float:
+    return _share(followed(completion, sample), loose=False)
+
+
+@register_reward("ifeval_loose", "IFEval/IFBench rows: the share of the row's instructions followed, loose (also with the first or last "
+                 "line, or both, left out, and with '*' removed)", check_sample=check_row)
+def ifeval_loose(completion: str, sample: Mapping[str, Any]) -> float:
+    return _share(followed(completion, sample), loose=True)
+
+
+@register_reward("ifeval_all", "IFEval/IFBench rows: 1.0 if the completion follows every one of the row's instructions, strict, else 0.0 "
+                 "(IFEval's prompt-level accuracy)", check_sample=check_row)
+def ifeval_all(completion: str, sample: Mapping[str, Any]) -> float:
+    return float(_share(followed(completion, sample), loose=False) == 1.0)
+
+
+@register_reward("ifeval_all_loose", "IFEval/IFBench rows: 1.0 if the completion follows every one of the row's instructions, loose, "
+                 "else 0.0", check_sample=check_row)
+def ifeval_all_loose(completion: str, sample: Mapping[str, Any]) -> float:
+    return float(_share(followed(completion, sample), loose=True) == 1.0)
