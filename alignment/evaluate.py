@@ -13,6 +13,18 @@ evaluation); --n K adds K samples per problem at the temperature for mean@K and 
 confidence interval; with two or more models, each is compared with the first on the same problems (the paired
 difference of greedy accuracy, Newcombe's interval, and the exact McNemar test). Per-problem records go to
 OUTPUT/records.jsonl, the summary to OUTPUT/summary.json and the console. Bad input exits 2 with one line naming it.
+
+Instruction following (IFEval, IFBench: rows with `instruction_id_list` and `kwargs`, no reference answer):
+
+    python -m alignment.evaluate MODEL --data ../shared/data/ifeval/input_data.jsonl
+
+Each such record keeps the greedy completion's verdict on each of its row's instructions ("instructions": id, strict,
+loose), and the summary adds IFEval's four figures (prompt-level and instruction-level accuracy, strict and loose), the
+prompt-level comparisons with the first model and a table per instruction id (alignment/algo/instruction_stats.py).
+Where the data has such rows and --reward_funcs is not given, every model is scored with ifeval_all_loose ifeval_all
+ifeval_loose ifeval, whatever its run's rewards (those need a reference these rows lack): greedy accuracy is then
+prompt-level loose accuracy and the reward the sum of the four. --skip_bad_rows leaves out, with the loader's printed
+reasons, rows the verifiers cannot check (IFBench's words:start_verb needs an NLTK tagger no registry package carries).
 """
 
 import argparse
@@ -32,13 +44,17 @@ import paddle  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from alignment.algo.eval_stats import mean_interval, paired_difference, pass_at_k, pass_at_k_values, wilson_interval  # noqa: E402
+from alignment.algo.instruction_stats import METHODS as INSTRUCTION_METHODS  # noqa: E402
+from alignment.algo.instruction_stats import instruction_summary  # noqa: E402
 from alignment.errors import ConfigError, DataError, ExportError, ModelLoadError, RewardServerError  # noqa: E402
 from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
 from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.parallel.distributed import World  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E402
+from alignment.rewards.instructions import check_row, followed  # noqa: E402
 from alignment.run.build import load_prompts, rollout_engine, sampling_params  # noqa: E402
 from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
+from alignment.run.data import read_jsonl  # noqa: E402
 from alignment.run.scorer import build_scorer  # noqa: E402
 from alignment.step.evaluation import greedy_and_sampled  # noqa: E402
 from alignment.step.rollout import Sampler  # noqa: E402
@@ -53,6 +69,9 @@ OVERRIDES = {  # flag -> type; each defaults to the model's run's value
     "calculation_steps": str,
 }
 SIGNIFICANCE = 0.05
+INSTRUCTIONS = "instruction_id_list"  # the column that makes a row an instruction-following problem
+INSTRUCTION_REWARDS = ["ifeval_all_loose", "ifeval_all", "ifeval_loose", "ifeval"]  # their default; the first decides correctness
+BY_INSTRUCTION_SHOWN = 10  # rows of the per-instruction table on the console; summary.json has all
 
 
 def parse_args(argv: list) -> argparse.Namespace:
@@ -60,7 +79,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("models", nargs="+", metavar="MODEL",
                         help="checkpoint folders, Hugging Face-layout folders, LoRA checkpoints or .gguf files")
     parser.add_argument("--data", required=True,
-                        help="the problems: a .jsonl file in any layout the trainer reads, with a reference answer")
+                        help="the problems: .jsonl files (comma-separated) in any layout the trainer reads, with a reference answer where "
+                        "the rewards read one (IFEval/IFBench rows have none: their rewards read the row's instructions)")
     parser.add_argument("--n", type=int, default=0,
                         help="samples per problem at the temperature, for mean@n and pass@k (default 0: greedy only)")
     parser.add_argument("--limit", type=int, help="evaluate the first N problems only (default: all)")
@@ -72,7 +92,11 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--gguf_cache", default="eval/imported",
                         help="where a .gguf is imported, reused while unchanged (default eval/imported)")
     parser.add_argument("--reward_funcs", nargs="+", help="reward functions of the registry, weight 1 each; the first also decides "
-                        "correctness (default: the run's reward_functions and accuracy_function)")
+                        "correctness (default: the run's reward_functions and accuracy_function; where the data has rows with "
+                        f"{INSTRUCTIONS}: {' '.join(INSTRUCTION_REWARDS)}, so greedy accuracy is IFEval's prompt-level loose accuracy)")
+    parser.add_argument("--skip_bad_rows", action="store_true",
+                        help="leave out rows that cannot be read or scored, printing each one's file:line and why, instead of stopping "
+                        "at the first (e.g. IFBench's 6 words:start_verb rows, whose NLTK tagger cannot be installed offline)")
     parser.add_argument("--use_fusemt", type=json.loads, choices=[True, False], default=True,
                         help="true (default): the fused engine where its operators are built; false: the eager engine")
     for name, kind in OVERRIDES.items():
@@ -89,7 +113,15 @@ def flags_given(args: argparse.Namespace) -> dict:
     flags = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
     if args.reward_funcs:
         flags |= {"reward_functions": args.reward_funcs, "reward_function_weights": None, "accuracy_function": args.reward_funcs[0]}
+    if args.skip_bad_rows:
+        flags["skip_bad_rows"] = True
     return flags | {"use_fusemt": args.use_fusemt, "prompt_truncation": "left"}  # every model sees every problem
+
+
+def has_instructions(data: str) -> bool:
+    """Whether a row of the data's files carries instructions (lines that are no JSON object are left to the loader)."""
+    paths = [path.strip() for path in data.split(",") if path.strip()]
+    return any(INSTRUCTIONS in row for path in paths for _, row in read_jsonl(path, lambda error: None))
 
 
 def model_config(folder: Path, args: argparse.Namespace) -> tuple:
@@ -122,7 +154,26 @@ def prepare(label: str, args: argparse.Namespace) -> Prepared:
     if config.resolved_environment:
         check_template(tokenizer, tool_schemas(config.tools))
     prompts, truncated, _ = load_prompts(args.data, tokenizer, config)
+    prompts = checked_instructions(prompts, config.skip_bad_rows)
     return Prepared(label, folder, config, source, tokenizer, prompts[: args.limit], truncated)
+
+
+def checked_instructions(prompts: list, skip_bad_rows: bool) -> list:
+    """The prompts, each row with instructions checked as the verifiers need: the loader checks those rows only for a
+    reward that reads them, and --reward_funcs may name none. A bad row stops the evaluation, or with skip_bad_rows is
+    left out and printed."""
+    kept = []
+    for prompt in prompts:
+        if INSTRUCTIONS in prompt.record.columns:
+            try:
+                check_row(prompt.record.reward_sample())
+            except ValueError as e:
+                if not skip_bad_rows:
+                    raise DataError(f"{prompt.record.source}: {e}") from None
+                print(f"skipped {prompt.record.source}: {e}", file=sys.stderr)
+                continue
+        kept.append(prompt)
+    return kept
 
 
 def problem_records(model: Prepared, start: int, greedy, sampled, k: int) -> list:
@@ -140,6 +191,10 @@ def problem_records(model: Prepared, start: int, greedy, sampled, k: int) -> lis
         episodes = greedy.rollout.episodes
         if episodes is not None:  # turns: what the rewards scored, the model's turns without the tools' answers
             record |= {"turns": list(episodes[i].turns), "tool_calls": len(episodes[i].calls)}
+        if INSTRUCTIONS in prompt.record.columns:  # judged on the text the rewards score
+            text = greedy.completions[i] if episodes is None else "\n".join(episodes[i].turns)
+            record["instructions"] = [{"id": verdict.instruction_id, "strict": verdict.strict, "loose": verdict.loose}
+                                      for verdict in followed(text, prompt.record.reward_sample())]
         if k:
             rows = slice(i * k, (i + 1) * k)
             rewards = sampled.rewards[rows]
@@ -234,6 +289,9 @@ def report(summary: dict) -> str:
     k, models = summary["n"], summary["models"]
     lines = [f"{summary['problems']} problems of {summary['data']}, greedy decoding"
              + (f" and {k} samples each at each model's temperature" if k else "") + "; 95% confidence intervals"]
+    if summary["instruction_rewards_default"]:
+        lines.append(f"rewards: {' '.join(INSTRUCTION_REWARDS)}, the rows carrying instructions and --reward_funcs not given "
+                     "(greedy accuracy: every instruction followed, loose)")
     lines += settings_notes(models, set(summary["flags"]))
     width = max(len(m["model"]) for m in models) + 5
     columns = ["greedy accuracy"] + ([f"mean@{k}", f"pass@{k}"] if k else [])
@@ -252,7 +310,42 @@ def report(summary: dict) -> str:
             f"{pair['only_first']}, only with [{j}]: {pair['only_second']}; exact McNemar p = {pair['mcnemar_p']:.3g}. "
             f"The difference is {verdict}."
         )
+    if "instruction_following" in summary:
+        lines += instruction_report(summary["instruction_following"])
     return "\n".join(lines)
+
+
+def instruction_report(section: dict) -> list:
+    """The console's lines of IFEval's figures: a table of the models, each comparison with the first on prompt-level
+    accuracy, and the instruction ids that moved most (with one model: the hardest)."""
+    models, names = section["models"], ["prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose"]
+    lines = [f"instruction following: {section['problems']} prompts, {section['instructions']} instructions (prompt level: all of a "
+             "prompt's followed; loose: also with the first or last line, or '*', left out)"]
+    width = max(len(m["model"]) for m in models) + 5
+    lines.append("".join(["model".ljust(width), *(name.replace("_", " ").ljust(24) for name in names)]).rstrip())
+    for i, model in enumerate(models, 1):
+        lines.append("".join([f"[{i}] {model['model']}".ljust(width), *(percent(model[name]).ljust(24) for name in names)]).rstrip())
+    for j, pair in enumerate(section["comparisons"], 2):
+        for name in ("prompt_loose", "prompt_strict"):
+            figure = pair[name]
+            lines.append(
+                f"[{j}] against [1], {name.replace('_', ' ')}: {100 * figure['difference']:+.1f} points, 95% interval "
+                f"[{100 * figure['low']:+.1f}, {100 * figure['high']:+.1f}] (Newcombe, paired); only with [1]: {figure['only_first']}, "
+                f"only with [{j}]: {figure['only_second']}; exact McNemar p = {figure['mcnemar_p']:.3g} "
+                f"({'beyond' if figure['significant'] else 'within'} noise at the 5% level)"
+            )
+    rows = section["by_instruction"]
+    shown = rows[:BY_INSTRUCTION_SHOWN]
+    id_width = max(len(row["id"]) for row in shown) + 2
+    lines.append(f"instruction ids, the {len(shown)} " + ("that moved most" if len(models) > 1 else "hardest") + f" of {len(rows)} "
+                 "(summary.json has all): loose rate per model" + (", change against [1] in points" if len(models) > 1 else ""))
+    lines.append("  " + "id".ljust(id_width) + "count" + "".join(f"[{i}]".rjust(8) for i in range(1, len(models) + 1))
+                 + "".join(f"[{j}]-[1]".rjust(8) for j in range(2, len(models) + 1)))
+    for row in shown:
+        rates = "".join(f"{100 * rate['loose']:7.1f}%" for rate in row["rates"])
+        changes = "".join(f"{100 * change['loose']:+8.1f}" for change in row["change"])
+        lines.append(f"  {row['id'].ljust(id_width)}{row['count']:5d}{rates}{changes}")
+    return lines
 
 
 def default_output(data: str) -> Path:
@@ -267,27 +360,41 @@ def write_results(output: Path, records: list, summary: dict) -> None:
     (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
 
 
+def evaluate_models(args: argparse.Namespace) -> tuple:
+    """Every model over the problems -> (each model's records, the summary)."""
+    flags = sorted(set(flags_given(args)) - {"use_fusemt", "prompt_truncation", "reward_function_weights", "accuracy_function"})
+    defaulted = not args.reward_funcs and has_instructions(args.data)
+    if defaulted:  # the runs' own rewards may need a reference these rows lack, and would score the models differently
+        args.reward_funcs = INSTRUCTION_REWARDS
+    prepared = [prepare(label, args) for label in args.models]  # every model's settings and problems before any loads
+    records, summaries = [], []
+    for model in prepared:
+        model_records, seconds, engine = run_model(model, args)
+        records.append(model_records)
+        summaries.append(model_summary(model, model_records, seconds, engine, args.n))
+    summary = {
+        "data": args.data, "problems": len(records[0]), "n": args.n, "seed": args.seed, "flags": flags,
+        "instruction_rewards_default": defaulted, "models": summaries,
+        "comparisons": [comparison(records[0], other) for other in records[1:]],
+        "methods": {
+            "greedy_accuracy": "Wilson score interval", "mean@n, pass@k": "Student t interval over problems",
+            "pass@k": "unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)",
+            "difference": "Newcombe's paired interval (method 10) of the second model's greedy accuracy minus the first's",
+            "mcnemar_p": "exact two-sided McNemar test: binomial(b + c, 1/2) on the discordant problems",
+        },
+    }
+    instructions = instruction_summary(records)
+    if instructions is not None:
+        summary["instruction_following"] = instructions
+        summary["methods"] |= INSTRUCTION_METHODS
+    return records, summary
+
+
 def main(argv: list | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     output = Path(args.output) if args.output else default_output(args.data)
     try:
-        prepared = [prepare(label, args) for label in args.models]  # every model's settings and problems before any loads
-        records, summaries = [], []
-        for model in prepared:
-            model_records, seconds, engine = run_model(model, args)
-            records.append(model_records)
-            summaries.append(model_summary(model, model_records, seconds, engine, args.n))
-        summary = {
-            "data": args.data, "problems": len(records[0]), "n": args.n, "seed": args.seed,
-            "flags": sorted(set(flags_given(args)) - {"use_fusemt", "prompt_truncation", "reward_function_weights", "accuracy_function"}),
-            "models": summaries, "comparisons": [comparison(records[0], other) for other in records[1:]],
-            "methods": {
-                "greedy_accuracy": "Wilson score interval", "mean@n, pass@k": "Student t interval over problems",
-                "pass@k": "unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)",
-                "difference": "Newcombe's paired interval (method 10) of the second model's greedy accuracy minus the first's",
-                "mcnemar_p": "exact two-sided McNemar test: binomial(b + c, 1/2) on the discordant problems",
-            },
-        }
+        records, summary = evaluate_models(args)
         write_results(output, records, summary)
     except (ConfigError, DataError, ModelLoadError, ExportError, RewardServerError, OSError) as e:
         print(f"evaluate: error: {e}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """python -m alignment.evaluate on real models: the summary's figures against a hand count from records.jsonl, each
-completion scored again with the reward functions themselves, and the McNemar p-value against the binomial sum."""
+completion scored again with the reward functions themselves (instruction rows: judged again by the verifiers), and the
+McNemar p-value against the binomial sum."""
 
 import json
 import math
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 from test_gguf import smollm2_file
 
+from alignment.algo.instruction_stats import clustered_ratio_interval
 from alignment.evaluate import main
 from alignment.rewards import get_reward
+from alignment.rewards.instructions import followed
 from alignment.run.config import load_config
 
 DATA = "data/arith_one_step/test.jsonl"
@@ -154,3 +157,68 @@ def test_a_gguf_is_imported_once_and_evaluated(tmp_path):
     records = read_records(output)
     assert len(records) == 2 and all(r["length"] <= 24 for r in records)
     assert json.loads((output / "summary.json").read_text())["models"][0]["settings"]["engine"] == "FusedEngine"
+
+
+INSTRUCTION_ROWS = [  # IFEval's ids and argument names; the tiny model follows some (short, no comma) and not others
+    {"prompt": "Write a short note about rivers.", "instruction_id_list": ["length_constraints:number_words"],
+     "kwargs": [{"relation": "less than", "num_words": 300}]},
+    {"prompt": "Give a title to a poem.", "instruction_id_list": ["detectable_format:title", "keywords:forbidden_words"],
+     "kwargs": [{}, {"forbidden_words": ["zebra"]}]},
+    {"prompt": "Answer in capitals: what is rain?", "instruction_id_list": ["change_case:english_capital", "punctuation:no_comma",
+                                                                            "length_constraints:number_words"],
+     "kwargs": [{}, {}, {"relation": "less than", "num_words": 300}]},
+    {"prompt": "Say hello.", "instruction_id_list": ["punctuation:no_commas"], "kwargs": [{}]},  # no such id: a bad row
+    {"prompt": "Say bye.", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]},
+]
+
+
+def test_instruction_rows_get_ifevals_figures_from_their_records(tmp_path, capsys):
+    """IFEval-layout rows (no reference), two models, no --reward_funcs: the instruction rewards score them, each
+    record keeps its verdicts, and the summary's four figures, comparisons and table equal a count from the records."""
+    data = tmp_path / "ifeval.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in INSTRUCTION_ROWS))
+    assert main(["data/tiny-qwen2", "--data", str(data), "--output", str(tmp_path / "refused")]) == 2  # before any model loads
+    assert capsys.readouterr().err.startswith(f"evaluate: error: {data}:4: unknown instruction id 'punctuation:no_commas'")
+    output = tmp_path / "eval"
+    done = evaluate("data/tiny-qwen2", "data/tiny-qwen2-tools", "--data", str(data), "--skip_bad_rows", "--max_dec_len", "16",
+                    "--output", str(output))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"skipped {data}:4: unknown instruction id 'punctuation:no_commas'" in done.stderr
+    summary, records = json.loads((output / "summary.json").read_text()), read_records(output)
+    assert summary["problems"] == 4 and "skip_bad_rows" in summary["flags"] and summary["instruction_rewards_default"]
+    rows = [row for i, row in enumerate(INSTRUCTION_ROWS) if i != 3]
+    by_model = {}
+    for r in records:
+        row = rows[r["problem"]]
+        assert [v["id"] for v in r["instructions"]] == row["instruction_id_list"]
+        again = followed(r["completion"], {**row, "prompt": r["prompt"], "answer": None})
+        assert [(v["strict"], v["loose"]) for v in r["instructions"]] == [(v.strict, v.loose) for v in again]
+        assert r["correct"] == all(v["loose"] for v in r["instructions"])  # greedy accuracy: prompt-level loose
+        by_model.setdefault(r["model"], []).append(r)
+    section = summary["instruction_following"]
+    assert (section["problems"], section["instructions"]) == (4, 7)
+    all_followed = {}
+    for (label, rs), model, settings in zip(by_model.items(), section["models"], summary["models"]):
+        assert model["model"] == label and settings["settings"]["accuracy_function"] == "ifeval_all_loose"
+        for judgement in ("strict", "loose"):
+            prompts = [all(v[judgement] for v in r["instructions"]) for r in rs]
+            all_followed[label, judgement] = prompts
+            assert (model[f"prompt_{judgement}"]["value"], model[f"prompt_{judgement}"]["low"], model[f"prompt_{judgement}"]["high"]) \
+                == pytest.approx((sum(prompts) / 4, *wilson(sum(prompts), 4)))
+            counts = [sum(v[judgement] for v in r["instructions"]) for r in rs]
+            figure = model[f"instruction_{judgement}"]
+            assert (figure["value"], figure["low"], figure["high"]) == pytest.approx(clustered_ratio_interval(counts, [1, 2, 3, 1]))
+            assert figure["value"] == pytest.approx(sum(counts) / 7)
+    (pair,) = section["comparisons"]
+    first, second = by_model
+    for judgement in ("strict", "loose"):
+        a, b = all_followed[first, judgement], all_followed[second, judgement]
+        assert (pair[f"prompt_{judgement}"]["only_first"], pair[f"prompt_{judgement}"]["only_second"]) == (
+            sum(x and not y for x, y in zip(a, b)), sum(y and not x for x, y in zip(a, b)))
+    comma = next(row for row in section["by_instruction"] if row["id"] == "punctuation:no_comma")
+    for rate, rs in zip(comma["rates"], by_model.values()):
+        verdicts = [v for r in rs for v in r["instructions"] if v["id"] == "punctuation:no_comma"]
+        assert (comma["count"], rate["loose"]) == (2, pytest.approx(sum(v["loose"] for v in verdicts) / 2))
+    assert summary["methods"]["instruction_strict, instruction_loose"].startswith("ratio estimator")
+    assert "instruction following: 4 prompts, 7 instructions" in done.stdout
+    assert "[2] against [1], prompt loose:" in done.stdout and "[2] against [1], prompt strict:" in done.stdout
