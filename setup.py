@@ -35,6 +35,11 @@ INSTALL_REQUIRES = [
     # The tools' sandbox (alignment/tools/sandbox.py) compiles its seccomp filter with libseccomp through these ctypes
     # bindings: the system's libseccomp.so.2 (Debian's libseccomp2, which systemd needs too), nothing to build; 0.1.2 tested.
     "pyseccomp==0.1.2",
+    # The instruction-following rewards (alignment/rewards/instructions.py): IFEval's and IFBench's verifiers as
+    # if-verifiable 0.1.2 carries them; emoji, immutabledict, langdetect and syllapy, which they read, come as its requirements.
+    "if-verifiable==0.1.2",
+    "nltk==3.10.4",  # the verifiers' sentence tokenizer and stop words; its data comes from alignment/rewards/nltk_resources.py
+    "pyarrow==21.0.0",  # datasets (which if_verifiable's __init__ imports) on numpy < 2: pyarrow 26 fails to import with numpy 1.26
 ]
 
 # The documentation site (make docs): mkdocs with the Material theme, the newest versions tested.
@@ -57,6 +62,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "absl-py==2.5.1",  # IFBench's reference test cases (tests/test_instructions.py) are absl parameterized tests
             "ruff==0.17.6",  # make lint (the first step of make test): one version, so a new rule cannot fail CI unannounced
             # fuzzing the reward server from its OpenAPI schema, and checking that schema
             "schemathesis==4.32.5",

@@ -522,6 +522,22 @@ def test_gsm8k_model_solutions_score_as_in_process_through_both_protocols(server
     assert sum(local.columns["accuracy"]) > 10  # real solutions, some of them right
 
 
+def test_an_ifeval_row_scores_as_in_process_and_by_hand(tmp_path):
+    # IFEval's columns travel as the item's extra columns; the preamble's comma fails strictly and is forgiven loosely.
+    # A server of its own: a worker's first instruction item imports the verifiers (nltk, if-verifiable: about 3 s on
+    # 2 busy cores), past the shared server's 1 s item limit.
+    item = {"prompt": "Write a title and a line without commas.", "completion": "Sure, here it is:\n<<Spring>>\nbuds open slowly",
+            "instruction_id_list": ["punctuation:no_comma", "detectable_format:title"], "kwargs": [{}, {}]}
+    names = ["ifeval", "ifeval_loose", "ifeval_all", "ifeval_all_loose"]
+    unknown = {**item, "instruction_id_list": ["punctuation:no_semicolon", "detectable_format:title"]}
+    with reward_server(tmp_path, "--workers", "1", "--item_timeout", "60") as running:
+        answer = httpx.post(running.url + "/v1/score", json={"items": [item, unknown], "reward_funcs": names}, timeout=90).json()
+    assert answer["components"] == {"ifeval": [0.5, None], "ifeval_loose": [1.0, None], "ifeval_all": [0.0, None],
+                                    "ifeval_all_loose": [1.0, None]}
+    assert answer == in_process([item, unknown], names)
+    assert answer["errors"][1].startswith("ifeval: ValueError: unknown instruction id 'punctuation:no_semicolon'")
+
+
 def test_the_log_has_one_line_per_request(client, server):
     client.post(
         "/v1/score", json={"items": ITEMS * 3 + [{"completion": "x"} for _ in range(2)], "reward_funcs": ["accuracy"]}

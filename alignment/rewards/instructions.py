@@ -20,12 +20,11 @@ from typing import Any
 
 from alignment.errors import ConfigError
 
-from . import nltk_resources
 from .registry import register_reward
 
-# Resource paths every verifier module may read, and the extra one of an instruction
-COMMON_RESOURCES = tuple(nltk_resources.ENGLISH_FILES)
-EXTRA_RESOURCES = {"words:start_verb": (nltk_resources.TAGGER,)}
+# nltk_resources is imported where it is used: alignment.rewards imports this module, and a package that has already
+# imported nltk_resources when `python -m alignment.rewards.nltk_resources` runs it makes runpy warn.
+NEEDS_TAGGER = "words:start_verb"  # the one instruction that also reads NLTK's part-of-speech tagger
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,9 @@ class Followed:
 @functools.cache
 def verifiers() -> dict:
     """instruction id -> the verifier class, IFEval's and IFBench's together (their ids do not overlap)."""
-    absent = nltk_resources.missing(COMMON_RESOURCES)
+    from . import nltk_resources
+
+    absent = nltk_resources.missing(nltk_resources.ENGLISH_FILES)
     if absent:
         raise ConfigError(f"the instruction verifiers need NLTK's {', '.join(absent)}, not installed: run {nltk_resources.INSTALL_COMMAND}")
     import langdetect
@@ -71,18 +72,26 @@ def built_verifier(instruction_id: str, arguments: Mapping, prompt: str):
 
 def check_row(sample: Mapping[str, Any]) -> None:
     """Raises ValueError naming what is wrong with a row's instructions: missing or malformed columns, an unknown id,
-    arguments that are not the verifier's (a verifier draws a missing argument at random), or NLTK data not installed."""
+    arguments that are not the verifier's (a verifier draws a missing argument at random) or that it refuses (IFEval's
+    relation "at most"), or NLTK data not installed."""
+    row_verifiers(sample)
+
+
+def row_verifiers(sample: Mapping[str, Any]) -> list:
+    """The row's verifiers built with their arguments, in its order; ValueError as check_row says."""
     ids, arguments = sample.get("instruction_id_list"), sample.get("kwargs")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
         raise ValueError(f"'instruction_id_list' must be a non-empty list of instruction ids, got {str(ids)[:80]}")
     if not isinstance(arguments, list) or len(arguments) != len(ids) or not all(isinstance(a, dict) for a in arguments):
         raise ValueError(f"'kwargs' must be a list of {len(ids)} objects, one per instruction id, got {str(arguments)[:80]}")
-    known = verifiers()
+    from . import nltk_resources
+
+    known, built = verifiers(), []
     for position, (instruction_id, given) in enumerate(zip(ids, arguments)):
         if instruction_id not in known:
             raise ValueError(f"unknown instruction id {instruction_id!r} (instruction_id_list[{position}]); known: IFEval's and "
                              "IFBench's ids, e.g. 'punctuation:no_comma'")
-        absent = nltk_resources.missing(EXTRA_RESOURCES.get(instruction_id, ()))
+        absent = nltk_resources.missing([nltk_resources.TAGGER] if instruction_id == NEEDS_TAGGER else [])
         if absent:
             command = f"python -m nltk.downloader -d {nltk_resources.default_target()} {absent[0].split('/')[-1]}"
             raise ValueError(f"instruction {instruction_id!r} needs NLTK's {', '.join(absent)}, which no registry package carries: "
@@ -93,6 +102,11 @@ def check_row(sample: Mapping[str, Any]) -> None:
             raise ValueError(
                 f"kwargs[{position}] of {instruction_id!r} must set {sorted(expected) or 'nothing'}, got {sorted(named) or 'nothing'}"
             )
+        try:
+            built.append(built_verifier(instruction_id, given, str(sample.get("prompt", ""))))
+        except ValueError as e:
+            raise ValueError(f"kwargs[{position}] of {instruction_id!r}: {e}") from None
+    return built
 
 
 def loose_variants(response: str) -> list:
@@ -104,12 +118,9 @@ def loose_variants(response: str) -> list:
 
 def followed(completion: str, sample: Mapping[str, Any]) -> list:
     """-> [Followed] for each of the row's instructions, in its order."""
-    check_row(sample)
-    prompt = str(sample.get("prompt", ""))
     variants = loose_variants(completion)
     verdicts = []
-    for instruction_id, arguments in zip(sample["instruction_id_list"], sample["kwargs"]):
-        verifier = built_verifier(instruction_id, arguments, prompt)
+    for instruction_id, verifier in zip(sample["instruction_id_list"], row_verifiers(sample)):
         strict = bool(completion.strip()) and bool(verifier.check_following(completion))
         loose = strict or any(text.strip() and verifier.check_following(text) for text in variants)
         verdicts.append(Followed(instruction_id, strict, loose))

@@ -216,7 +216,7 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
             problem = _row_problem(record, row_checks or {}, where)
             if problem is not None:
                 if not skip_bad_rows:
-                    raise problem
+                    raise unreferenced[0][0] if unreferenced else problem  # the first bad row
                 skipped.append(problem)
                 continue
             records.append(record)
