@@ -522,16 +522,15 @@ def test_gsm8k_model_solutions_score_as_in_process_through_both_protocols(server
     assert sum(local.columns["accuracy"]) > 10  # real solutions, some of them right
 
 
-def test_an_ifeval_row_scores_as_in_process_and_by_hand(tmp_path):
+def test_an_ifeval_row_scores_as_in_process_and_by_hand(server):
     # IFEval's columns travel as the item's extra columns; the preamble's comma fails strictly and is forgiven loosely.
-    # A server of its own: a worker's first instruction item imports the verifiers (nltk, if-verifiable: about 3 s on
-    # 2 busy cores), past the shared server's 1 s item limit.
+    # The shared server's items have 1 s each: a worker imports the verifiers (nltk: seconds) before its first
+    # instruction item, outside that limit (pool.py's PREPARED), so the items score.
     item = {"prompt": "Write a title and a line without commas.", "completion": "Sure, here it is:\n<<Spring>>\nbuds open slowly",
             "instruction_id_list": ["punctuation:no_comma", "detectable_format:title"], "kwargs": [{}, {}]}
     names = ["ifeval", "ifeval_loose", "ifeval_all", "ifeval_all_loose"]
     unknown = {**item, "instruction_id_list": ["punctuation:no_semicolon", "detectable_format:title"]}
-    with reward_server(tmp_path, "--workers", "1", "--item_timeout", "60") as running:
-        answer = httpx.post(running.url + "/v1/score", json={"items": [item, unknown], "reward_funcs": names}, timeout=90).json()
+    answer = httpx.post(server.url + "/v1/score", json={"items": [item, unknown], "reward_funcs": names}, timeout=90).json()
     assert answer["components"] == {"ifeval": [0.5, None], "ifeval_loose": [1.0, None], "ifeval_all": [0.0, None],
                                     "ifeval_all_loose": [1.0, None]}
     assert answer == in_process([item, unknown], names)

@@ -132,24 +132,24 @@ def _share(verdicts: list, loose: bool) -> float:
 
 
 @register_reward("ifeval", "IFEval/IFBench rows (instruction_id_list, kwargs): the share of the row's instructions the completion follows, "
-                 "strict (the completion as it is)", check_sample=check_row)
+                 "strict (the completion as it is)", check_sample=check_row, prepare=verifiers)
 def ifeval(completion: str, sample: Mapping[str, Any]) -> float:
     return _share(followed(completion, sample), loose=False)
 
 
 @register_reward("ifeval_loose", "IFEval/IFBench rows: the share of the row's instructions followed, loose (also with the first or last "
-                 "line, or both, left out, and with '*' removed)", check_sample=check_row)
+                 "line, or both, left out, and with '*' removed)", check_sample=check_row, prepare=verifiers)
 def ifeval_loose(completion: str, sample: Mapping[str, Any]) -> float:
     return _share(followed(completion, sample), loose=True)
 
 
 @register_reward("ifeval_all", "IFEval/IFBench rows: 1.0 if the completion follows every one of the row's instructions, strict, else 0.0 "
-                 "(IFEval's prompt-level accuracy)", check_sample=check_row)
+                 "(IFEval's prompt-level accuracy)", check_sample=check_row, prepare=verifiers)
 def ifeval_all(completion: str, sample: Mapping[str, Any]) -> float:
     return float(_share(followed(completion, sample), loose=False) == 1.0)
 
 
 @register_reward("ifeval_all_loose", "IFEval/IFBench rows: 1.0 if the completion follows every one of the row's instructions, loose, "
-                 "else 0.0", check_sample=check_row)
+                 "else 0.0", check_sample=check_row, prepare=verifiers)
 def ifeval_all_loose(completion: str, sample: Mapping[str, Any]) -> float:
     return float(_share(followed(completion, sample), loose=True) == 1.0)

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from alignment.rewards import RewardSettings, ScoreTable, available_rewards, score_completions
 from alignment.json_depth import MAX_JSON_DEPTH
+from alignment.rewards import RewardSettings, ScoreTable, available_rewards, score_completions
+from alignment.rewards.registry import prepare_rewards
 from alignment.run.plugins import PluginSource, load_plugin_sources
 
 # Large enough that IPC is a small part of the cost (an item scores in ~30 us), small enough that a
@@ -51,6 +52,7 @@ TICK_S = 0.1  # how often a busy worker's thread checks whether its job has ende
 # call -> arguments); pickling recurses about twice a level and failed at 600 under Python's limit of 1,000 frames.
 MAX_SAMPLE_DEPTH = MAX_JSON_DEPTH + 8
 
+PREPARED = "prepared"  # a worker's answer to a job before its items: the functions' one-time work is done
 # (weighted total, one value per function, error): None where the item could not be scored
 ItemResult = tuple[float | None, tuple[float | None, ...], str | None]
 
@@ -68,6 +70,8 @@ def _serve() -> None:
     try:
         while (job := conn.recv()) is not None:
             names, weights, settings, completions, samples = job
+            prepare_rewards(names)  # imports of seconds (the instruction verifiers' nltk), outside any item's time limit
+            conn.send(PREPARED)
             for completion, sample in zip(completions, samples, strict=True):
                 conn.send(_score_one(completion, sample, names, weights, settings))
     except EOFError:  # the parent is gone
@@ -363,6 +367,8 @@ class ScoringPool:
             worker.ensure_started()  # a fresh one after a kill
             rest = slice(item, chunk.end)
             worker.conn.send((job.names, job.weights, job.settings, job.completions[rest], job.samples[rest]))
+            if not worker.conn.poll(START_TIMEOUT_S) or worker.conn.recv() != PREPARED:
+                raise RuntimeError(f"a reward worker did not prepare {', '.join(job.names)} within {START_TIMEOUT_S:g} s")
             while item < chunk.end:
                 outcome = self._wait_for_item(worker, job)
                 if outcome is None:  # the job ended: what the worker is doing is wasted

@@ -19,6 +19,9 @@ class RewardSpec:
     needs_reference: bool = False  # fn reads sample["answer"]: a dataset row without one is refused at load time
     # sample -> None, raising ValueError for a row fn cannot score (run on every row at load time, before any model loads)
     check_sample: Callable[[Mapping[str, Any]], None] | None = None
+    # () -> None: one-time work before the first item (imports that take seconds), which a reward worker does outside
+    # any item's time limit
+    prepare: Callable[[], None] | None = None
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
@@ -26,7 +29,7 @@ _REGISTRY: dict[str, RewardSpec] = {}
 
 def register_reward(
     name: str, description: str, uses_settings: bool = False, needs_reference: bool = False,
-    check_sample: Callable[[Mapping[str, Any]], None] | None = None,
+    check_sample: Callable[[Mapping[str, Any]], None] | None = None, prepare: Callable[[], None] | None = None,
 ) -> Callable[[RewardFn], RewardFn]:
     description = description.strip()
     if not description or "\n" in description:
@@ -43,7 +46,7 @@ def register_reward(
             return fn
         _REGISTRY[name] = RewardSpec(
             name=name, fn=fn, description=description, uses_settings=uses_settings, needs_reference=needs_reference,
-            check_sample=check_sample,
+            check_sample=check_sample, prepare=prepare,
         )
         return fn
 
@@ -71,3 +74,15 @@ def reference_readers(names: list[str]) -> list[str]:
 def sample_checks(names: list[str]) -> dict:
     """reward name -> its load-time row check, for the registered functions among names that have one."""
     return {name: _REGISTRY[name].check_sample for name in names if name in _REGISTRY and _REGISTRY[name].check_sample}
+
+
+def prepare_rewards(names: list[str]) -> None:
+    """Runs the one-time preparation of the registered functions among names. A preparation that fails is left to fail
+    again in the function's first call, where the scoring reports it item by item."""
+    for name in names:
+        spec = _REGISTRY.get(name)
+        if spec is not None and spec.prepare is not None:
+            try:
+                spec.prepare()
+            except Exception:  # noqa: BLE001  (reported by the items, see above)
+                pass
