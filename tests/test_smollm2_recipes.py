@@ -21,12 +21,14 @@ RECIPES = {
     "arith": [],
     "gsm8k": ["--train_datasets", str(GSM8K / "train.jsonl"), "--eval_datasets", str(GSM8K / "test.jsonl")],
     "gsm8k_short": ["--train_datasets", str(GSM8K / "train.jsonl"), "--eval_datasets", str(GSM8K / "test.jsonl")],
+    "ifeval": [],
 }
-SYSTEM_PROMPTS = {"arith": "arith", "gsm8k": "gsm8k", "gsm8k_short": "arith"}  # config/smollm2/<name>_system_prompt.txt
+# config/smollm2/<name>_system_prompt.txt; ifeval has none (SmolLM2's template's own, as IFEval is usually run)
+SYSTEM_PROMPTS = {"arith": "arith", "gsm8k": "gsm8k", "gsm8k_short": "arith", "ifeval": None}
 pytestmark = pytest.mark.real
 # completion tokens in the one-step runs: enough for some of a group's completions to reach a reward the others miss
 # (24 tokens of GSM8K reasoning all end truncated with the same format score)
-ONE_STEP_TOKENS = {"arith": 24, "gsm8k": 96, "gsm8k_short": 48}
+ONE_STEP_TOKENS = {"arith": 24, "gsm8k": 96, "gsm8k_short": 48, "ifeval": 48}
 # The untrained model rarely tells a group's completions apart at these lengths: measured over 16 groups of 4, 13 had
 # one reward throughout for arith and gsm8k_short, 6 for gsm8k even at 160 tokens, so two groups drawn once left step 1
 # without a gradient on some CPUs (whose rounding samples other completions). DAPO's dynamic sampling refills such
@@ -51,7 +53,10 @@ def recipe_args(recipe: str, model: Path) -> list:
 def test_recipe_validates_against_the_imported_model(recipe, smollm2):
     config = load_config(recipe_args(recipe, smollm2))
     assert config.use_fusemt and config.use_fused_train_ops and config.kl_loss_coeff == 0.0
-    assert config.system_prompt == Path(f"config/smollm2/{SYSTEM_PROMPTS[recipe]}_system_prompt.txt").read_text()
+    system = SYSTEM_PROMPTS[recipe]
+    assert config.system_prompt == (system and Path(f"config/smollm2/{system}_system_prompt.txt").read_text())
+    if recipe == "ifeval":  # the instruction rewards, correctness as IFEval's prompt-level loose accuracy
+        assert config.reward_functions == ["ifeval"] and config.accuracy_function == "ifeval_all_loose"
     if recipe == "gsm8k_short":  # SmolLM2's ChatML, a one-step and a two-step worked exchange, each ending "The answer is N."
         assert config.calculation_steps == "1-2"
         tokenizer = load_tokenizer(str(smollm2), config.chat_template)
