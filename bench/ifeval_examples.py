@@ -1,16 +1,51 @@
-"""Side by side: a seeded draw of problems from an evaluation's records.jsonl, each model's greedy answer and verdicts.
+"""Is an instruction-following gain the instructions or a trick? An evaluation's answers, counted and side by side.
 
     .venv/bin/python bench/ifeval_examples.py eval/ifeval/input_data/records.jsonl --count 10 --seed 0 > examples.md
 
-Prints Markdown: for each drawn problem its prompt, its instruction ids, and for every model in the records (the order
-of the evaluation command) the answer (cut at --chars characters), its length in tokens and which instructions it
-followed strictly and loosely. The problems are drawn by `random.Random(seed).sample`, not chosen by hand.
+Prints Markdown. First, per model, the answers that are degenerate (fewer than MIN_WORDS words, one word making up more
+than half of them, or more punctuation and symbols than word characters: a model can satisfy "end with this phrase"
+or "wrap it in quotes" with nothing else, as the IFBench paper's appendix shows), and prompt-level loose accuracy
+with those counted as failed, each model against the first (Newcombe's interval, exact McNemar). Then a draw of
+--count problems by `random.Random(seed).sample`, not chosen by hand: for each its prompt and, for every model in the
+records (the evaluation command's order), the answer (cut at --chars characters), its length in tokens and which
+instructions it followed strictly and loosely.
 """
 
 import argparse
 import json
 import random
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
+
+import numpy as np
+
+from alignment.algo.eval_stats import paired_difference
+
+MIN_WORDS = 10
+
+
+def degenerate(answer: str) -> bool:
+    words = re.findall(r"\w+", answer)
+    symbols = len(re.findall(r"[^\w\s]", answer))
+    return len(words) < MIN_WORDS or Counter(words).most_common(1)[0][1] > len(words) / 2 or symbols > sum(map(len, words))
+
+
+def substance_table(by_problem: dict, models: list) -> None:
+    problems = sorted(by_problem)
+    loose = {m: np.array([by_problem[p][m]["correct"] for p in problems]) for m in models}
+    kept = {m: np.array([not degenerate(by_problem[p][m]["completion"]) for p in problems]) for m in models}
+    print("| model | degenerate answers | prompt loose | prompt loose, degenerate answers failed | against the first |")
+    print("|---|---|---|---|---|")
+    for model in models:
+        substantive = loose[model] & kept[model]
+        against = ""
+        if model != models[0]:
+            pair = paired_difference(loose[models[0]] & kept[models[0]], substantive)
+            against = (f"{100 * pair['difference']:+.1f} points [{100 * pair['low']:+.1f}, {100 * pair['high']:+.1f}], "
+                       f"{pair['only_first']} / {pair['only_second']}, McNemar p = {pair['mcnemar_p']:.2g}")
+        print(f"| {model} | {int((~kept[model]).sum())} of {len(problems)} | {100 * loose[model].mean():.1f}% | "
+              f"{100 * substantive.mean():.1f}% | {against} |")
+    print()
 
 
 def main() -> None:
@@ -26,6 +61,7 @@ def main() -> None:
         if record["model"] not in models:
             models.append(record["model"])
         by_problem[record["problem"]][record["model"]] = record
+    substance_table(by_problem, models)
     drawn = sorted(random.Random(args.seed).sample(sorted(by_problem), args.count))
     for problem in drawn:
         records = by_problem[problem]
