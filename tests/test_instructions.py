@@ -6,6 +6,7 @@ import ast
 import functools
 import importlib.util
 import json
+import logging
 import subprocess
 import sys
 import types
@@ -135,6 +136,18 @@ def test_followed_gives_each_instructions_verdicts_in_the_rows_order():
     verdicts = instructions.followed("Sure, here it is:\n<<Spring>>\nbuds open slowly", row(NO_COMMA, TITLE))
     assert verdicts == [instructions.Followed("punctuation:no_comma", strict=False, loose=True),
                         instructions.Followed("detectable_format:title", strict=True, loose=True)]
+
+
+def test_an_answer_langdetect_cannot_read_counts_as_followed_and_logs_nothing(caplog):
+    # IFEval's reference counts it followed and logs an error through the root logger; the rewards keep the verdict
+    # and drop the log line, which a run's console would show for every such answer
+    with caplog.at_level(logging.DEBUG):
+        verdicts = instructions.followed("****", row(("language:response_language", {"language": "en"})))
+    assert [(v.strict, v.loose) for v in verdicts] == [(True, True)]
+    assert caplog.records == []
+    with caplog.at_level(logging.DEBUG):
+        logging.error("a line of the caller's own")  # the filter drops the verifiers' lines only
+    assert [r.getMessage() for r in caplog.records] == ["a line of the caller's own"]
 
 
 def test_ifevals_repeat_prompt_reads_the_rows_prompt():
