@@ -201,13 +201,11 @@ CONSTRAINTS = {
 
 def conflicts() -> dict:
     """instruction id -> the ids IFEval's registry says contradict it (itself included)."""
-    import nltk
+    from alignment.rewards.instructions import verifiers
 
-    download, nltk.download = nltk.download, lambda *args, **kwargs: False  # see alignment/rewards/instructions.py
-    try:
-        from if_verifiable.ifeval.instructions_registry import INSTRUCTION_CONFLICTS
-    finally:
-        nltk.download = download
+    verifiers()  # imports the registries as the rewards do (NLTK's downloader held off)
+    from if_verifiable.ifeval.instructions_registry import INSTRUCTION_CONFLICTS
+
     return {key: set(value) for key, value in INSTRUCTION_CONFLICTS.items()}
 
 
