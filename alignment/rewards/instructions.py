@@ -16,8 +16,8 @@ or loose. The sentence tokenizer and stop words come from NLTK data installed wi
 import functools
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from alignment.errors import ConfigError
@@ -70,15 +70,13 @@ def verifiers() -> dict:
     return {**ifeval, **ifbench}
 
 
-def built_verifier(instruction_id: str, arguments: Mapping, prompt: str):
-    """The verifier of instruction_id with its arguments (those set to null left out, as the benchmarks' files hold
-    every id's argument names), and the prompt for the verifiers that read it (IFEval's repeat_prompt)."""
-    verifier = verifiers()[instruction_id](instruction_id)
+def _build(verifier, arguments: Mapping, prompt: str) -> None:
+    """Gives a verifier its arguments (those set to null left out, as the benchmarks' files hold every id's argument
+    names), and the prompt where it reads it (IFEval's repeat_prompt)."""
     verifier.build_description(**{name: value for name, value in arguments.items() if value is not None})
     expected = verifier.get_instruction_args()
     if expected and "prompt" in expected:
         verifier.build_description(prompt=prompt)
-    return verifier
 
 
 def check_row(sample: Mapping[str, Any]) -> None:
@@ -107,16 +105,18 @@ def row_verifiers(sample: Mapping[str, Any]) -> list:
             command = f"python -m nltk.downloader -d {nltk_resources.default_target()} {absent[0].split('/')[-1]}"
             raise ValueError(f"instruction {instruction_id!r} needs NLTK's {', '.join(absent)}, which no registry package carries: "
                              f"install it where the internet can be reached ({command})")
-        expected = set(known[instruction_id](instruction_id).get_instruction_args_keys() or ()) - {"prompt"}
+        verifier = known[instruction_id](instruction_id)
+        expected = set(verifier.get_instruction_args_keys() or ()) - {"prompt"}
         named = {name for name, value in given.items() if value is not None}
         if named != expected:
             raise ValueError(
                 f"kwargs[{position}] of {instruction_id!r} must set {sorted(expected) or 'nothing'}, got {sorted(named) or 'nothing'}"
             )
         try:
-            built.append(built_verifier(instruction_id, given, str(sample.get("prompt", ""))))
+            _build(verifier, given, str(sample.get("prompt", "")))
         except ValueError as e:
             raise ValueError(f"kwargs[{position}] of {instruction_id!r}: {e}") from None
+        built.append(verifier)
     return built
 
 
