@@ -52,6 +52,7 @@ from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.parallel.distributed import World  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E402
 from alignment.rewards.instructions import check_row, followed  # noqa: E402
+from alignment.rewards.registry import sample_checks  # noqa: E402
 from alignment.run.build import load_prompts, rollout_engine, sampling_params  # noqa: E402
 from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
 from alignment.run.data import read_jsonl  # noqa: E402
@@ -153,27 +154,16 @@ def prepare(label: str, args: argparse.Namespace) -> Prepared:
     tokenizer = load_tokenizer(str(folder), config.chat_template)
     if config.resolved_environment:
         check_template(tokenizer, tool_schemas(config.tools))
-    prompts, truncated, _ = load_prompts(args.data, tokenizer, config)
-    prompts = checked_instructions(prompts, config.skip_bad_rows)
+    prompts, truncated, _ = load_prompts(args.data, tokenizer, config, instruction_checks(config))
     return Prepared(label, folder, config, source, tokenizer, prompts[: args.limit], truncated)
 
 
-def checked_instructions(prompts: list, skip_bad_rows: bool) -> list:
-    """The prompts, each row with instructions checked as the verifiers need: the loader checks those rows only for a
-    reward that reads them, and --reward_funcs may name none. A bad row stops the evaluation, or with skip_bad_rows is
-    left out and printed."""
-    kept = []
-    for prompt in prompts:
-        if INSTRUCTIONS in prompt.record.columns:
-            try:
-                check_row(prompt.record.reward_sample())
-            except ValueError as e:
-                if not skip_bad_rows:
-                    raise DataError(f"{prompt.record.source}: {e}") from None
-                print(f"skipped {prompt.record.source}: {e}", file=sys.stderr)
-                continue
-        kept.append(prompt)
-    return kept
+def instruction_checks(config: GRPOConfig) -> dict:
+    """The verdicts' check of the rows with instructions, for the loader, unless one of the model's rewards has it run
+    already (--reward_funcs may name none that reads them)."""
+    if check_row in sample_checks([*config.reward_functions, config.accuracy_function]).values():
+        return {}
+    return {"the instruction verdicts": lambda sample: INSTRUCTIONS in sample and check_row(sample)}
 
 
 def problem_records(model: Prepared, start: int, greedy, sampled, k: int) -> list:

@@ -72,8 +72,14 @@ def reference_readers(names: list[str]) -> list[str]:
 
 
 def sample_checks(names: list[str]) -> dict:
-    """reward name -> its load-time row check, for the registered functions among names that have one."""
-    return {name: _REGISTRY[name].check_sample for name in names if name in _REGISTRY and _REGISTRY[name].check_sample}
+    """"reward function NAME" -> its load-time row check, for the registered functions among names that have one; a
+    check that several share (the four instruction rewards') runs once, under the first name."""
+    checks = {}
+    for name in names:
+        check = _REGISTRY[name].check_sample if name in _REGISTRY else None
+        if check is not None and check not in checks.values():
+            checks[f"reward function {name}"] = check
+    return checks
 
 
 def prepare_rewards(names: list[str]) -> None:

@@ -95,14 +95,15 @@ def model_dtype(config: GRPOConfig) -> str:
     return "bfloat16" if config.bf16 else "float16" if config.fp16 else "float32"
 
 
-def load_prompts(paths: str, tokenizer, config: GRPOConfig):
+def load_prompts(paths: str, tokenizer, config: GRPOConfig, row_checks: dict | None = None):
     # Rows the rewards (or the accuracy metric) could not score for want of a reference are refused here,
     # before any model loads, not found one failed reward at a time.
     readers = reference_readers(config.reward_functions)
     needed_by = f"reward function {readers[0]}" if readers else None
     if needed_by is None and reference_readers([config.accuracy_function]):
         needed_by = f"accuracy_function {config.accuracy_function}; name one there that reads none"
-    checks = sample_checks([*config.reward_functions, config.accuracy_function])
+    # the rewards' row checks, and row_checks ({what needs it: check}) of a caller that reads the rows itself
+    checks = {**sample_checks([*config.reward_functions, config.accuracy_function]), **(row_checks or {})}
     records = read_prompt_records(paths, config.prompt_key, config.response_key, config.skip_bad_rows, needed_by, checks)
     records = select_by_calculation_steps(records, config.calculation_steps, paths)
     return encode_prompts(

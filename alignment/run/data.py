@@ -192,7 +192,8 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
     whitespace) a bad row too, judged once the file is read: a file where no row has one is refused naming the
     file, the column and what needs it, whatever skip_bad_rows says.
 
-    row_checks ({reward function name: check(sample) raising ValueError}) makes a row a reward cannot score a bad row."""
+    row_checks ({what needs it, e.g. "reward function ifeval": check(sample) raising ValueError}) makes a row that fails a
+    check a bad row."""
     records = []
     for path in [p.strip() for p in paths.split(",") if p.strip()]:
         keys, kept, skipped, unreferenced = None, 0, [], []
@@ -244,13 +245,13 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
 
 def _row_problem(record: PromptRecord, row_checks: dict, where: str) -> Optional[DataError]:
     sample = record.reward_sample()
-    for name, check in row_checks.items():
+    for needed_by, check in row_checks.items():
         try:
             check(sample)
         except ConfigError:  # the installation, not the row (NLTK data missing)
             raise
         except ValueError as e:
-            return DataError(f"{where}: {e} (needed by reward function {name})")
+            return DataError(f"{where}: {e} (needed by {needed_by})")
     return None
 
 
