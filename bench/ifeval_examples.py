@@ -14,26 +14,20 @@ instructions it followed strictly and loosely.
 import argparse
 import json
 import random
-import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import numpy as np
 
 from alignment.algo.eval_stats import paired_difference
+from alignment.rewards.length_rewards import degenerate
 
 MIN_WORDS = 10
-
-
-def degenerate(answer: str) -> bool:
-    words = re.findall(r"\w+", answer)
-    symbols = len(re.findall(r"[^\w\s]", answer))
-    return len(words) < MIN_WORDS or Counter(words).most_common(1)[0][1] > len(words) / 2 or symbols > sum(map(len, words))
 
 
 def substance_table(by_problem: dict, models: list) -> None:
     problems = sorted(by_problem)
     loose = {m: np.array([by_problem[p][m]["correct"] for p in problems]) for m in models}
-    kept = {m: np.array([not degenerate(by_problem[p][m]["completion"]) for p in problems]) for m in models}
+    kept = {m: np.array([not degenerate(by_problem[p][m]["completion"], MIN_WORDS) for p in problems]) for m in models}
     print("| model | degenerate answers | prompt loose | prompt loose, degenerate answers failed | against the first |")
     print("|---|---|---|---|---|")
     for model in models:

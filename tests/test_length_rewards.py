@@ -1,4 +1,4 @@
-"""cosine, repetition and soft_overlong against hand-computed values, and RewardSettings' checks."""
+"""cosine, repetition, soft_overlong and substance against hand-computed values, and RewardSettings' checks."""
 
 import json
 import math
@@ -221,6 +221,43 @@ def test_score_completions_passes_the_settings_and_keeps_per_item_errors():
     ]
 
 
+# --- substance ------------------------------------------------------------------------------------
+# Each row: the completion, min_words, the row's own instructions, the reward. The bare answers are those issue 53's
+# first ifeval run learnt ("end with the phrase X" met by X alone, a title and nothing else).
+SENTENCE = "The lamp has a warm light, a steady base and an arm that bends to where you read at night."  # 20 words
+FEWER_THAN_30 = {"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 30, "relation": "less than"}]}
+AT_LEAST_30 = {"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 30, "relation": "at least"}]}
+SUBSTANCE_TABLE = [
+    (SENTENCE, 20, {}, 0.0),
+    (SENTENCE, 21, {}, -1.0),  # 20 words
+    ("Is there anything else I can help with?", 20, {}, -1.0),
+    ("<<A Lamp for Reading>>", 20, {}, -1.0),
+    ("", 0, {}, -1.0),  # no words at all is degenerate whatever the floor
+    (" ".join(["lamp"] * 11 + ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]), 20, {}, -1.0),  # 11 of 21 words one word
+    (" ".join(["lamp"] * 10 + ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]), 20, {}, 0.0),  # 10 of 20: not over half
+    ("{" + SENTENCE + "}" + "*" * 66, 20, {}, -1.0),  # 70 symbols ({, comma, period, }, 66 stars) against 69 word characters
+    ("{" + SENTENCE + "}" + "*" * 65, 20, {}, 0.0),  # 69 against 69
+    ("The lamp is warm and steady, and it bends down to the page you read.", 20, FEWER_THAN_30, 0.0),  # 15 = 30 // 2
+    ("The lamp is warm and steady, and it bends to the page you read.", 20, FEWER_THAN_30, -1.0),  # 14 words
+    ("The lamp is warm and steady, and it bends down to the page you read.", 20, AT_LEAST_30, -1.0),  # only 'less than' lowers it
+]
+
+
+@pytest.mark.parametrize("completion,min_words,row,expected", SUBSTANCE_TABLE)
+def test_substance_against_hand_counted_words_and_symbols(completion, min_words, row, expected):
+    assert value("substance", completion, RewardSettings(substance_min_words=min_words), **row) == expected
+
+
+def test_substance_beside_ifeval_ranks_a_bare_answer_below_an_answer_that_follows_half():
+    row = {"prompt": "Describe a lamp. End your reply with the exact phrase 'Any other questions?'",
+           "instruction_id_list": ["startend:end_checker", "punctuation:no_comma"],
+           "kwargs": [{"end_phrase": "Any other questions?"}, {}]}
+    bare, half = "Any other questions?", SENTENCE + " Any other questions?"  # half: the sentence has commas
+    scores = score_completions([bare, half], [row, row], ["ifeval", "substance"], [1.0, 1.0])
+    assert scores.totals == pytest.approx([1.0 - 1.0, 0.5 + 0.0])
+    assert scores.columns == {"ifeval": [1.0, 0.5], "substance": [-1.0, 0.0]}
+
+
 # --- RewardSettings -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "values,match",
@@ -242,6 +279,9 @@ def test_score_completions_passes_the_settings_and_keeps_per_item_errors():
         ({"cosine_max_len": 2**24 + 1}, r"cosine_max_len must be <= 16777216 \(tokens\), got 16777217"),
         ({"soft_max_length": 2**63 - 1}, "soft_max_length must be <= 16777216"),
         ({"soft_cache_length": 10**400}, "soft_cache_length must be <= 16777216"),
+        ({"substance_min_words": -1}, "substance_min_words must be from 0 to 1024, got -1"),
+        ({"substance_min_words": 1025}, "substance_min_words must be from 0 to 1024, got 1025"),
+        ({"substance_min_words": 20.0}, "substance_min_words must be an integer, got 20.0"),
     ],
 )
 def test_reward_settings_refuse_out_of_range_values_naming_the_field(values, match):
@@ -260,6 +300,7 @@ def test_reward_settings_defaults_and_edges_are_valid():
         repetition_max_penalty=-1.0,
         soft_max_length=None,
         soft_cache_length=None,
+        substance_min_words=20,
     )
     RewardSettings(repetition_max_penalty=0, cosine_max_len=1, soft_max_length=2, soft_cache_length=1).validate()
     RewardSettings(repetition_n_grams=1024, cosine_max_len=2**24, soft_max_length=2**24, soft_cache_length=2**24 - 1).validate()

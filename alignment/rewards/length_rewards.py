@@ -1,10 +1,12 @@
-"""Rewards on a completion's length and repetition, parametrised by RewardSettings.
+"""Rewards on a completion's length, repetition and substance, parametrised by RewardSettings.
 
 Lengths are in tokens of the policy's tokenizer, which only the trainer knows: it puts each
 completion's token count into the sample as "completion_tokens" (and so into each reward server item).
 """
 
 import math
+import re
+from collections import Counter
 from collections.abc import Mapping
 from numbers import Integral
 from typing import Any
@@ -102,3 +104,34 @@ def soft_overlong(completion: str, sample: Mapping[str, Any], settings: RewardSe
     if length <= max_length:
         return (expected - length) / cache
     return -1.0  # ms-swift goes on falling below -1 here; DAPO's formula stops at -1
+
+
+def degenerate(answer: str, min_words: int) -> bool:
+    """An answer with no substance: fewer than min_words words, one word making up more than half of them, or more
+    punctuation and symbols than word characters. Constraints such as "end with this phrase" or "a title in <<double
+    angle brackets>>" are met by such answers alone (the IFBench paper's appendix; issue 53's first run)."""
+    words = re.findall(r"\w+", answer)
+    if len(words) < min_words or not words:
+        return True
+    symbols = len(re.findall(r"[^\w\s]", answer))
+    return Counter(words).most_common(1)[0][1] > len(words) / 2 or symbols > sum(map(len, words))
+
+
+def _word_floor(sample: Mapping[str, Any], min_words: int) -> int:
+    """min_words, lowered to half the limit of a row that itself asks for fewer than N words (IFEval's
+    length_constraints:number_words with relation "less than"), so that the reward never contradicts the request."""
+    floor = min_words
+    for instruction_id, arguments in zip(sample.get("instruction_id_list") or (), sample.get("kwargs") or ()):
+        if instruction_id == "length_constraints:number_words" and (arguments or {}).get("relation") == "less than":
+            floor = min(floor, int(arguments["num_words"]) // 2)
+    return floor
+
+
+@register_reward(
+    "substance",
+    "-1.0 for a degenerate completion (fewer than substance_min_words words, or half the row's own 'less than N words' "
+    "limit; one word over half of them; more symbols than word characters), else 0.0: beside rewards a bare answer can game",
+    uses_settings=True,
+)
+def substance(completion: str, sample: Mapping[str, Any], settings: RewardSettings) -> float:
+    return -1.0 if degenerate(completion, _word_floor(sample, settings.substance_min_words)) else 0.0

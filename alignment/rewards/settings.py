@@ -10,7 +10,7 @@ MAX_LENGTH_TOKENS = 2**24
 
 @dataclass(frozen=True)
 class RewardSettings:
-    """The parameters of the length and repetition rewards; each field is also a config key of its name.
+    """The parameters of the length, repetition and substance rewards; each field is also a config key of its name.
 
     Lengths are in completion tokens. None means "not set": the trainer sets cosine_max_len and
     soft_max_length to max_dec_len; a reward that needs an unset value fails with an error naming it.
@@ -26,6 +26,7 @@ class RewardSettings:
     repetition_max_penalty: float = -1.0  # the value of a completion that is one n-gram over and over
     soft_max_length: int | None = None  # DAPO's L_max
     soft_cache_length: int | None = None  # DAPO's L_cache: the punished band below L_max
+    substance_min_words: int = 20  # substance: fewer words than this is degenerate
 
     def __post_init__(self):
         self.validate()
@@ -44,6 +45,8 @@ class RewardSettings:
             raise ValueError(f"repetition_n_grams must be <= {MAX_N_GRAMS}, got {self.repetition_n_grams}")
         if self.repetition_max_penalty > 0:
             raise ValueError(f"repetition_max_penalty must be <= 0 (a penalty), got {self.repetition_max_penalty}")
+        if not 0 <= self.substance_min_words <= MAX_N_GRAMS:
+            raise ValueError(f"substance_min_words must be from 0 to {MAX_N_GRAMS}, got {self.substance_min_words}")
         for name in ("cosine_max_len", "soft_max_length", "soft_cache_length"):
             value = getattr(self, name)
             if value is not None and value < 1:
