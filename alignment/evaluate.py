@@ -55,7 +55,7 @@ from alignment.rewards.instructions import check_row, followed  # noqa: E402
 from alignment.rewards.registry import sample_checks  # noqa: E402
 from alignment.run.build import load_prompts, rollout_engine, sampling_params  # noqa: E402
 from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
-from alignment.run.data import read_jsonl  # noqa: E402
+from alignment.run.data_files import read_rows  # noqa: E402
 from alignment.run.scorer import build_scorer  # noqa: E402
 from alignment.step.evaluation import greedy_and_sampled  # noqa: E402
 from alignment.step.rollout import Sampler  # noqa: E402
@@ -80,7 +80,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("models", nargs="+", metavar="MODEL",
                         help="checkpoint folders, Hugging Face-layout folders, LoRA checkpoints or .gguf files")
     parser.add_argument("--data", required=True,
-                        help="the problems: .jsonl files (comma-separated) in any layout the trainer reads, with a reference answer where "
+                        help="the problems: files or folders (comma-separated) in any format and layout the trainer reads, with a reference answer where "
                         "the rewards read one (IFEval/IFBench rows have none: their rewards read the row's instructions)")
     parser.add_argument("--n", type=int, default=0,
                         help="samples per problem at the temperature, for mean@n and pass@k (default 0: greedy only)")
@@ -122,7 +122,7 @@ def flags_given(args: argparse.Namespace) -> dict:
 def has_instructions(data: str) -> bool:
     """Whether a row of the data's files carries instructions (lines that are no JSON object are left to the loader)."""
     paths = [path.strip() for path in data.split(",") if path.strip()]
-    return any(INSTRUCTIONS in row for path in paths for _, row in read_jsonl(path, lambda error: None))
+    return any(INSTRUCTIONS in row for path in paths for _, row in read_rows(path, lambda error: None))
 
 
 def model_config(folder: Path, args: argparse.Namespace) -> tuple:

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from alignment.errors import DataError
-from alignment.run.data import MAX_LINE_BYTES, SKIPPED_SHOWN, read_prompt_records
+from alignment.run.data import SKIPPED_SHOWN, read_prompt_records
+from alignment.run.data_files import MAX_LINE_BYTES
 
 FUZZ = settings(derandomize=True, deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 LAYOUTS = {"src": "tgt", "question": "answer", "messages": "solution"}  # prompt column -> reference column

@@ -18,8 +18,8 @@ LAYERS = [
     ("alignment.run",),  # setting a run up: config, preflight, start, the one builder of its parts
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
      "alignment.gguf", "alignment.gguf_header", "alignment.step.checkpoint", "alignment.step.dashboards"),
-    ("alignment.run.data", "alignment.run.plugins", "alignment.run.runtime", "alignment.run.output_folders", "alignment.key_files",
-     "alignment.json_depth"),
+    ("alignment.run.data", "alignment.run.data_files", "alignment.run.plugins", "alignment.run.runtime", "alignment.run.output_folders",
+     "alignment.key_files", "alignment.json_depth"),
     ("alignment.errors",),
 ]
 

@@ -65,10 +65,17 @@ class GRPOConfig:
         "Tokenizer folder (or .gguf file, imported as the actor's is); default: the actor's.",
     )
     chat_template: Optional[str] = _key(None, "Jinja chat template (text or file) replacing the tokenizer's.")
-    train_datasets: str = _key("data/arith/train.jsonl", "Training jsonl file(s), comma-separated.")
-    eval_datasets: Optional[str] = _key(None, "Held-out jsonl file(s), comma-separated; none: no evaluation.")
+    train_datasets: str = _key(
+        "data/arith/train.jsonl",
+        "Training data, comma-separated: .jsonl, .json, .parquet or .csv files, or folders written by datasets' save_to_disk.",
+    )
+    eval_datasets: Optional[str] = _key(None, "Held-out data, comma-separated, as train_datasets; none: no evaluation.")
     prompt_key: Optional[str] = _key(None, "Column holding the prompt; default: detected (src, question, messages, prompt).")
-    response_key: Optional[str] = _key(None, "Column holding the reference answer; default: detected (tgt, answer, solution).")
+    response_key: Optional[str] = _key(
+        None,
+        "Column holding the reference answer, a dotted key for a nested field; default: detected (tgt, answer, solution, response, "
+        "ground_truth, reward_model.ground_truth as verl writes it).",
+    )
     calculation_steps: Optional[str] = _key(
         None,
         "Keep only the rows whose reference answer marks this many <<...>> calculations, as GSM8K's worked answers do: a count (2) "
@@ -328,6 +335,11 @@ class GRPOConfig:
         None,
         "soft_overlong reward: the interval L_cache (tokens, >= 1, < soft_max_length) before L_max over which the penalty grows linearly "
         "from 0 to -1 (required with soft_overlong).",
+    )
+    substance_min_words: int = _key(
+        20,
+        "substance reward: an answer of fewer words (0 to 1024; half the row's own 'less than N words' limit where lower) is "
+        "degenerate, -1.0.",
     )
     reward_item_timeout: float = _key(
         10.0,

@@ -1,32 +1,32 @@
-"""Prompt datasets: jsonl rows in three layouts, chat templates, truncation, and the step -> prompts map.
+"""Prompt datasets: rows in five layouts (from any format data_files.py reads), chat templates, truncation, and the
+step -> prompts map.
 
 Layouts (detected per file from its first good row unless prompt_key / response_key say otherwise):
 - PaddleNLP src/tgt: {"src": "question" | ["user turn", ...], "tgt": "reference" | ["reply", ..., "reference"]}
 - question/answer:   {"question": "...", "answer": "... #### 72"}   (GSM8K; rewards read the number after ####)
 - chat messages:     {"messages": [{"role": ..., "content": ...}, ...], "solution": "..."}; without a reference
                      column, a final assistant turn is the reference.
-Every other column of a row travels with it to the reward functions.
+- TRL:               {"prompt": "text" (standard) | [{"role": ..., "content": ...}, ...] (conversational), "solution": ...}
+- verl:              {"prompt": [messages], "reward_model": {"style": "rule", "ground_truth": "72"}, "data_source": ...,
+                     "extra_info": {...}}; the reference is reward_model.ground_truth (a dotted key reads a nested field).
+Every other column of a row travels with it to the reward functions (TRL passes each to its reward functions by name).
 """
 
-import codecs
 import json
 import math
 import re
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
 from alignment.errors import ChatTemplateError, ConfigError, DataError
-from alignment.json_depth import MAX_JSON_DEPTH, json_too_deep
+from alignment.run.data_files import read_rows
 
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
-RESPONSE_KEYS = ("tgt", "answer", "solution", "response")
+RESPONSE_KEYS = ("tgt", "answer", "solution", "response", "ground_truth", "reward_model.ground_truth")
 ROLES = ("system", "user", "assistant")
-# A longer line is a bad row, read past in 1 MiB pieces, never held whole: a file that is not jsonl (no newlines)
-# must not be read into memory as one line. Rows with long reference solutions or test cases fit well within it.
-MAX_LINE_BYTES = 64 * 2**20
 SKIPPED_SHOWN = 20  # skipped rows printed per file; the count covers them all
 # GSM8K's worked answers mark each calculation as <<48/2=24>>; the count of marks is the problem's number of steps.
 CALCULATION_MARK = re.compile(r"<<[^<>]*>>")
@@ -57,64 +57,31 @@ class EncodedPrompt:
     ids: tuple  # prompt token ids, chat template applied, at most max_prompt_len
 
 
-def read_jsonl(path: str, on_error: Optional[Callable[[DataError], None]] = None):
-    """Yields (line_number, row) for each non-blank line. A line that is not one JSON object (not UTF-8, not JSON,
-    another JSON value, over MAX_LINE_BYTES) raises DataError "file:line: what", or, given on_error, is passed to
-    it and left out."""
-    try:
-        handle = open(path, "rb")  # decoded line by line, so a bad byte is reported on its own line
-    except OSError as e:
-        raise DataError(f"{path}: cannot open: {e.strerror}") from None
-    with handle:
-        line_number = 0
-        while raw := handle.readline(MAX_LINE_BYTES + 1):
-            line_number += 1
-            try:
-                row = _json_object(raw, handle, first=line_number == 1)
-            except ValueError as e:
-                if on_error is None:
-                    raise DataError(f"{path}:{line_number}: {e}") from None
-                on_error(DataError(f"{path}:{line_number}: {e}"))
-                continue
-            if row is not None:
-                yield line_number, row
-
-
-def _json_object(raw: bytes, handle, first: bool) -> Optional[dict]:
-    """One line's bytes -> its JSON object, None for a blank line; ValueError saying what is wrong."""
-    if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-        while (rest := handle.readline(2**20)) and not rest.endswith(b"\n"):
-            pass
-        raise ValueError(f"longer than {MAX_LINE_BYTES // 2**20} MiB (MAX_LINE_BYTES)")
-    if first:
-        raw = raw.removeprefix(codecs.BOM_UTF8)  # some Windows tools start UTF-8 files with one
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if not line.strip():
-        return None
-    if depth := json_too_deep(line):
-        raise ValueError(f"arrays or objects nested {depth} deep; a row may nest at most {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)")
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
-    except ValueError as e:  # an integer longer than int() converts (sys.get_int_max_str_digits())
-        raise ValueError(f"not valid JSON: {str(e).split(';')[0]}") from None
-    if not isinstance(row, dict):
-        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-    return row
-
-
 def _detect(row: dict, prompt_key: Optional[str], response_key: Optional[str], where: str) -> tuple:
     prompt_key = prompt_key or next((k for k in PROMPT_KEYS if k in row), None)
     if prompt_key is None:
-        raise DataError(f"{where}: no prompt column: expected one of {', '.join(PROMPT_KEYS)} (or set prompt_key)")
+        keys = ", ".join(map(str, list(row)[:20])) or "none"
+        raise DataError(f"{where}: no prompt column: expected one of {', '.join(PROMPT_KEYS)} (or set prompt_key); the row's keys: {keys}")
     if response_key is None:
         preferred = {"src": "tgt", "question": "answer"}.get(prompt_key)
-        response_key = preferred if preferred in row else next((k for k in RESPONSE_KEYS if k in row), None)
+        present = [k for k in RESPONSE_KEYS if _field(row, k) is not _MISSING]
+        response_key = preferred if preferred in row else next(iter(present), None)
     return prompt_key, response_key
+
+
+_MISSING = object()
+
+
+def _field(row: dict, key: str):
+    """row[key], or for a dotted key absent as a column the nested field ("reward_model.ground_truth"), or _MISSING."""
+    if key in row:
+        return row[key]
+    value = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
 
 
 def _text(value, what: str, where: str) -> str:
@@ -149,9 +116,9 @@ def parse_row(row: dict, prompt_key: str, response_key: Optional[str], where: st
     turns = _turns(row[prompt_key], where, prompt_key)
     answer = None
     if response_key is not None:
-        if response_key not in row:
+        reference = _field(row, response_key)
+        if reference is _MISSING:
             raise DataError(f"{where}: missing reference column '{response_key}'")
-        reference = row[response_key]
         if isinstance(reference, list):  # PaddleNLP multi-turn: tgt holds the assistant replies, the reference last
             if not reference or not all(isinstance(r, str) for r in reference):
                 raise DataError(f"{where}: '{response_key}' must be a string or a list of strings")
@@ -197,7 +164,7 @@ def read_prompt_records(paths: str, prompt_key: Optional[str] = None, response_k
     records = []
     for path in [p.strip() for p in paths.split(",") if p.strip()]:
         keys, kept, skipped, unreferenced = None, 0, [], []
-        for line_number, row in read_jsonl(path, skipped.append if skip_bad_rows else None):
+        for line_number, row in read_rows(path, skipped.append if skip_bad_rows else None):
             where = f"{path}:{line_number}"
             try:
                 row_keys = keys or _detect(row, prompt_key, response_key, where)

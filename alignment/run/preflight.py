@@ -39,7 +39,7 @@ def check_model_files(c: GRPOConfig) -> None:
 
 def check_dataset_files(c: GRPOConfig, key: str) -> None:
     for path in (getattr(c, key) or "").split(","):
-        check(not path or _exists(Path.is_file, path.strip()), f"{key}: no such file '{path.strip()}'")
+        check(not path or _exists(Path.exists, path.strip()), f"{key}: no such file or folder '{path.strip()}'")
 
 
 def check_lengths_fit_model(c: GRPOConfig) -> None:
