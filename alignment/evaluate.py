@@ -81,7 +81,8 @@ def parse_args(argv: list) -> argparse.Namespace:
                         help="checkpoint folders, Hugging Face-layout folders, LoRA checkpoints or .gguf files")
     parser.add_argument("--data", required=True,
                         help="the problems: files or folders (comma-separated) in any format and layout the trainer reads, with a "
-                        "reference answer where the rewards read one (IFEval/IFBench rows have none: their rewards read the row's instructions)")
+                        "reference answer where the rewards read one (IFEval/IFBench rows have none: their rewards read the row's "
+                        "instructions)")
     parser.add_argument("--n", type=int, default=0,
                         help="samples per problem at the temperature, for mean@n and pass@k (default 0: greedy only)")
     parser.add_argument("--limit", type=int, help="evaluate the first N problems only (default: all)")
