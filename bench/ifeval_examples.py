@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/ifeval_examples.py eval/ifeval/input_data/records.jsonl --count 10 --seed 0 > examples.md
 
-Prints Markdown. First, per model, the answers that are degenerate (fewer than MIN_WORDS words, one word making up more
-than half of them, or more punctuation and symbols than word characters: a model can satisfy "end with this phrase"
-or "wrap it in quotes" with nothing else, as the IFBench paper's appendix shows), and prompt-level loose accuracy
+Prints Markdown. First, per model, the median and quartiles of answer lengths in words, the answers that are degenerate
+(fewer than MIN_WORDS words, one word making up more than half of them, or more punctuation and symbols than word
+characters: a model can satisfy "end with this phrase" or "wrap it in quotes" with nothing else, as the IFBench paper's
+appendix shows), and prompt-level loose accuracy
 with those counted as failed, each model against the first (Newcombe's interval, exact McNemar). Then a draw of
 --count problems by `random.Random(seed).sample`, not chosen by hand: for each its prompt and, for every model in the
 records (the evaluation command's order), the answer (cut at --chars characters), its length in tokens and which
@@ -14,6 +15,7 @@ instructions it followed strictly and loosely.
 import argparse
 import json
 import random
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -28,8 +30,10 @@ def substance_table(by_problem: dict, models: list) -> None:
     problems = sorted(by_problem)
     loose = {m: np.array([by_problem[p][m]["correct"] for p in problems]) for m in models}
     kept = {m: np.array([not degenerate(by_problem[p][m]["completion"], MIN_WORDS) for p in problems]) for m in models}
-    print("| model | degenerate answers | prompt loose | prompt loose, degenerate answers failed | against the first |")
-    print("|---|---|---|---|---|")
+    words = {m: np.array([len(re.findall(r"\w+", by_problem[p][m]["completion"])) for p in problems]) for m in models}
+    print("| model | degenerate answers | words: median, quartiles | prompt loose | prompt loose, degenerate answers failed "
+          "| against the first |")
+    print("|---|---|---|---|---|---|")
     for model in models:
         substantive = loose[model] & kept[model]
         against = ""
@@ -37,7 +41,9 @@ def substance_table(by_problem: dict, models: list) -> None:
             pair = paired_difference(loose[models[0]] & kept[models[0]], substantive)
             against = (f"{100 * pair['difference']:+.1f} points [{100 * pair['low']:+.1f}, {100 * pair['high']:+.1f}], "
                        f"{pair['only_first']} / {pair['only_second']}, McNemar p = {pair['mcnemar_p']:.2g}")
-        print(f"| {model} | {int((~kept[model]).sum())} of {len(problems)} | {100 * loose[model].mean():.1f}% | "
+        quartiles = np.percentile(words[model], [50, 25, 75])
+        print(f"| {model} | {int((~kept[model]).sum())} of {len(problems)} | {quartiles[0]:.0f} ({quartiles[1]:.0f}-{quartiles[2]:.0f}) | "
+              f"{100 * loose[model].mean():.1f}% | "
               f"{100 * substantive.mean():.1f}% | {against} |")
     print()
 
