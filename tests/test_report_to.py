@@ -21,12 +21,12 @@ from alignment.step.logger import RunLogger
 TINY = "config/tiny/grpo_argument.json"
 ALL = ("visualdl", "tensorboard", "wandb")
 # A run as RunLogger sees it: (kind, step, metrics). Values are exact in float32, which VisualDL and TensorBoard store;
-# NaN and None are not drawn; an integer is drawn as a number.
+# NaN and None are not drawn; an integer is drawn as a number; a name keeps its '@' (eval_mean@4: validation/mean@4).
 RUN = [
-    ("eval", 0, {"eval_accuracy": 0.25, "eval_samples": 16}),
+    ("eval", 0, {"eval_accuracy": 0.25, "eval_mean@4": 0.1875, "eval_pass@4": 0.5, "eval_samples": 16}),
     ("step", 1, {"reward_mean": 0.5, "accuracy": 0.25, "kl": None}),
     ("step", 2, {"reward_mean": 0.625, "accuracy": 0.375, "kl": None, "loss": float("nan")}),
-    ("eval", 2, {"eval_accuracy": 0.5, "eval_samples": 16}),
+    ("eval", 2, {"eval_accuracy": 0.5, "eval_mean@4": 0.375, "eval_pass@4": 0.75, "eval_samples": 16}),
     ("step", 3, {"reward_mean": 0.75, "accuracy": 0.5, "kl": None}),
 ]
 
@@ -105,6 +105,7 @@ def test_each_dashboard_gets_the_same_tags_steps_and_values(tmp_path, offline):
         write(logger, RUN)
     expected = expected_scalars(RUN)
     assert expected["validation/samples"] == [(0, 16), (2, 16)] and "train/loss" not in expected  # the hand count's shape
+    assert expected["validation/pass@4"] == [(0, 0.5), (2, 0.75)]
 
     assert_same(visualdl_scalars(logdir), expected, "VisualDL")
     assert_same(tensorboard_scalars(logdir), expected, "TensorBoard")  # the two share logging_dir; neither reads the other's

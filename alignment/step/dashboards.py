@@ -115,20 +115,25 @@ class VisualDLBoard:
 class TensorBoardBoard:
     # tensorboardX writes TensorBoard's event files without torch or TensorFlow. Its events.out.tfevents.* files and
     # VisualDL's vdlrecords.*.log share logging_dir: each reader takes only its own file names.
+    # Its SummaryWriter.add_scalar renames a tag with characters outside [-/\w.] (validation/mean@4 -> validation/mean_4,
+    # a rule of TensorFlow 1's graph node names); TensorBoard reads and shows any tag, so the board writes the Summary
+    # protos itself through tensorboardX's FileWriter and keeps every dashboard's names the same.
     module, extra = "tensorboardX", "tensorboard"
 
     def __init__(self, settings: DashboardSettings, replay):
-        from tensorboardX import SummaryWriter
+        from tensorboardX import FileWriter
+        from tensorboardX.proto.summary_pb2 import Summary
 
         if replay is not None:  # TensorBoard would merge the files, the steps after the checkpoint twice
             _fresh_files(settings.logging_dir, "events.out.tfevents.*")
         self.where = f"the TensorBoard log in {settings.logging_dir}"
-        self.writer = SummaryWriter(logdir=settings.logging_dir)
+        self.summary = Summary
+        self.writer = FileWriter(logdir=settings.logging_dir)
         _replay(self, replay)
 
     def add(self, step: int, scalars: dict) -> None:
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, step)
+        values = [self.summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+        self.writer.add_summary(self.summary(value=values), global_step=step)
 
     def flush(self) -> None:
         self.writer.flush()
