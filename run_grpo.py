@@ -1,7 +1,7 @@
 """Train a causal LM with GRPO from one JSON file:
 
     python -m alignment.launch --nproc_per_node 1 run_grpo.py config/tiny/grpo_argument.json [--key value ...]
-    python run_grpo.py --help        # the groups of keys; --help GROUP (or all): each key's type, default, aliases, meaning
+    python run_grpo.py --help        # the groups of keys; --help GROUP, KEY or part of one (or all): type, default, aliases, meaning
 """
 
 import os
@@ -26,8 +26,7 @@ def main(argv: list | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if wants_help(argv):
-            print(help_text(group=help_topic(argv)))
-            return 0
+            return print_help(help_text(group=help_topic(argv)))
         from alignment.rollout.link import placement
         from alignment.step.trainer import train
 
@@ -43,6 +42,16 @@ def main(argv: list | None = None) -> int:
         return 2
     if checkpoint is not None and os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # the main process says it once
         print(end_message(config, checkpoint))
+    return 0
+
+
+def print_help(text: str) -> int:
+    """A reader that stops early (run_grpo.py --help all | head -3) ends the help quietly, as pip's does: Python's own
+    flush at exit would raise the broken pipe again, so stdout goes to /dev/null first."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -189,11 +189,62 @@ def test_help_with_a_word_of_a_group_title_prints_that_group_in_full(word):
     assert ("  --learning_rate FLOAT  (default: 1e-06; alias: --lr)" in done.stdout) == (word == "all")
 
 
-def test_help_with_a_word_of_no_group_names_the_words_that_work():
-    done = run_grpo("run_grpo.py", "--help", "sampling")
-    assert done.returncode == 2
-    assert done.stderr.startswith("run_grpo: error: --help sampling: no group has that word in its title; give one of algorithm, and, ")
-    assert done.stderr.rstrip().endswith(", or all")
+@pytest.mark.parametrize("word", ["optimization", "optim", "OPTIMISATION"])
+def test_help_with_the_start_of_a_title_word_or_a_near_spelling_prints_that_group(word):
+    titles = [line for line in help_text(100, word).splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == ["Optimisation:"]
+
+
+@pytest.mark.parametrize(
+    "word, heads",
+    [
+        ("learning_rate", ["Optimisation (1 of 31 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),
+        ("lr", ["Optimisation (1 of 31 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),  # an alias
+        ("learning_rte", ["Optimisation (1 of 31 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),  # a letter off
+        ("min_learning", ["Optimisation (1 of 31 keys):", "  --min_learning_rate FLOAT  (default: 0.0; alias: --min_lr)"]),
+        ("num_generation", [
+            "Rollout (1 of 16 keys):", "  --rollout_n INT  (default: 8; aliases: --num_generations, --num_return_sequences)",
+        ]),
+    ],
+)
+def test_help_with_a_key_or_part_of_one_prints_those_keys_under_their_group(word, heads):
+    lines = help_text(10_000, word).splitlines()
+    assert [line for line in lines if not line.startswith(" " * 6)][-len(heads):] == heads
+    assert lines[-1].strip() == GRPOConfig.__dataclass_fields__[heads[1].split()[0][2:]].metadata["help"]
+
+
+def test_help_with_a_part_of_several_keys_prints_each_under_its_group():
+    text = help_text(10_000, "clip")
+    heads = {line.split()[0][2:] for line in text.splitlines() if line.startswith("  --")}
+    aliased = {"importance_sampling_cap", "importance_sampling_min"}  # TRL's vllm_importance_sampling_clip_max / _min
+    assert heads == {key for key in KEYS if "clip" in key} | aliased and len(heads) > 5
+    assert "Algorithm (" in text
+
+
+def test_help_with_a_word_of_no_group_and_no_key_names_the_words_that_work():
+    done = run_grpo("run_grpo.py", "--help", "xyzzy")
+    assert done.returncode == 2 and done.stdout == ""
+    words = "algorithm, checkpoints, data, evaluation, logging, model, multi, multi-turn, optimisation, rollout, rollouts, tools, turn"
+    assert done.stderr == (
+        f"run_grpo: error: --help xyzzy: no group's title and no key has that word; give a word of a title ({words}), "
+        f"a key's name or part of one, or all\n"
+    )
+    assert run_grpo("run_grpo.py", "--help", "and").returncode == 2  # "and" and "with" name no group
+
+
+def test_help_read_by_a_reader_that_stops_early_ends_quietly():
+    """run_grpo.py --help all | head -3: the help (33 kB) outgrows a 4 kB pipe, the reader closes it after one line, and the
+    writer gets EPIPE; it exits 0 with nothing on stderr, as pip --help | head does (no BrokenPipeError traceback)."""
+    import fcntl
+
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    help_run = subprocess.Popen([sys.executable, "run_grpo.py", "--help", "all"], cwd=REPO, stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        assert reader.readline() == b"usage: run_grpo.py CONFIG.json [--key value ...]\n"
+    assert help_run.wait(timeout=60) == 0
+    assert help_run.stderr.read() == b""
 
 
 def test_help_text_gives_each_key_its_type_default_aliases_and_meaning_in_groups():

@@ -855,9 +855,9 @@ def help_topic(argv: list) -> Optional[str]:
 
 
 def help_text(width: Optional[int] = None, group: Optional[str] = None) -> str:
-    """--help: the usage and each group's key names. group (a word of a group's title in any case, or "all") -> those
-    groups' keys in full, each with its type, default, aliases and meaning, from the dataclass as its comments group it.
-    An unknown group raises ConfigError naming the words that work."""
+    """--help: the usage and each group's key names. group (a word of a group's title, a key, part of one, or "all";
+    see _help_groups) -> those keys in full, each with its type, default, aliases and meaning, under their groups' titles
+    as the dataclass's comments group them. A word that finds nothing raises ConfigError naming the words that work."""
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
     lines = ["usage: run_grpo.py CONFIG.json [--key value ...]", "       run_grpo.py --help [GROUP | all]", ""] + _wrap(
         "CONFIG.json is one JSON object of the keys below. On the command line, --key value (or --key=value) "
@@ -871,18 +871,22 @@ def help_text(width: Optional[int] = None, group: Optional[str] = None) -> str:
             lines += ["", f"{title} ({len(keys)} keys):"] + _wrap(" ".join(keys), width, "  ", "  ")
         return "\n".join(lines + [""] + _wrap(
             "run_grpo.py --help GROUP prints a group's keys in full: each with its type, default, aliases and meaning. "
-            "GROUP is a word of the group's title, in any case (model, rollout, algorithm, tools, optimisation, evaluation, ...), "
-            "or all for every group.", width
+            "GROUP is a word of a group's title or its start, in any case (model, rollout, algorithm, tools, optim, eval, ...), "
+            "a key's name or part of one (learning_rate, lr, clip), or all for every group.", width
         ))
-    chosen = [(title, keys) for title, keys in groups if group.lower() in ("all", *_title_words(title))]
+    chosen = _help_groups(group.lower(), groups)
     if not chosen:
         words = sorted({word for title, _ in groups for word in _title_words(title)})
-        raise ConfigError(f"--help {group}: no group has that word in its title; give one of {', '.join(words)}, or all")
+        raise ConfigError(
+            f"--help {group}: no group's title and no key has that word; give a word of a title ({', '.join(words)}), "
+            f"a key's name or part of one, or all"
+        )
+    whole = dict(groups)
     aliases = {}
     for alias, key in ALIASES.items():
         aliases.setdefault(key, []).append(f"--{alias}")
     for title, keys in chosen:
-        lines += ["", f"{title}:"]
+        lines += ["", f"{title}:" if keys == whole[title] else f"{title} ({len(keys)} of {len(whole[title])} keys):"]
         for key in keys:
             f = GRPOConfig.__dataclass_fields__[key]
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -892,9 +896,30 @@ def help_text(width: Optional[int] = None, group: Optional[str] = None) -> str:
     return "\n".join(lines)
 
 
+def _help_groups(word: str, groups: list) -> list:
+    """--help WORD (lower case) -> [(title, keys)] to print: every group for all; the groups with WORD as a word of
+    their title (rollout: Rollout alone), else those with a title word that starts with it (optim: Optimisation); else
+    the key WORD names (a key or an alias: lr) or the keys whose name or alias holds it (clip), each under its group's
+    title; else what WORD is a letter or two from (optimization, learning_rte)."""
+    if word == "all":
+        return groups
+    for matches in (word.__eq__, lambda title_word: title_word.startswith(word)):
+        if titled := [(title, keys) for title, keys in groups if any(map(matches, _title_words(title)))]:
+            return titled
+    named = ALIASES.get(word, word)
+    holders = {key for key in KEYS if word in key} | {key for alias, key in ALIASES.items() if word in alias}
+    picked = [(title, [k for k in keys if (k == named if named in KEYS else k in holders)]) for title, keys in groups]
+    if any(keys for _, keys in picked):
+        return [(title, keys) for title, keys in picked if keys]
+    words = {w for title, _ in groups for w in _title_words(title)} | KEYS | set(ALIASES)
+    close = difflib.get_close_matches(word, sorted(words), n=1, cutoff=0.8)
+    return _help_groups(close[0], groups) if close else []
+
+
 def _title_words(title: str) -> set:
-    """"Multi-turn rollouts with tools" -> {"multi-turn", "multi", "turn", "rollouts", "with", "tools"}"""
-    return set(re.findall(r"\w+(?:-\w+)*", title.lower())) | set(re.findall(r"\w+", title.lower()))
+    """"Multi-turn rollouts with tools" -> {"multi-turn", "multi", "turn", "rollouts", "tools"}: "with" and "and" name
+    no group."""
+    return (set(re.findall(r"\w+(?:-\w+)*", title.lower())) | set(re.findall(r"\w+", title.lower()))) - {"and", "with"}
 
 
 def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list:
