@@ -12,7 +12,8 @@ options are paddle's. Two things differ:
   handled as paddle does.
 - --log_level defaults to WARNING: paddle's 37-line configuration dump and its INFO lines stay out of the console;
   a failed worker's report (ERROR, with the tail of its log) still shows. --log_level INFO brings them back.
-The command line goes to the workers in GRPO_LAUNCH_COMMAND, so that the trainer can print the resume command whole.
+The command line goes to the workers in GRPO_LAUNCH_COMMAND, so that the trainer can print the resume command whole,
+and whether the console is a terminal in GRPO_CONSOLE_IS_TERMINAL (the trainer draws a progress bar only there).
 """
 
 import os
@@ -45,6 +46,9 @@ def main() -> None:
     python = os.path.relpath(sys.executable)
     python = python if not python.startswith("..") else sys.executable
     os.environ["GRPO_LAUNCH_COMMAND"] = shlex.join([python, "-m", "alignment.launch", *argv])
+    # Worker 0 writes to its log file, never a terminal; the launcher copies that file to its stdout, the console the
+    # user sees: the trainer draws its progress bar only where that is a terminal (alignment/step/logger.py).
+    os.environ.setdefault("GRPO_CONSOLE_IS_TERMINAL", "1" if sys.stdout.isatty() else "0")
     ControllerBase.signal_handler = _pass_on
     launch()
 

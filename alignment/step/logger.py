@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 
 from tqdm import tqdm
 
@@ -52,8 +53,10 @@ class RunLogger:
         replay = None if resume_offsets is None else _written_scalars(self.metrics)
         with _writing(f"the dashboards' logs in {dashboards.logging_dir}"):
             self.boards = open_boards(dashboards, replay)
-        self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True,
-                        disable=bool(dashboards.run_config.get("disable_tqdm")))  # the console lines are bar.write's: they stay
+        # The console lines are bar.write's: they stay without the bar. The bar redraws itself in place on a terminal;
+        # in a file or a pipe each redraw is a line of its own (4 a step), so there the console has the lines alone.
+        shown = console_is_terminal() and not dashboards.run_config.get("disable_tqdm")
+        self.bar = tqdm(total=total_steps, initial=first_step, desc="grpo", unit="step", dynamic_ncols=True, disable=not shown)
 
     def _write(self, record: dict) -> None:
         with _writing(self.metrics.name):
@@ -72,8 +75,7 @@ class RunLogger:
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.3f}")
         if step % self.logging_steps == 0:
-            shown = " ".join(f"{k}={_short(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
-            self.bar.write(f"step {step}: {shown}")
+            self.bar.write(f"step {step}: {console_fields(metrics)}")
 
     def log_eval(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -135,6 +137,27 @@ def _written_scalars(log) -> list:
     with open(log.name) as records:
         # a line not ended by a newline is one a crash cut short (a checkpoint older than log_offsets keeps all the file)
         return [record_scalars(json.loads(line)) for line in records if line.endswith("\n")]
+
+
+def console_is_terminal() -> bool:
+    """Whether the console is a terminal. Under alignment.launch the trainer writes to its log file, which the launcher
+    copies to its own stdout: the launcher says whether that is a terminal (GRPO_CONSOLE_IS_TERMINAL)."""
+    launched = os.environ.get("GRPO_CONSOLE_IS_TERMINAL")
+    return launched == "1" if launched is not None else sys.stderr.isatty()  # tqdm's bar goes to stderr
+
+
+def console_fields(metrics: dict) -> str:
+    """A step's console line after `step N: `: CONSOLE_KEYS as key=value; kl=off without a reference model
+    (kl_loss_coeff 0), the step's peak memory as mem=7.2GB."""
+    fields = []
+    for key in (k for k in CONSOLE_KEYS if k in metrics):
+        if key == "kl" and metrics[key] is None:
+            fields.append("kl=off")
+        elif key == "memory/peak_gb":
+            fields.append(f"mem={metrics[key]:.1f}GB")
+        else:
+            fields.append(f"{key}={_short(metrics[key])}")
+    return " ".join(fields)
 
 
 def _short(value) -> str:
