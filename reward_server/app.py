@@ -13,7 +13,7 @@ from alignment.rewards import RewardSettings, ScoreTable, available_rewards
 from alignment.rewards.pool import ScoringPool
 
 from .body import MAX_JSON_DEPTH, MAX_JSON_VALUES, BoundedRoute
-from .middleware import PADDLENLP_PATH, AccessLog, ReadBody, RequireKey, error_response
+from .middleware import AccessLog, ReadBody, RequireKey, error_response
 from .schemas import (
     Health,
     PaddleNLPRequest,
@@ -26,6 +26,7 @@ from .schemas import (
 
 # Open even with an API key: liveness probes carry no key, and the schema is public documentation.
 OPEN_PATHS = frozenset({"/health", "/openapi.json"})
+PADDLENLP_PATH = "/"
 ITEM_ERRORS = 1  # PaddleNLP error_code when some items could not be scored (their score is null)
 
 
@@ -120,14 +121,14 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return error_response(request.url.path, exc.status_code, exc.detail, str(exc.detail), exc.headers)
+        return error_response(exc.status_code, exc.detail, str(exc.detail), exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         # Without the offending input: it may be megabytes, and it is the client's own.
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
-        return error_response(request.url.path, 422, errors, f"invalid request: {message}")
+        return error_response(422, errors, f"invalid request: {message}")
 
     # Added innermost first: the log sees every answer, the key is checked before the body is read.
     app.add_middleware(ReadBody, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)

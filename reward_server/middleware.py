@@ -16,8 +16,6 @@ from starlette.responses import JSONResponse
 
 access_log = logging.getLogger("reward_server.access")
 
-PADDLENLP_PATH = "/"
-
 
 class ErrorResponse(JSONResponse):
     # ASCII-escaped: an error message may quote request text with lone surrogates, which UTF-8 cannot encode.
@@ -25,12 +23,10 @@ class ErrorResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
-def error_response(path: str, status: int, detail, message: str, headers: dict | None = None) -> ErrorResponse:
-    """FastAPI's {"detail": ...}; on PaddleNLP's POST / also error_code and error_msg, which its clients read."""
-    body = {"detail": detail}
-    if path == PADDLENLP_PATH:
-        body |= {"error_code": status, "error_msg": message}
-    return ErrorResponse(body, status_code=status, headers=headers)
+def error_response(status: int, detail, message: str, headers: dict | None = None) -> ErrorResponse:
+    """Every route's error body: FastAPI's {"detail": ...} (a message, or validation's list of errors) and PaddleNLP's
+    error_code (the HTTP status) and error_msg (one line), so a client reads the same fields whatever it called."""
+    return ErrorResponse({"detail": detail, "error_code": status, "error_msg": message}, status_code=status, headers=headers)
 
 
 CLIENT_GONE = 499  # logged, never sent: the client went away before its answer (nginx's convention)
@@ -87,7 +83,7 @@ class RequireKey:
         if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), self.key):
             return await self.app(scope, receive, send)
         message = "missing or wrong API key: send the header 'Authorization: Bearer KEY'"
-        response = error_response(scope["path"], 401, message, message, {"WWW-Authenticate": "Bearer"})
+        response = error_response(401, message, message, {"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
 
@@ -128,7 +124,7 @@ class ReadBody:
 
     async def _refuse(self, scope, receive, send, status: int, message: str):
         # Connection: close, since the rest of the body may never come (408) or is not worth reading (413).
-        response = error_response(scope["path"], status, message, message, {"Connection": "close"})
+        response = error_response(status, message, message, {"Connection": "close"})
         await response(scope, receive, send)
 
     async def _run(self, scope, receive, send, body: bytes):
