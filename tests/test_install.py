@@ -112,8 +112,23 @@ def test_the_cpu_extra_brings_the_cpu_wheel(gpu_environment):
 
 
 def test_without_paddle_the_trainer_says_how_to_install_it(tmp_path):
-    done = subprocess.run([str(bare_environment(tmp_path / "env")), "run_grpo.py", "config/tiny/grpo_argument.json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(bare_environment(tmp_path / "env")), str(ROOT / "run_grpo.py"), "config/tiny/grpo_argument.json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.startswith("paddle is not installed in this environment: `pip install -e '.[cpu]'` adds the CPU wheel")
     assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command, module", [([str(ROOT / "run_grpo.py"), "config/tiny/grpo_argument.json"], "paddle"),
+                                             (["-m", "alignment.curves", "output/tiny"], "matplotlib")], ids=["paddle", "matplotlib"])
+def test_a_python_without_the_packages_points_to_the_venv_beside_it(tmp_path, command, module):
+    """The system python run where `make train` made .venv (its commands copied without the .venv/bin/ prefix): one line
+    naming the module, the Python that ran and the one to use, not a traceback."""
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").touch()  # only its being there counts
+    python = bare_environment(tmp_path / "system")
+    done = subprocess.run([str(python), *command], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"{module} is not installed in this environment ({python}); ./.venv/bin/python, the environment "
+                                  "make sets up, is here: run the command with .venv/bin/python instead"), done.stderr

@@ -32,6 +32,8 @@ import sys
 import types
 import warnings
 
+from alignment import project_python_hint
+
 
 def _threads_per_process() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -106,10 +108,11 @@ def import_paddle():
     except ModuleNotFoundError as e:
         if e.name != "paddle":
             raise
-        sys.exit(
-            "paddle is not installed in this environment: `pip install -e '.[cpu]'` adds the CPU wheel; with a GPU, "
-            "`pip install paddlepaddle-gpu==3.3.1 -f https://www.paddlepaddle.org.cn/packages/stable/cu126/` (README)"
-        )
+        install = ("`pip install -e '.[cpu]'` adds the CPU wheel; with a GPU, "
+                   "`pip install paddlepaddle-gpu==3.3.1 -f https://www.paddlepaddle.org.cn/packages/stable/cu126/` (README)")
+        hint = project_python_hint()  # the system python run where make's .venv is
+        sys.exit(f"paddle is not installed in this environment{hint}, or install paddle here: {install}" if hint else
+                 f"paddle is not installed in this environment: {install}")
     for line in captured.getvalue().splitlines():
         if "OMP_NUM_THREADS" not in line:
             print(line, file=sys.stderr)
