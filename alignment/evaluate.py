@@ -8,8 +8,9 @@ functions, data keys, max_dec_len, sampling settings and tools), a Hugging Face-
 or --config's run file), a LoRA checkpoint (its adapter merged into the run's base model) or a .gguf (imported once
 into --gguf_cache). A model folder is data: its grpo_config.json never imports code, names a reward server or loosens
 the tools' isolation or limits (one line names what was ignored); those come from --config's file. Flags override each
-model's settings. Every problem is decoded greedily (accuracy: the accuracy function's value > 0, as in training's
-evaluation); --n K adds K samples per problem at the temperature for mean@K and pass@k. Each figure comes with a 95%
+model's settings. Every problem is decoded greedily as the run's own evaluation decodes it (its batch size, its matmuls:
+bf16 where cpu_bf16_matmul chose them), so a checkpoint scores as its run's evaluation scored it (accuracy: the accuracy
+function's value > 0); --n K adds K samples per problem at the temperature for mean@K and pass@k. Each figure comes with a 95%
 confidence interval; with two or more models, each is compared with the first on the same problems (the paired
 difference of greedy accuracy, Newcombe's interval, and the exact McNemar test). Per-problem records go to
 OUTPUT/records.jsonl, the summary to OUTPUT/summary.json and the console. Bad input exits 2 with one line naming it.
@@ -48,12 +49,13 @@ from alignment.algo.instruction_stats import METHODS as INSTRUCTION_METHODS  # n
 from alignment.algo.instruction_stats import instruction_summary  # noqa: E402
 from alignment.errors import ConfigError, DataError, ExportError, ModelLoadError, RewardServerError  # noqa: E402
 from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
+from alignment.models.fused_train import use_training_ops  # noqa: E402
 from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.parallel.distributed import World  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E402
 from alignment.rewards.instructions import check_row, followed  # noqa: E402
 from alignment.rewards.registry import sample_checks  # noqa: E402
-from alignment.run.build import load_prompts, rollout_engine, sampling_params  # noqa: E402
+from alignment.run.build import load_prompts, matmul_compute, rollout_engine, sampling_params  # noqa: E402
 from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
 from alignment.run.data_files import read_rows  # noqa: E402
 from alignment.run.scorer import build_scorer  # noqa: E402
@@ -86,7 +88,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=0,
                         help="samples per problem at the temperature, for mean@n and pass@k (default 0: greedy only)")
     parser.add_argument("--limit", type=int, help="evaluate the first N problems only (default: all)")
-    parser.add_argument("--batch_size", type=int, default=32, help="problems decoded together (default 32)")
+    parser.add_argument("--batch_size", type=int, help="problems decoded together (default: the run's per_device_eval_batch_size, so "
+                        "a checkpoint's problems are decoded in the batches of its run's evaluation)")
     parser.add_argument("--seed", type=int, default=42, help="the samples' random seed, the same for every model (default 42)")
     parser.add_argument("--output", help="folder for records.jsonl and summary.json (default: eval/<data folder>/<data file name>)")
     parser.add_argument("--config", help="a run's grpo_argument.json whose settings apply to models without a grpo_config.json, and whose "
@@ -197,30 +200,45 @@ def problem_records(model: Prepared, start: int, greedy, sampled, k: int) -> lis
     return records
 
 
+def decoder(model: Prepared) -> tuple:
+    """The engine as the model's run built it for its evaluation -> (engine, its matmuls' precision): bf16 matmuls where
+    cpu_bf16_matmul chose them there (auto: on a CPU with AMX or AVX512-BF16; on: here only where this CPU can), and the
+    actor's forward through the training operators with use_fused_train_ops (what the eager engine runs). Decoded in
+    float32 instead, a checkpoint of a bf16 run scored one problem of 200 otherwise than its run's evaluation."""
+    config = model.config
+    actor = load_model(model.folder)
+    setting = "auto" if config.cpu_bf16_matmul == "on" else config.cpu_bf16_matmul  # on, where this CPU cannot: float32, no error
+    compute = matmul_compute(dataclasses.replace(config, cpu_bf16_matmul=setting), actor)
+    if config.use_fused_train_ops:
+        use_training_ops(actor, compute.bf16)  # as the run: paddle's own kernels where the operators cannot run
+    return rollout_engine(config, actor, model.tokenizer, compute.bf16), compute.reason
+
+
 def run_model(model: Prepared, args: argparse.Namespace) -> tuple:
-    """Greedy decoding of every problem, and --n samples of each -> (records, seconds, the engine's name)."""
+    """Greedy decoding of every problem, and --n samples of each -> (records, seconds, the engine's name, its precision)."""
     started = time.perf_counter()
     config = model.config
-    engine = rollout_engine(config, load_model(model.folder), model.tokenizer, False)
+    engine, precision = decoder(model)
     sampler = Sampler(engine, build_scorer(config), model.tokenizer, config, World(0, 1), sampling_params(config))
     paddle.seed(args.seed)  # the eager engine's draws; the fused engine keys each row's on (seed, its row)
     sampling = dataclasses.replace(sampler.sampling, seed=args.seed)
+    size = args.batch_size or config.per_device_eval_batch_size
     records = []
     with tqdm(total=len(model.prompts), desc=model.label[-40:], unit="problem", dynamic_ncols=True) as bar:
-        for start in range(0, len(model.prompts), args.batch_size):
-            chunk = model.prompts[start : start + args.batch_size]
+        for start in range(0, len(model.prompts), size):
+            chunk = model.prompts[start : start + size]
             greedy, sampled = greedy_and_sampled(sampler, chunk, args.n, dataclasses.replace(sampling, first_row=start * args.n))
             records += problem_records(model, start, greedy, sampled, args.n)
             bar.update(len(chunk))
     inner = getattr(engine, "engine", engine)  # a multi-turn engine wraps the one that generates
-    return records, time.perf_counter() - started, type(inner).__name__
+    return records, time.perf_counter() - started, type(inner).__name__, precision
 
 
 def interval(value: float, low: float, high: float, **more) -> dict:
     return {"value": value, "low": low, "high": high, **more}
 
 
-def model_summary(model: Prepared, records: list, seconds: float, engine: str, k: int) -> dict:
+def model_summary(model: Prepared, records: list, seconds: float, engine: str, compute: str, k: int) -> dict:
     correct = np.array([r["correct"] for r in records])
     rewards = np.array([np.nan if r["reward"] is None else r["reward"] for r in records])
     config = model.config
@@ -230,7 +248,7 @@ def model_summary(model: Prepared, records: list, seconds: float, engine: str, k
             "from": model.source, "system_prompt": config.system_prompt, "reward_functions": config.reward_functions,
             "reward_function_weights": config.reward_function_weights, "accuracy_function": config.accuracy_function,
             "max_dec_len": config.max_dec_len, "temperature": config.temperature, "top_p": config.top_p, "tools": config.tools,
-            "environment": config.resolved_environment, "engine": engine,
+            "environment": config.resolved_environment, "engine": engine, "compute": compute,
         },
         "problems": len(records),
         "greedy_accuracy": interval(correct.mean(), *wilson_interval(int(correct.sum()), len(correct)), correct=int(correct.sum())),
@@ -265,7 +283,7 @@ def settings_notes(models: list, flags: set) -> list:
     for i, model in enumerate(models, 1):
         settings = model["settings"]
         lines.append(f"[{i}] {model['model']}: settings from {settings['from']}" + (f"; flags: {', '.join(sorted(flags))}" if flags else "")
-                     + f"; {settings['engine']}")
+                     + f"; {settings['engine']}, {settings['compute']}")
         differ = [key for key in ("system_prompt", "reward_functions", "reward_function_weights", "accuracy_function", "max_dec_len",
                                   "temperature", "top_p", "tools")
                   if settings[key] != first[key]]
@@ -360,9 +378,9 @@ def evaluate_models(args: argparse.Namespace) -> tuple:
     prepared = [prepare(label, args) for label in args.models]  # every model's settings and problems before any loads
     records, summaries = [], []
     for model in prepared:
-        model_records, seconds, engine = run_model(model, args)
+        model_records, seconds, engine, compute = run_model(model, args)
         records.append(model_records)
-        summaries.append(model_summary(model, model_records, seconds, engine, args.n))
+        summaries.append(model_summary(model, model_records, seconds, engine, compute, args.n))
     summary = {
         "data": args.data, "problems": len(records[0]), "n": args.n, "seed": args.seed, "flags": flags,
         "instruction_rewards_default": defaulted, "models": summaries,

@@ -176,6 +176,23 @@ def test_fused_and_eager_runs_evaluate_alike(tmp_path, three_steps):
         assert fused_start[key] == eager_start[key], key
 
 
+def test_the_evaluation_command_scores_a_checkpoint_as_its_runs_evaluation_did(tmp_path, three_steps):
+    """python -m alignment.evaluate on checkpoint-3 decodes the 16 problems as the run's evaluation at step 3 did: the same
+    matmuls (bf16 where the run chose them; it decoded in float32 before, one problem of 200 apart on an AMX Xeon) and
+    the same batches (the run's per_device_eval_batch_size), so every figure is equal, to the last bit of the mean length."""
+    out, done = three_steps
+    output = tmp_path / "eval"
+    command = ["-m", "alignment.evaluate", str(out / "checkpoint-3"), "--data", str(out.parent / "eval.jsonl"), "--output", str(output)]
+    evaluated = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (model,) = json.loads((output / "summary.json").read_text())["models"]
+    run = next(s for s in read_jsonl(out / "metrics.jsonl") if "eval_accuracy" in s and s["step"] == 3)
+    assert f"compute: {model['settings']['compute']}\n" in done.stdout + done.stderr  # the run's first line: the same choice of matmuls
+    assert (model["problems"], model["greedy_accuracy"]["value"]) == (run["eval_samples"], run["eval_accuracy"])
+    assert (model["reward_mean"], model["length_mean"]) == (run["eval_reward_mean"], run["eval_response_length_mean"])
+    assert model["truncated_fraction"] == run["eval_truncated_fraction"]
+
+
 def test_a_failed_weight_sync_check_stops_the_run_with_a_clear_error(tmp_path):
     if load_ops()[0] is None:
         pytest.skip(f"fused operators not available: {load_ops()[1]}")
