@@ -55,8 +55,9 @@ def test_recipe_validates_against_the_imported_model(recipe, smollm2):
     assert config.use_fusemt and config.use_fused_train_ops and config.kl_loss_coeff == 0.0
     system = SYSTEM_PROMPTS[recipe]
     assert config.system_prompt == (system and Path(f"config/smollm2/{system}_system_prompt.txt").read_text())
-    if recipe == "ifeval":  # the instruction rewards, correctness as IFEval's prompt-level loose accuracy
-        assert config.reward_functions == ["ifeval"] and config.accuracy_function == "ifeval_all_loose"
+    if recipe == "ifeval":  # the instruction reward and a floor on substance, correctness as IFEval's prompt-level loose accuracy
+        assert config.reward_functions == ["ifeval", "substance"] and config.accuracy_function == "ifeval_all_loose"
+        assert config.reward_function_weights == [1.0, 1.0] and config.substance_min_words == 20
     if recipe == "gsm8k_short":  # SmolLM2's ChatML, a one-step and a two-step worked exchange, each ending "The answer is N."
         assert config.calculation_steps == "1-2"
         tokenizer = load_tokenizer(str(smollm2), config.chat_template)
