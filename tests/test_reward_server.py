@@ -607,8 +607,10 @@ def started_items(trace) -> list:
 
 
 def ended(pid: int) -> bool:
-    status = Path(f"/proc/{pid}/status")
-    return not status.exists() or "\nState:\tZ" in status.read_text()  # gone, or killed and not yet reaped
+    try:  # gone (also between a check and the read), or killed and not yet reaped
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
 
 
 def wait_until(condition, timeout: float = CEILING_S) -> None:
