@@ -59,7 +59,7 @@ from alignment.run.build import load_prompts, matmul_compute, rollout_engine, sa
 from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
 from alignment.run.data_files import read_rows  # noqa: E402
 from alignment.run.scorer import build_scorer  # noqa: E402
-from alignment.step.evaluation import greedy_and_sampled  # noqa: E402
+from alignment.step.evaluation import decoded, greedy_and_sampled  # noqa: E402
 from alignment.step.rollout import Sampler  # noqa: E402
 
 OVERRIDES = {  # flag -> type; each defaults to the model's run's value
@@ -74,6 +74,7 @@ OVERRIDES = {  # flag -> type; each defaults to the model's run's value
 SIGNIFICANCE = 0.05
 INSTRUCTIONS = "instruction_id_list"  # the column that makes a row an instruction-following problem
 INSTRUCTION_REWARDS = ["ifeval_all_loose", "ifeval_all", "ifeval_loose", "ifeval"]  # their default; the first decides correctness
+SAMPLED_BATCH = 32  # problems whose --n samples decode together unless --batch_size says (32 x n rows; an eval batch x n: GBs)
 BY_INSTRUCTION_SHOWN = 10  # rows of the per-instruction table on the console; summary.json has all
 
 
@@ -88,8 +89,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=0,
                         help="samples per problem at the temperature, for mean@n and pass@k (default 0: greedy only)")
     parser.add_argument("--limit", type=int, help="evaluate the first N problems only (default: all)")
-    parser.add_argument("--batch_size", type=int, help="problems decoded together (default: the run's per_device_eval_batch_size, so "
-                        "a checkpoint's problems are decoded in the batches of its run's evaluation)")
+    parser.add_argument("--batch_size", type=int, help="problems decoded together (default: greedily, the run's "
+                        "per_device_eval_batch_size, so a checkpoint's problems are decoded in the batches of its run's evaluation; "
+                        f"with --n, {SAMPLED_BATCH} problems' samples at a time)")
     parser.add_argument("--seed", type=int, default=42, help="the samples' random seed, the same for every model (default 42)")
     parser.add_argument("--output", help="folder for records.jsonl and summary.json (default: eval/<data folder>/<data file name>)")
     parser.add_argument("--config", help="a run's grpo_argument.json whose settings apply to models without a grpo_config.json, and whose "
@@ -170,8 +172,8 @@ def instruction_checks(config: GRPOConfig) -> dict:
     return {"the instruction verdicts": lambda sample: INSTRUCTIONS in sample and check_row(sample)}
 
 
-def problem_records(model: Prepared, start: int, greedy, sampled, k: int) -> list:
-    """One record per problem of a batch: the greedy completion and its score, and the samples' counts."""
+def problem_records(model: Prepared, start: int, greedy) -> list:
+    """One record per problem of a batch: the greedy completion and its score."""
     records = []
     for i, prompt in enumerate(greedy.prompts):
         reward = greedy.rewards[i]
@@ -189,15 +191,19 @@ def problem_records(model: Prepared, start: int, greedy, sampled, k: int) -> lis
             text = greedy.completions[i] if episodes is None else "\n".join(episodes[i].turns)
             record["instructions"] = [{"id": verdict.instruction_id, "strict": verdict.strict, "loose": verdict.loose}
                                       for verdict in followed(text, prompt.record.reward_sample())]
-        if k:
-            rows = slice(i * k, (i + 1) * k)
-            rewards = sampled.rewards[rows]
-            record["samples_correct"] = int(sampled.correct[rows].sum())
-            record["samples_reward_mean"] = float(np.nanmean(rewards)) if np.isfinite(rewards).any() else None
-            if episodes is not None:
-                record["samples_tool_calls"] = sum(len(episode.calls) for episode in sampled.rollout.episodes[rows])
         records.append(record)
     return records
+
+
+def add_samples(records: list, sampled, k: int) -> None:
+    """The samples' counts into the records of their problems (sampled: k rows per problem, in the records' order)."""
+    for i, record in enumerate(records):
+        rows = slice(i * k, (i + 1) * k)
+        rewards = sampled.rewards[rows]
+        record["samples_correct"] = int(sampled.correct[rows].sum())
+        record["samples_reward_mean"] = float(np.nanmean(rewards)) if np.isfinite(rewards).any() else None
+        if sampled.rollout.episodes is not None:
+            record["samples_tool_calls"] = sum(len(episode.calls) for episode in sampled.rollout.episodes[rows])
 
 
 def decoder(model: Prepared) -> tuple:
@@ -222,13 +228,18 @@ def run_model(model: Prepared, args: argparse.Namespace) -> tuple:
     sampler = Sampler(engine, build_scorer(config), model.tokenizer, config, World(0, 1), sampling_params(config))
     paddle.seed(args.seed)  # the eager engine's draws; the fused engine keys each row's on (seed, its row)
     sampling = dataclasses.replace(sampler.sampling, seed=args.seed)
-    size = args.batch_size or config.per_device_eval_batch_size
-    records = []
-    with tqdm(total=len(model.prompts), desc=model.label[-40:], unit="problem", dynamic_ncols=True) as bar:
-        for start in range(0, len(model.prompts), size):
-            chunk = model.prompts[start : start + size]
-            greedy, sampled = greedy_and_sampled(sampler, chunk, args.n, dataclasses.replace(sampling, first_row=start * args.n))
-            records += problem_records(model, start, greedy, sampled, args.n)
+    greedy_size = args.batch_size or config.per_device_eval_batch_size  # the batches of the run's evaluation: its greedy answers
+    sampled_size = args.batch_size or SAMPLED_BATCH
+    prompts, records = model.prompts, []
+    with tqdm(total=len(prompts) * (2 if args.n else 1), desc=model.label[-40:], unit="problem", dynamic_ncols=True) as bar:
+        for start in range(0, len(prompts), greedy_size):
+            greedy, _ = greedy_and_sampled(sampler, prompts[start : start + greedy_size], 0, sampling)
+            records += problem_records(model, start, greedy)
+            bar.update(len(greedy.prompts))
+        for start in range(0, len(prompts) if args.n else 0, sampled_size):
+            chunk = prompts[start : start + sampled_size]
+            sampled = decoded(sampler, chunk, args.n, dataclasses.replace(sampling, first_row=start * args.n))
+            add_samples(records[start : start + len(chunk)], sampled, args.n)
             bar.update(len(chunk))
     inner = getattr(engine, "engine", engine)  # a multi-turn engine wraps the one that generates
     return records, time.perf_counter() - started, type(inner).__name__, precision

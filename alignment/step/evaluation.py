@@ -13,16 +13,18 @@ from alignment.step.rollout import Sampler
 from alignment.step.scoring import reported_reward_functions, score_rollout
 
 
+def decoded(sampler: Sampler, prompts: list, k: int, sampling: SamplingParams):
+    """Some prompts decoded k times at `sampling`, scored as training scores -> ScoredBatch."""
+    rollout = generate(sampler.engine, prompts, k, sampling)
+    return score_rollout(prompts, rollout, sampler.scorer, sampler.tokenizer, sampler.config)
+
+
 def greedy_and_sampled(sampler: Sampler, prompts: list, k: int, sampling: SamplingParams) -> tuple:
     """Evaluation's decoding of some prompts, scored as training scores: each decoded greedily and, with k > 0, sampled
     k times at `sampling` (whose first_row places the prompts in the evaluation's rows) -> (the greedy ScoredBatch,
     the sampled one or None)."""
-    engine, scorer, tokenizer, config = sampler.engine, sampler.scorer, sampler.tokenizer, sampler.config
-    greedy = SamplingParams(max_new_tokens=config.max_dec_len, greedy=True)
-    scored = score_rollout(prompts, generate(engine, prompts, 1, greedy), scorer, tokenizer, config)
-    if not k:
-        return scored, None
-    return scored, score_rollout(prompts, generate(engine, prompts, k, sampling), scorer, tokenizer, config)
+    scored = decoded(sampler, prompts, 1, SamplingParams(max_new_tokens=sampler.config.max_dec_len, greedy=True))
+    return scored, decoded(sampler, prompts, k, sampling) if k else None
 
 
 def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
