@@ -278,7 +278,8 @@ def test_clip_range_score_clips_each_reward_before_the_advantages():
 
 
 @pytest.mark.parametrize("disable", [True, False])
-def test_disable_tqdm_leaves_the_progress_bar_out(tmp_path, disable):
+def test_disable_tqdm_leaves_the_progress_bar_out(tmp_path, disable, monkeypatch):
+    monkeypatch.setenv("GRPO_CONSOLE_IS_TERMINAL", "1")  # a console that is a terminal: only disable_tqdm leaves the bar out
     settings = DashboardSettings((), str(tmp_path / "vdl"), str(tmp_path), {"disable_tqdm": disable})
     with RunLogger(str(tmp_path), settings, 1, 2, 0, True) as logger:
         assert logger.bar.disable is disable

@@ -18,7 +18,8 @@ from alignment.rewards import available_rewards
 from alignment.run.build import load_prompts
 from alignment.run.config import load_config
 
-ANY_COLUMN = r"any column \(tgt, answer, solution, response; response_key names another\) or a final assistant turn"
+ANY_COLUMN = (r"any column \(tgt, answer, solution, response, ground_truth, reward_model.ground_truth; response_key names another\) "
+              r"or a final assistant turn")
 QUESTION = "Mia has 12 apples. She buys 7 more. How many apples does Mia have now?"
 
 
@@ -104,7 +105,7 @@ def test_run_grpo_stops_before_loading_a_model(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f"run_grpo: error: {path}: no row has a usable reference in any column (tgt, answer, solution, response; "
-        "response_key names another) or a final assistant turn (needed by reward function accuracy)"
+        f"run_grpo: error: {path}: no row has a usable reference in any column (tgt, answer, solution, response, ground_truth, "
+        "reward_model.ground_truth; response_key names another) or a final assistant turn (needed by reward function accuracy)"
     )
     assert not (tmp_path / "out").exists()
