@@ -1,4 +1,5 @@
 import os
+import shutil
 import zlib
 from pathlib import Path
 
@@ -8,6 +9,7 @@ configure_cpu_runtime()  # before anything imports paddle, as run_grpo.py does
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from headless_chromium import Chromium  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
@@ -78,3 +80,15 @@ def gsm8k_dir() -> Path:
     if not (GSM8K_DIR / "example_model_solutions.jsonl").is_file():
         pytest.skip(f"GSM8K data not found at {GSM8K_DIR} (it lives in ../shared beside the checkout)")
     return GSM8K_DIR
+
+
+@pytest.fixture
+def chromium(tmp_path):
+    binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+    if binary is None:
+        pytest.skip("no Chromium found (chromium, chromium-browser, google-chrome): `apt-get install chromium`")
+    browser = Chromium(binary, tmp_path)
+    try:
+        yield browser
+    finally:
+        browser.close()

@@ -3,14 +3,13 @@ opened from the disk (file://, no web server) in headless Chromium: its search b
 wraps at the right edge instead of running under it (the page tests skip where no Chromium is installed)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_dashboard import Chromium
+from headless_chromium import Chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,18 +20,6 @@ def site(tmp_path_factory) -> Path:
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
-
-
-@pytest.fixture
-def browser(tmp_path):
-    binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-    if binary is None:
-        pytest.skip("no Chromium found (chromium, chromium-browser, google-chrome): `apt-get install chromium`")
-    chromium = Chromium(binary, tmp_path)
-    try:
-        yield chromium
-    finally:
-        chromium.close()
 
 
 def wait_for(browser: Chromium, page: str, expression: str, seconds: float = 60.0):
@@ -59,7 +46,8 @@ def test_no_page_loads_anything_from_the_network(site):
 
 
 @pytest.mark.browser
-def test_search_finds_pages_from_the_disk(site, browser):
+def test_search_finds_pages_from_the_disk(site, chromium):
+    browser = chromium
     page = open_page(browser, site / "index.html")
     browser.evaluate(page, """(() => {
         const input = document.querySelector(".md-search__input");
@@ -76,7 +64,8 @@ OVERFLOWING = "[...document.querySelectorAll('pre > code')].filter(c => c.scroll
 
 
 @pytest.mark.browser
-def test_long_commands_wrap_instead_of_running_past_the_edge(site, browser):
+def test_long_commands_wrap_instead_of_running_past_the_edge(site, chromium):
+    browser = chromium
     page = open_page(browser, site / "getting-started.html")
     assert browser.evaluate(page, OVERFLOWING) == []
     # without docs/stylesheets/code.css the same blocks run past the column's edge (mkdocs-material scrolls them)
