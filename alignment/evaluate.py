@@ -49,13 +49,12 @@ from alignment.algo.instruction_stats import METHODS as INSTRUCTION_METHODS  # n
 from alignment.algo.instruction_stats import instruction_summary  # noqa: E402
 from alignment.errors import ConfigError, DataError, ExportError, ModelLoadError, RewardServerError  # noqa: E402
 from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
-from alignment.models.fused_train import use_training_ops  # noqa: E402
 from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.parallel.distributed import World  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E402
 from alignment.rewards.instructions import check_row, followed  # noqa: E402
 from alignment.rewards.registry import sample_checks  # noqa: E402
-from alignment.run.build import load_prompts, matmul_compute, rollout_engine, sampling_params  # noqa: E402
+from alignment.run.build import load_prompts, model_compute, rollout_engine, sampling_params  # noqa: E402
 from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
 from alignment.run.data_files import read_rows  # noqa: E402
 from alignment.run.scorer import build_scorer  # noqa: E402
@@ -214,9 +213,8 @@ def decoder(model: Prepared) -> tuple:
     config = model.config
     actor = load_model(model.folder)
     setting = "auto" if config.cpu_bf16_matmul == "on" else config.cpu_bf16_matmul  # on, where this CPU cannot: float32, no error
-    compute = matmul_compute(dataclasses.replace(config, cpu_bf16_matmul=setting), actor)
-    if config.use_fused_train_ops:
-        use_training_ops(actor, compute.bf16)  # as the run: paddle's own kernels where the operators cannot run
+    # as the run: the training operators, or paddle's own kernels where they cannot run (the run warned of that)
+    compute, _ = model_compute(dataclasses.replace(config, cpu_bf16_matmul=setting), actor)
     return rollout_engine(config, actor, model.tokenizer, compute.bf16), compute.reason
 
 

@@ -54,6 +54,14 @@ def matmul_compute(config: GRPOConfig, model):
     return choose_compute(config.cpu_bf16_matmul, on_gpu, bf16_unavailable(model, config.use_fused_train_ops))
 
 
+def model_compute(config: GRPOConfig, model) -> tuple:
+    """The matmuls' choice for this model, and the training operators put in where use_fused_train_ops asks ->
+    (compute, why the operators could not be used, or None): what training and the evaluation command decode with."""
+    compute = matmul_compute(config, model)
+    why_not = use_training_ops(model, compute.bf16) if config.use_fused_train_ops else None
+    return compute, why_not
+
+
 def rollout_engine(config: GRPOConfig, model, tokenizer, bf16: bool):
     """The engine that generates (use_fusemt picks the fused one), with the environment of a multi-turn run."""
     engine = build_engine(engine_settings(config), model, stop_token_ids(model, tokenizer), tokenizer.pad_token_id, bf16)
@@ -174,11 +182,9 @@ def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple,
     model = load_actor(config, *sources)  # adapters before the training operators, the engine and the optimizer
     if config.recompute:
         enable_recompute(model, config.recompute_granularity)
-    compute = matmul_compute(config, model)
-    if config.use_fused_train_ops:
-        why_not = use_training_ops(model, compute.bf16)
-        if why_not:
-            warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
+    compute, why_not = model_compute(config, model)
+    if why_not:
+        warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
     ref_model = None
     needs_reference = config.kl_loss_coeff > 0 or config.use_kl_in_reward
     if needs_reference and not config.lora:  # no reference model without a KL term; with LoRA it is the actor without adapters

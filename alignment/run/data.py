@@ -64,8 +64,7 @@ def _detect(row: dict, prompt_key: Optional[str], response_key: Optional[str], w
         raise DataError(f"{where}: no prompt column: expected one of {', '.join(PROMPT_KEYS)} (or set prompt_key); the row's keys: {keys}")
     if response_key is None:
         preferred = {"src": "tgt", "question": "answer"}.get(prompt_key)
-        present = [k for k in RESPONSE_KEYS if _field(row, k) is not _MISSING]
-        response_key = preferred if preferred in row else next(iter(present), None)
+        response_key = preferred if preferred in row else next((k for k in RESPONSE_KEYS if _field(row, k) is not _MISSING), None)
     return prompt_key, response_key
 
 
