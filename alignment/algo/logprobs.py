@@ -131,39 +131,51 @@ class _ChunkedLogprobs(paddle.autograd.PyLayer):
     def backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, bias, targets, normalisers, entropy = ctx.saved_tensor()
         kernels, temperature = ctx.kernels, ctx.temperature
-        rows = hidden.reshape([-1, hidden.shape[-1]])  # (N, H)
         scale = grad_logprobs.reshape([-1, 1]).astype("float32") / temperature  # (N, 1) g / t
         entropy_scale = None  # (N, 1) e / t
         if ctx.entropy_grad and grad_entropy is not None:
             entropy_scale = grad_entropy.reshape([-1, 1]).astype("float32") / temperature
-        grad_rows = []
-        grad_weight = None if weight.stop_gradient else paddle.zeros(weight.shape, "float32")  # (V, H)
-        grad_bias = None if bias is None or bias.stop_gradient else paddle.zeros(bias.shape, "float32")  # (V,)
-        for start in range(0, rows.shape[0], ctx.chunk_tokens):
-            end = start + ctx.chunk_tokens
-            chunk = rows[start:end]  # (c, H)
-            grad_logits = kernels.row_grad(  # (c, V) G in place of the recomputed logits
+
+        def grad_of(chunk, rows):  # G (c, V) in place of the recomputed logits
+            return kernels.row_grad(
                 _logits(chunk, weight, bias, kernels.matmul),
-                targets[start:end],
-                normalisers[start:end],
-                entropy[start:end],
-                scale[start:end],
-                None if entropy_scale is None else entropy_scale[start:end],
+                targets[rows],
+                normalisers[rows],
+                entropy[rows],
+                scale[rows],
+                None if entropy_scale is None else entropy_scale[rows],
                 temperature,
-            ).astype(weight.dtype)
-            if not hidden.stop_gradient:
-                grad_rows.append(kernels.matmul(grad_logits, weight, False, False))  # (c, H)
-            if grad_weight is not None:
-                grad_weight.add_(kernels.matmul(grad_logits, chunk, True, False).astype("float32"))  # (V, H)
-            if grad_bias is not None:
-                grad_bias.add_(grad_logits.astype("float32").sum(axis=0))
-        grads = [
-            None if hidden.stop_gradient else paddle.concat(grad_rows).reshape(hidden.shape),
-            None if grad_weight is None else grad_weight.astype(weight.dtype),
-        ]
-        if bias is not None:  # one gradient per tensor input, None exactly where it has stop_gradient (paddle checks)
-            grads.append(None if grad_bias is None else grad_bias.astype(bias.dtype))
-        return (*grads, None)  # tokens
+            )
+
+        return (*_head_gradients(hidden, weight, bias, kernels.matmul, ctx.chunk_tokens, grad_of), None)  # tokens
+
+
+def _head_gradients(hidden, weight, bias, matmul, chunk_tokens: int, grad_of: Callable) -> list:
+    """The backward pass of a chunked lm_head: grad_of(chunk (c, H), its rows' slice) gives G (c, V), the gradient of
+    the chunk's raw logits, and grad hidden = G @ W, grad W = sum over chunks of G^T @ h, grad bias = sum over chunks
+    and rows of G (both sums in float32) -> the gradients of hidden, weight and (where there is one) bias, None
+    exactly where that input has stop_gradient (paddle checks)."""
+    rows = hidden.reshape([-1, hidden.shape[-1]])  # (N, H)
+    grad_rows = []
+    grad_weight = None if weight.stop_gradient else paddle.zeros(weight.shape, "float32")  # (V, H)
+    grad_bias = None if bias is None or bias.stop_gradient else paddle.zeros(bias.shape, "float32")  # (V,)
+    for start in range(0, rows.shape[0], chunk_tokens):
+        chunk_rows = slice(start, start + chunk_tokens)
+        chunk = rows[chunk_rows]  # (c, H)
+        grad_logits = grad_of(chunk, chunk_rows).astype(weight.dtype)  # (c, V)
+        if not hidden.stop_gradient:
+            grad_rows.append(matmul(grad_logits, weight, False, False))  # (c, H)
+        if grad_weight is not None:
+            grad_weight.add_(matmul(grad_logits, chunk, True, False).astype("float32"))  # (V, H)
+        if grad_bias is not None:
+            grad_bias.add_(grad_logits.astype("float32").sum(axis=0))
+    grads = [
+        None if hidden.stop_gradient else paddle.concat(grad_rows).reshape(hidden.shape),
+        None if grad_weight is None else grad_weight.astype(weight.dtype),
+    ]
+    if bias is not None:  # one gradient per tensor input
+        grads.append(None if grad_bias is None else grad_bias.astype(bias.dtype))
+    return grads
 
 
 @dataclass(frozen=True)
@@ -225,28 +237,14 @@ class _ChunkedFullKL(paddle.autograd.PyLayer):
     @staticmethod
     def backward(ctx, grad_kl):
         hidden, weight, bias, ref_hidden, ref_weight, ref_bias, kl = ctx.saved_tensor()
-        rows, ref_rows = hidden.reshape([-1, hidden.shape[-1]]), ref_hidden.reshape([-1, ref_hidden.shape[-1]])
+        ref_rows = ref_hidden.reshape([-1, ref_hidden.shape[-1]])  # (N, H)
         scale = grad_kl.reshape([-1, 1]).astype("float32") / ctx.temperature  # (N, 1)
-        grad_rows = []
-        grad_weight = None if weight.stop_gradient else paddle.zeros(weight.shape, "float32")
-        grad_bias = None if bias is None or bias.stop_gradient else paddle.zeros(bias.shape, "float32")
-        for start in range(0, rows.shape[0], ctx.chunk_tokens):
-            end = start + ctx.chunk_tokens
-            chunk = rows[start:end]
+
+        def grad_of(chunk, rows):  # G (c, V)
             logp = _log_softmax_rows(chunk, weight, bias, ctx.matmul, ctx.temperature)
-            logq = _log_softmax_rows(ref_rows[start:end], ref_weight, ref_bias, ctx.ref_matmul, ctx.temperature)
-            grad_logits = (logp.exp() * (logp - logq - kl[start:end]) * scale[start:end]).astype(weight.dtype)  # (c, V)
-            if not hidden.stop_gradient:
-                grad_rows.append(ctx.matmul(grad_logits, weight, False, False))  # (c, H)
-            if grad_weight is not None:
-                grad_weight.add_(ctx.matmul(grad_logits, chunk, True, False).astype("float32"))
-            if grad_bias is not None:
-                grad_bias.add_(grad_logits.astype("float32").sum(axis=0))
-        grads = [
-            None if hidden.stop_gradient else paddle.concat(grad_rows).reshape(hidden.shape),
-            None if grad_weight is None else grad_weight.astype(weight.dtype),
-        ]
-        if bias is not None:
-            grads.append(None if grad_bias is None else grad_bias.astype(bias.dtype))
+            logq = _log_softmax_rows(ref_rows[rows], ref_weight, ref_bias, ctx.ref_matmul, ctx.temperature)
+            return logp.exp() * (logp - logq - kl[rows]) * scale[rows]
+
+        grads = _head_gradients(hidden, weight, bias, ctx.matmul, ctx.chunk_tokens, grad_of)
         grads += [None, None] + ([None] if ref_bias is not None else [])  # the reference's hidden states and head: constants
         return tuple(grads)
