@@ -32,7 +32,15 @@ from pathlib import Path
 from alignment.models.gguf_export import OUTTYPES, write_gguf_file  # isort: skip
 from alignment.errors import ExportError
 from alignment.merge_lora import merge_lora
-from alignment.run.output_folders import TOKENIZER_FILES, bake_system_prompt, baked_notice, check_output, replace_folder, run_system_prompt
+from alignment.run.output_folders import (
+    TOKENIZER_FILES,
+    add_system_prompt_argument,
+    bake_system_prompt,
+    baked_notice,
+    check_output,
+    chosen_system_prompt,
+    replace_folder,
+)
 
 # What transformers reads from a model folder; the rest of a checkpoint (optimizer, trainer state, run config) stays.
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
@@ -110,14 +118,10 @@ def main(argv: list | None = None) -> int:
     parser.add_argument(
         "--outtype", choices=tuple(OUTTYPES), default="f32", help="--format gguf: the type of the linear weights (default f32)"
     )
-    parser.add_argument(
-        "--no_system_prompt",
-        action="store_true",
-        help="leave the chat template as it is instead of making the run's system_prompt its default system message",
-    )
+    add_system_prompt_argument(parser)
     args = parser.parse_args(argv)
     try:
-        system_prompt = None if args.no_system_prompt else run_system_prompt(args.checkpoint)
+        system_prompt = chosen_system_prompt(args)
         if args.format == "gguf":
             summary = export_gguf(args.checkpoint, args.output, args.outtype, args.overwrite, system_prompt)
             print(f"{args.output}: {summary['arch']}, {summary['outtype']}, tokenizer.ggml.pre {summary['pre']}")

@@ -31,12 +31,13 @@ from alignment.models.modeling import load_causal_lm, save_model  # noqa: E402
 from alignment.run.checks import names_gguf  # noqa: E402
 from alignment.run.output_folders import (  # noqa: E402
     TOKENIZER_FILES,
+    add_system_prompt_argument,
     bake_system_prompt,
     baked_notice,
     check_output,
+    chosen_system_prompt,
     replace_folder,
     run_settings,
-    run_system_prompt,
 )
 
 
@@ -88,14 +89,10 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--base", help="the base model folder (default: actor_model_name_or_path of the checkpoint's grpo_config.json)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="dtype of the merged weights (default: the run's)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists and is not empty")
-    parser.add_argument(
-        "--no_system_prompt",
-        action="store_true",
-        help="leave the chat template as it is instead of making the run's system_prompt its default system message",
-    )
+    add_system_prompt_argument(parser)
     args = parser.parse_args(argv)
     try:
-        system_prompt = None if args.no_system_prompt else run_system_prompt(args.checkpoint)
+        system_prompt = chosen_system_prompt(args)
         merged = merge_lora(args.checkpoint, args.output, args.base, args.dtype, args.overwrite, system_prompt)
     except (ExportError, ValueError, OSError) as error:
         print(f"merge_lora: error: {error}", file=sys.stderr)

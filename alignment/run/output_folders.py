@@ -2,6 +2,7 @@
 files a model folder carries, writing an output folder whole, refusing to overwrite what was not asked for, and the
 run's system prompt baked into the exported chat template as its default system message."""
 
+import argparse
 import json
 import os
 import shutil
@@ -54,6 +55,20 @@ def run_system_prompt(checkpoint: Path) -> str | None:
     if prompt is not None and not isinstance(prompt, str):
         raise ExportError(f"{run_config}: system_prompt is {json.dumps(prompt)[:60]}, not text")
     return prompt or None
+
+
+def add_system_prompt_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no_system_prompt",
+        action="store_true",
+        help="leave the chat template as it is instead of making the run's system_prompt its default system message",
+    )
+
+
+def chosen_system_prompt(args: argparse.Namespace) -> str | None:
+    """The system prompt an export command bakes in: none with --no_system_prompt, else the run's (run_system_prompt
+    of args.checkpoint)."""
+    return None if args.no_system_prompt else run_system_prompt(args.checkpoint)
 
 
 def with_default_system(template: str, system_prompt: str) -> str:
