@@ -301,10 +301,9 @@ def llama3_rope_factors(theta: float, head_dim: int, scaling: dict) -> np.ndarra
     return (1.0 / ((1.0 - smooth) / scaling["factor"] + smooth)).astype(np.float32)
 
 
-# What a layer holds (GGUF names), and which of it a model may leave out
+# What every layer holds (GGUF names): a file with a layer that lacks one is refused
 LAYER_TENSORS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight",
                  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
-OPTIONAL_LAYER_TENSORS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight")
 
 
 def expected_shape(name: str, config: dict) -> tuple | None:
