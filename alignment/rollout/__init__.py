@@ -5,7 +5,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from alignment.errors import WeightSyncError
 from alignment.rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from alignment.rollout.eager import EagerEngine
 
@@ -51,7 +50,6 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "SamplingParams",
-    "WeightSyncError",
     "build_engine",
     "cache_dtype_for",
     "concat_rollouts",
