@@ -9,7 +9,8 @@ from alignment.algo.aggregation import aggregation_counts, loss_token_weights
 from alignment.algo.corrections import rollout_correction
 from alignment.algo.kl import kl_estimate
 from alignment.algo.logprobs import token_entropy, token_logprobs
-from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, policy_loss
+from alignment.algo.loss import LossInputs, entropy_bonus, policy_loss
+from alignment.algo.loss_settings import LossSettings
 from alignment.algo.objectives import clipped_surrogate
 from alignment.algo.schedule import learning_rate_factor
 from alignment.algo.stats import groups_with_signal, mean_and_pass_at_k

@@ -10,7 +10,8 @@ from alignment.algo.advantages import ADVANTAGE_ESTIMATORS, REWARD_AGGREGATIONS,
 from alignment.algo.aggregation import LOSS_AGGREGATIONS
 from alignment.algo.corrections import ROLLOUT_CORRECTIONS
 from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS, KL_ESTIMATORS
-from alignment.algo.loss import LossInputs, LossSettings, policy_loss
+from alignment.algo.loss import LossInputs, policy_loss
+from alignment.algo.loss_settings import LossSettings
 from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES, SHARED_FLAGS
 from alignment.algo.registry import Registry
 from alignment.algo.schedule import SCHEDULES

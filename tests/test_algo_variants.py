@@ -23,7 +23,8 @@ from alignment.algo.advantages import (
 from alignment.algo.aggregation import aggregation_counts, loss_token_weights
 from alignment.algo.corrections import off_policy_sequence_mask, off_policy_sums, rejection_keep, rejection_rules, rollout_correction
 from alignment.algo.kl import kl_estimate, kl_penalized_rewards
-from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.loss import LossInputs, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.loss_settings import LossSettings
 from alignment.algo.objectives import cispo_surrogate, clipped_surrogate, gmpo_surrogate, importance_ratio, sapo_surrogate
 from alignment.algo.stats import whitening_sums
 

@@ -11,7 +11,8 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.algo.loss import LossInputs, LossSettings, policy_loss
+from alignment.algo.loss import LossInputs, policy_loss
+from alignment.algo.loss_settings import LossSettings
 from alignment.errors import ConfigError
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams

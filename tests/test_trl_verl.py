@@ -35,7 +35,8 @@ from alignment.algo.corrections import (
     rollout_correction,
 )
 from alignment.algo.kl import kl_estimate, kl_penalized_rewards
-from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.loss import LossInputs, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.loss_settings import LossSettings
 from alignment.algo.stats import whitening_sums
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,14 +9,10 @@ metric, the fraction of the step's loss tokens (over every update) where it was 
 
 from __future__ import annotations  # paddle.Tensor in signatures: no paddle needed to register (run_grpo.py --help)
 
-from typing import TYPE_CHECKING
-
 import paddle
 
+from alignment.algo.loss_settings import LossSettings
 from alignment.algo.registry import Registry
-
-if TYPE_CHECKING:
-    from alignment.algo.loss import LossSettings
 
 OBJECTIVES = Registry("surrogate must be {choices}, not {name!r}")
 # name -> f(log pi - log pi_old (B, T), mask (B, T)) -> the ratio pi / pi_old with its gradient
@@ -34,23 +30,23 @@ FLAG_METRICS = {
 
 
 @OBJECTIVES.register("clip")
-def clip(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
+def clip(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: LossSettings) -> tuple:
     """PPO's clipped ratio x advantage, with clip-higher and the dual clip (flag dual_clipped with dual_clip)."""
     return clipped_surrogate(ratio, advantages, settings.clip_low, settings.clip_high, settings.dual_clip)
 
 
 @OBJECTIVES.register("cispo")
-def cispo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
+def cispo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: LossSettings) -> tuple:
     return cispo_surrogate(ratio, logprobs, advantages, settings.clip_low, settings.clip_high)
 
 
 @OBJECTIVES.register("sapo")
-def sapo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
+def sapo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: LossSettings) -> tuple:
     return sapo_surrogate(ratio, advantages, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
 
 
 @OBJECTIVES.register("gmpo")
-def gmpo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: "LossSettings") -> tuple:
+def gmpo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: LossSettings) -> tuple:
     """GMPO takes the token ratios (importance_sampling_level token; the config refuses sequence): it makes its own
     per-sequence geometric mean, from log r, after clipping each token's."""
     return gmpo_surrogate(paddle.log(ratio), mask, advantages, settings.clip_low, settings.clip_high)

@@ -19,7 +19,8 @@ from alignment.algo.corrections import (
     rollout_correction,
 )
 from alignment.algo.logprobs import ReferenceHead, chunked_full_kl, chunked_token_logprobs
-from alignment.algo.loss import LossInputs, LossSettings, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.loss import LossInputs, entropy_bonus, entropy_threshold, policy_loss
+from alignment.algo.loss_settings import LossSettings
 from alignment.algo.objectives import FLAG_METRICS, SHARED_FLAGS
 from alignment.models.fused_train import groups_prompts, head_kernels, weights_changed
 from alignment.models.lora import adapters_disabled
