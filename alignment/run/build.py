@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import paddle
 
+from alignment.algo.loss_settings import LossSettings
 from alignment.models.cpu_bf16 import choose_compute
 from alignment.models.fused_train import bf16_unavailable, use_training_ops
 from alignment.models.lora import apply_lora, load_adapter
@@ -128,6 +129,22 @@ def sampling_params(config: GRPOConfig) -> SamplingParams:
         top_k=config.top_k,
         repetition_penalty=config.repetition_penalty,
         min_p=config.min_p,
+    )
+
+
+def loss_settings(config: GRPOConfig) -> LossSettings:
+    return LossSettings(
+        clip_low=config.clip_range_ratio_low,
+        clip_high=config.clip_range_ratio_high,
+        dual_clip=config.dual_clip_ratio,
+        level=config.importance_sampling_level,
+        surrogate=config.surrogate,
+        kl_coeff=config.kl_loss_coeff,
+        kl_estimator=config.kl_estimator,
+        kl_bias_correction=config.use_bias_correction_kl,
+        sapo_temperature_pos=config.sapo_temperature_pos,
+        sapo_temperature_neg=config.sapo_temperature_neg,
+        off_policy_mask_threshold=config.off_policy_mask_threshold,
     )
 
 

@@ -28,6 +28,7 @@ from alignment.models.memory import TokenBudget
 from alignment.models.modeling import completion_hidden, make_token_batch, output_head
 from alignment.parallel.distributed import World
 from alignment.parallel.optim import sum_gradients
+from alignment.run.build import loss_settings
 from alignment.run.config import GRPOConfig
 from alignment.run.seeding import seed_phase
 from alignment.step.metrics import finite_or_none
@@ -336,22 +337,6 @@ def high_entropy_tokens(entropy: np.ndarray, trained: np.ndarray, top_quantile: 
     step's (all processes') with the highest entropy."""
     threshold = entropy_threshold(world.gather(entropy[trained > 0].astype(np.float64)), top_quantile)
     return ((entropy >= threshold) & (trained > 0)).astype(np.float32)
-
-
-def loss_settings(config: GRPOConfig) -> LossSettings:
-    return LossSettings(
-        clip_low=config.clip_range_ratio_low,
-        clip_high=config.clip_range_ratio_high,
-        dual_clip=config.dual_clip_ratio,
-        level=config.importance_sampling_level,
-        surrogate=config.surrogate,
-        kl_coeff=config.kl_loss_coeff,
-        kl_estimator=config.kl_estimator,
-        kl_bias_correction=config.use_bias_correction_kl,
-        sapo_temperature_pos=config.sapo_temperature_pos,
-        sapo_temperature_neg=config.sapo_temperature_neg,
-        off_policy_mask_threshold=config.off_policy_mask_threshold,
-    )
 
 
 def policy_hidden(model, batch, config: GRPOConfig) -> paddle.Tensor:
