@@ -229,15 +229,15 @@ def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, 
     old = logprobs.detach() if batch.old_logprobs is None else paddle.to_tensor(batch.old_logprobs[chunk])
     importance = rollout_weights(batch, chunk, old, mask, config, tally if mini.iteration == 0 else None)
     inputs = LossInputs(
-        old,
-        paddle.to_tensor(batch.scored.advantages[chunk]),
-        paddle.to_tensor(mini.weights[start : start + batch.micro_batch_rows]),
-        mask,
-        importance,
-        None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
-        None if batch.selected is None else paddle.to_tensor(batch.selected[chunk]),
-        None if config.off_policy_mask_threshold is None else paddle.to_tensor(batch.scored.rollout.logprobs[chunk]),
-        exact_kl(learner, tokens, hidden, config) if full_kl_loss(config) else None,
+        old_logprobs=old,
+        advantages=paddle.to_tensor(batch.scored.advantages[chunk]),
+        weights=paddle.to_tensor(mini.weights[start : start + batch.micro_batch_rows]),
+        mask=mask,
+        importance_weights=importance,
+        ref_logprobs=None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
+        selected=None if batch.selected is None else paddle.to_tensor(batch.selected[chunk]),
+        sampling_logprobs=None if config.off_policy_mask_threshold is None else paddle.to_tensor(batch.scored.rollout.logprobs[chunk]),
+        kl=exact_kl(learner, tokens, hidden, config) if full_kl_loss(config) else None,
     )
     loss, sums = policy_loss(logprobs, inputs, batch.settings)
     if config.entropy_coeff:
