@@ -44,6 +44,23 @@ class Settings:
 
 
 def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
+    # No /docs or /redoc: their pages load JavaScript from a CDN, blank offline. /openapi.json is the schema.
+    app = FastAPI(title="GRPO reward server", version="1", lifespan=pool_lifespan(pool), docs_url=None, redoc_url=None)
+    app.router.route_class = BoundedRoute  # bodies measured before they are parsed, and parsed in a worker thread
+    app.state.json_limits = (settings.max_json_values, settings.max_json_depth)
+    # The key is checked by RequireKey before any body is read; this only declares it in the OpenAPI schema.
+    keyed = [Security(HTTPBearer(auto_error=False))] if settings.api_key else []
+    add_score_routes(app, settings, scorer(settings, pool), keyed)
+    add_listing_routes(app, settings, pool, keyed)
+    add_error_handlers(app)
+    # Added innermost first: the log sees every answer, the key is checked before the body is read.
+    app.add_middleware(ReadBody, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
+    app.add_middleware(RequireKey, api_key=settings.api_key, open_paths=OPEN_PATHS)
+    app.add_middleware(AccessLog)
+    return app
+
+
+def pool_lifespan(pool: ScoringPool):
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await anyio.to_thread.run_sync(pool.start)  # the server listens only once the workers are ready
@@ -52,12 +69,12 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         finally:
             await anyio.to_thread.run_sync(pool.close)
 
-    # No /docs or /redoc: their pages load JavaScript from a CDN, blank offline. /openapi.json is the schema.
-    app = FastAPI(title="GRPO reward server", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.router.route_class = BoundedRoute  # bodies measured before they are parsed, and parsed in a worker thread
-    app.state.json_limits = (settings.max_json_values, settings.max_json_depth)
-    # The key is checked by RequireKey before any body is read; this only declares it in the OpenAPI schema.
-    keyed = [Security(HTTPBearer(auto_error=False))] if settings.api_key else []
+    return lifespan
+
+
+def scorer(settings: Settings, pool: ScoringPool):
+    """The one scoring call behind both scoring routes: --max_items, the pool with --request_timeout, a bad request
+    as 422, and the request's item counts for the access log."""
 
     async def score(
         request: Request,
@@ -79,6 +96,10 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         request.state.item_errors = sum(error is not None for error in table.errors)
         return table
 
+    return score
+
+
+def add_score_routes(app: FastAPI, settings: Settings, score, keyed: list) -> None:
     @app.post(PADDLENLP_PATH, response_model=PaddleNLPResponse, dependencies=keyed)
     async def paddlenlp_score(body: PaddleNLPRequest, request: Request):
         """PaddleNLP's protocol, scored with the server's --reward_funcs and --reward_weights."""
@@ -106,6 +127,8 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         table = await score(request, completions, samples, names, weights, reward_settings)
         return {"scores": table.totals, "components": table.columns, "errors": table.errors}
 
+
+def add_listing_routes(app: FastAPI, settings: Settings, pool: ScoringPool, keyed: list) -> None:
     @app.get("/v1/reward_funcs", response_model=RewardFuncsResponse, dependencies=keyed)
     async def reward_funcs():
         """The registered reward functions (built-in and plugins) with one-line descriptions."""
@@ -119,6 +142,10 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         """Liveness; needs no API key."""
         return {"status": "ok", "workers": pool.workers}
 
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error body carries detail, error_code and error_msg (error_response)."""
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         return error_response(exc.status_code, exc.detail, str(exc.detail), exc.headers)
@@ -129,9 +156,3 @@ def create_app(settings: Settings, pool: ScoringPool) -> FastAPI:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
         return error_response(422, errors, f"invalid request: {message}")
-
-    # Added innermost first: the log sees every answer, the key is checked before the body is read.
-    app.add_middleware(ReadBody, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
-    app.add_middleware(RequireKey, api_key=settings.api_key, open_paths=OPEN_PATHS)
-    app.add_middleware(AccessLog)
-    return app

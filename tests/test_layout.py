@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "alignment"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "alignment"
+# What the checks read: the trainer's package, and the reward server (a program of its own over alignment.rewards)
+SOURCES = [path for folder in (PACKAGE, ROOT / "reward_server") for path in sorted(folder.rglob("*.py"))]
 
 # Layers from the top down: a module may import its own layer's modules and those below, never above.
 LAYERS = [
     ("alignment.step.trainer",),
     ("alignment.rollout.worker", "alignment.chat", "alignment.evaluate", "alignment.model_source", "alignment.export",
-     "alignment.merge_lora", "alignment.curves", "alignment.launch"),
+     "alignment.merge_lora", "alignment.curves", "alignment.launch", "reward_server"),
     ("alignment.step",),  # the step's phases
     ("alignment.run",),  # setting a run up: config, preflight, start, the one builder of its parts
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
@@ -25,11 +28,11 @@ LAYERS = [
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+MODULES = {module_name(path): path for path in SOURCES}
 
 
 def executed(node: ast.AST):
@@ -108,6 +111,7 @@ def test_the_layers_are_seen_to_work():
     """The checks above would pass on an empty graph: the import reader must find what the trainer plainly imports."""
     assert {"alignment.step.update", "alignment.run.build", "alignment.errors"} <= closure("alignment.step.trainer")
     assert layer_of("alignment.run.config") < layer_of("alignment.run.data")
+    assert {"reward_server.app", "reward_server.body", "alignment.rewards.pool"} <= closure("reward_server.reward_server")
 
 
 # Thin wrappers of compiled operators, and autograd's forward / backward (and the one call that applies a PyLayer),
@@ -117,8 +121,8 @@ AUTOGRAD = {"forward", "backward", "chunked_token_logprobs"}
 
 
 def functions():
-    for path in sorted(PACKAGE.rglob("*.py")):
-        shown = path.relative_to(PACKAGE.parent).as_posix()
+    for path in SOURCES:
+        shown = path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 yield shown, node
