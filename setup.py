@@ -3,7 +3,7 @@ with a GPU, install paddlepaddle-gpu first (README), then pip install -e ."""
 
 from setuptools import find_packages, setup
 
-# Pins, each for a reason measured on paddle 3.3.1 CPU (see ../shared/DESIGN.md):
+# Pins, each for a reason found on paddle 3.3.1 CPU:
 # - paddleformers 1.0.0: 1.1 and 1.2 import paddlefleet for Qwen2, which PyPI does not have.
 # - transformers 4.57.6 and huggingface_hub < 1.0: paddleformers 1.0.0 imports
 #   huggingface_hub.repo_type_and_id_from_hf_id, gone in hub 1.x, and transformers 5.x needs hub >= 1.31.

@@ -1,6 +1,6 @@
-"""The house plan as checks: no import circles, the layers import downwards only, the rollout process never imports
-the trainer, and the shape limits of ../shared/DESIGN.md (trainer.py at most 400 lines, functions at most 80 lines and
-7 parameters; thin wrappers of compiled operators and autograd forward/backward aside)."""
+"""The house plan as checks (docs/architecture.md, "Layout"): no import circles, the layers import downwards only, the
+rollout process never imports the trainer, and the shape limits (trainer.py at most 400 lines, functions at most 80
+lines and 7 parameters; thin wrappers of compiled operators and autograd forward/backward aside)."""
 
 import ast
 from pathlib import Path

@@ -20,12 +20,10 @@ FLOAT = 4  # bytes of a float32
 RUNTIME_OVERHEAD = 100 * 2**20
 ACTIVATION_FACTOR_EAGER = 2.0  # paddleformers' layers keep more per token (separate q, k, v, rotary's halves, repeated kv)
 # glibc keeps what the rollout and the previous step freed in its heap, in pieces: the peaks measured from the second step on
-# were 13-20% above the tensors counted (SmolLM2 at 128 and 512 new tokens, 16 to 64 rows; bench/RESULTS.md, "Memory")
+# are above the tensors counted (bench/RESULTS.md, "Memory: micro-batches by token budget, the estimate, the peak")
 ALLOCATOR_SLACK = 1.15
-# The default token budget keeps a micro-batch's activations under this: larger micro-batches run no faster. SmolLM2 at 128 new
-# tokens, fp32 on the AVX2 EPYC: the update took 65 s in micro-batches of 16 rows, 68 s of 32, 73-78 s of 64 (glibc gave each
-# tensor over 32 MB fresh pages to fault in and zero); with freed memory kept (alignment/run/runtime.py) and bf16 on the
-# AVX512-BF16 EPYC, 25.3 / 26.7 / 25.7 s at 16 / 32 / 64 rows, with peaks of 6.4 / 8.8 / 13.3 GB (bench/RESULTS.md)
+# The default token budget keeps a micro-batch's activations under this: larger micro-batches run no faster, their peak
+# only grows (bench/RESULTS.md, "The CPU's roofline, third part": micro-batch size, now that freed memory is kept)
 FAST_ACTIVATIONS = 4 * 2**30
 
 

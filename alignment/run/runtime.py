@@ -1,19 +1,18 @@
 """CPU runtime defaults, applied before paddle is imported.
 
-Measured on the 2-core AMD EPYC build machine (bench/RESULTS.md, ../shared/DESIGN.md):
-- MKL_DEBUG_CPU_TYPE=5 makes paddle's bundled MKL take its AVX2 path on AMD (1024^3 matmul 37 -> 162 GFLOP/s
-  together with the thread count). Set on AMD CPUs only: on an Intel Xeon it holds MKL back from its AVX-512
-  path (on a 2-core one, 1024^3 330 -> 200 GFLOP/s, and a policy update of bench/bench_step.py 1.3x slower).
+What each default buys is measured in docs/performance.md ("CPU runtime defaults") and bench/RESULTS.md; the reasons:
+- MKL_DEBUG_CPU_TYPE=5 makes paddle's bundled MKL take its AVX2 path on AMD instead of a slow generic one.
+  Set on AMD CPUs only: on an Intel Xeon it holds MKL back from its AVX-512 path.
 - Contiguous kernels (FLAGS_use_stride_kernel off) make transpose/slice produce contiguous tensors; with
   paddle 3.3.1's default (strided views) the attention of paddleformers' Qwen2 spends most of a decode
-  step copying strided views: one decode step of the tiny model at batch 64 took 135 ms with the default
-  and 29 ms without, and a training step about 1.3x less. They are switched on only around the model's
-  compute (`contiguous_kernels`), never globally: paddleformers' save_pretrained writes corrupt weights
-  and its flex-checkpoint loader fails when stride kernels are off (tests/test_runtime.py).
+  step copying strided views (bench/RESULTS.md, "Contiguous against stride kernels"; bench/bench_kernels.py).
+  They are switched on only around the model's compute (`contiguous_kernels`), never globally: paddleformers'
+  save_pretrained writes corrupt weights and its flex-checkpoint loader fails when stride kernels are off
+  (tests/test_runtime.py).
 - glibc's malloc keeps freed memory for the next allocation (`_keep_freed_memory`): by default it hands every block
   over 32 MB back to the kernel when freed and takes fresh pages, zeroed one page fault at a time, for the next,
-  and a policy update allocates and frees hundreds of such activations and gradients. On the AVX512-BF16 EPYC one
-  bf16 update of bench/bench_profile.py took 33.0 s by default and 24.6-28.5 s with freed memory kept.
+  and a policy update allocates and frees hundreds of such activations and gradients (bench/RESULTS.md, "The CPU's
+  roofline, first part"; bench/bench_profile.py).
 - OMP_NUM_THREADS = usable cores / processes on this node. paddle.distributed.launch exports
   OMP_NUM_THREADS=1 to its workers when the user set nothing, so under the launcher a value of 1 is
   taken as that default; set GRPO_CPU_THREADS to force a count.

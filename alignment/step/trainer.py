@@ -2,7 +2,7 @@
 
     prompts -> rollout (G completions each) -> rewards -> group advantages -> clipped policy update
 
-as ../shared/DESIGN.md lists it. The run's parts are built in alignment/run/build.py, each phase lives in its own
+as docs/architecture.md ("One step") lists it. The run's parts are built in alignment/run/build.py, each phase lives in its own
 module of alignment/step/, the math in alignment/algo/; this file moves data between the phases and times them.
 """
 
