@@ -90,7 +90,7 @@ lint: $(INSTALLED)
 
 # make docs: mkdocs with mkdocs-material builds docs/ into build/site offline (no web fonts, no plugin that fetches) and
 # strictly: a broken link, a missing anchor or a page outside the nav fails it. docs/hooks.py fills the configuration
-# page from alignment/run/config.py, the source of run_grpo.py --help. NO_MKDOCS_2_WARNING drops mkdocs-material's
+# page from alignment/config/help.py, the source of run_grpo.py --help. NO_MKDOCS_2_WARNING drops mkdocs-material's
 # banner about its successor.
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

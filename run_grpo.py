@@ -19,7 +19,9 @@ else:
     import_paddle()
 
 from alignment.errors import RUN_ERRORS  # noqa: E402
-from alignment.run.config import GRPOConfig, help_text, help_topic, load_config, wants_help  # noqa: E402
+from alignment.config.schema import GRPOConfig  # noqa: E402
+from alignment.config.help import help_text, help_topic, wants_help  # noqa: E402
+from alignment.config.cli import load_config  # noqa: E402
 
 
 def main(argv: list | None = None) -> int:

@@ -39,9 +39,9 @@ from alignment.model_source import load_model, model_folder, saved_settings  # n
 from alignment.models.modeling import load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas, with_environment  # noqa: E402
-from alignment.run import preflight  # noqa: E402
+from alignment.config import preflight  # noqa: E402
 from alignment.run.build import engine_settings, turn_settings  # noqa: E402
-from alignment.run.config import GRPOConfig  # noqa: E402
+from alignment.config.schema import GRPOConfig  # noqa: E402
 from alignment.run.data import encode_messages, read_prompt_records  # noqa: E402
 from alignment.tools.calls import parse_tool_calls  # noqa: E402
 from alignment.tools.environment import Episode  # noqa: E402

@@ -55,7 +55,8 @@ from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E
 from alignment.rewards.instructions import check_row, followed  # noqa: E402
 from alignment.rewards.registry import sample_checks  # noqa: E402
 from alignment.run.build import load_prompts, model_compute, rollout_engine, sampling_params  # noqa: E402
-from alignment.run.config import GRPOConfig, validate_generation  # noqa: E402
+from alignment.config.schema import GRPOConfig  # noqa: E402
+from alignment.config.validation import validate_generation  # noqa: E402
 from alignment.run.data_files import read_rows  # noqa: E402
 from alignment.run.scorer import build_scorer  # noqa: E402
 from alignment.step.evaluation import decoded, greedy_and_sampled  # noqa: E402

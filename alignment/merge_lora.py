@@ -28,7 +28,7 @@ import_paddle()
 from alignment.errors import ExportError  # noqa: E402
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
 from alignment.models.modeling import load_causal_lm, save_model  # noqa: E402
-from alignment.run.checks import names_gguf  # noqa: E402
+from alignment.config.checks import names_gguf  # noqa: E402
 from alignment.run.output_folders import (  # noqa: E402
     TOKENIZER_FILES,
     add_system_prompt_argument,

@@ -20,8 +20,9 @@ from alignment.gguf import import_if_changed
 from alignment.merge_lora import base_model_of
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.models.modeling import load_causal_lm
-from alignment.run.checks import names_gguf
-from alignment.run.config import KEYS, GRPOConfig, read_json_config
+from alignment.config.checks import names_gguf
+from alignment.config.schema import KEYS, GRPOConfig
+from alignment.config.files import read_json_config
 from alignment.run.output_folders import run_settings
 from alignment.run.plugins import load_plugins
 

@@ -42,7 +42,8 @@ def measure(mode: str, recompute: bool, shape: str, sequences: int, length: int)
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.optim import build_optimizer
     from alignment.run.build import optimizer_settings
-    from alignment.run.config import GRPOConfig, validate
+    from alignment.config.schema import GRPOConfig
+    from alignment.config.validation import validate
 
     config = validate(dataclasses.replace(
         GRPOConfig(), per_device_train_batch_size=sequences, mini_batch_size=sequences, learning_rate=1e-6, recompute=recompute,

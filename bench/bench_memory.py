@@ -84,7 +84,8 @@ def measure(shape: str, length: int, recompute: bool, kl: bool) -> dict:
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.optim import build_optimizer
     from alignment.run.build import optimizer_settings
-    from alignment.run.config import GRPOConfig, validate
+    from alignment.config.schema import GRPOConfig
+    from alignment.config.validation import validate
 
     model = build_model(shape, seed=0)
     if recompute:

@@ -30,7 +30,7 @@ from alignment.rollout import (  # noqa: E402
 )
 from alignment.rollout.multi_turn import with_environment  # noqa: E402
 from alignment.run.build import engine_settings, load_prompts, turn_settings  # noqa: E402
-from alignment.run.config import load_config  # noqa: E402
+from alignment.config.cli import load_config  # noqa: E402
 
 
 class Reprefill:

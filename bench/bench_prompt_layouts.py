@@ -37,7 +37,7 @@ from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.rewards.scoring import score_completions  # noqa: E402
 from alignment.rollout import generate  # noqa: E402
 from alignment.run.build import load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params  # noqa: E402
-from alignment.run.config import load_config  # noqa: E402
+from alignment.config.cli import load_config  # noqa: E402
 from alignment.step.scoring import decode_completions  # noqa: E402
 
 FORMAT_REWARDS = ("xmlcount", "soft_format", "strict_format")

@@ -36,7 +36,7 @@ from alignment.rollout import (  # noqa: E402
     generate,  # noqa: E402
 )
 from alignment.run.build import engine_settings, load_prompts  # noqa: E402
-from alignment.run.config import load_config  # noqa: E402
+from alignment.config.cli import load_config  # noqa: E402
 from alignment.step.update import policy_logprobs  # noqa: E402
 
 MODES = [("token_truncate", 2.0), ("token_mask", 2.0), ("sequence_truncate", 3.0), ("sequence_mask", 3.0)]

@@ -37,7 +37,8 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     from alignment.parallel.distributed import init_world
     from alignment.parallel.optim import build_optimizer
     from alignment.run.build import optimizer_settings
-    from alignment.run.config import GRPOConfig, validate
+    from alignment.config.schema import GRPOConfig
+    from alignment.config.validation import validate
     from alignment.step.update import Learner, update_policy
 
     world = init_world(sharding, -1)

@@ -1,5 +1,5 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): the configuration page's option tables, generated at build time from
-the same source as `run_grpo.py --help` (alignment/run/config.py: the groups of `_groups()`, each key's type,
+the same source as `run_grpo.py --help` (alignment/config/help.py: the groups of `groups()`, each key's type,
 default, aliases and help), so the page cannot drift from the code; and bench/, which stays where it is,
 served with the site (RESULTS.md as a page, the curves as images)."""
 
@@ -16,42 +16,45 @@ PADDLENLP_MARKER = "<!-- PaddleNLP's keys are generated here by docs/hooks.py --
 SERVED = ["bench/RESULTS.md", *(f"bench/{p.name}" for p in sorted((ROOT / "bench").glob("*.png")))]
 
 
-def _config_module():
-    """alignment.run.config of this checkout (not of wherever .venv's editable install points), imported
+def _help_module():
+    """alignment.config.help of this checkout (not of wherever .venv's editable install points), imported
     as run_grpo.py imports it: the CPU runtime set and paddle's notices quieted first."""
     sys.path.insert(0, str(ROOT))
     from alignment.run.runtime import configure_cpu_runtime, import_paddle
 
     configure_cpu_runtime()
     import_paddle()
-    from alignment.run import config
+    from alignment.config import help
 
-    return config
+    return help
 
 
 def options_markdown() -> str:
     """Every key, one table per group of --help: key, type, default (as JSON, as the file writes it), aliases, meaning."""
-    config = _config_module()
+    config_help = _help_module()
+    from alignment.config.aliases import ALIASES
+    from alignment.config.schema import GRPOConfig
+
     aliases = {}
-    for alias, key in config.ALIASES.items():
+    for alias, key in ALIASES.items():
         aliases.setdefault(key, []).append(f"`{alias}`")
     out = []
-    for title, keys in config._groups():
+    for title, keys in config_help.groups():
         out += [f"## {title}", "", "| key | type | default | aliases | meaning |", "|---|---|---|---|---|"]
         for key in keys:
-            field = config.GRPOConfig.__dataclass_fields__[key]
+            field = GRPOConfig.__dataclass_fields__[key]
             default = field.default_factory() if field.default is dataclasses.MISSING else field.default
             meaning = field.metadata["help"].replace("|", "\\|")  # a bare pipe would end the cell (one in a code span does not)
-            cells = [f"`{key}`", f"`{config._type_name(key)}`", f"`{json.dumps(default)}`", ", ".join(aliases.get(key, [])), meaning]
+            cells = [f"`{key}`", f"`{config_help.type_name(key)}`", f"`{json.dumps(default)}`", ", ".join(aliases.get(key, [])), meaning]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 
 
 def paddlenlp_markdown() -> str:
-    """PaddleNLP's keys this trainer spells otherwise or does not have (alignment/run/paddlenlp_keys.py): key, what it does here, why."""
-    _config_module()
-    from alignment.run.paddlenlp_keys import PADDLENLP_KEYS, SAME
+    """PaddleNLP's keys this trainer spells otherwise or does not have (alignment/config/paddlenlp_keys.py): key, what it does here, why."""
+    _help_module()
+    from alignment.config.paddlenlp_keys import PADDLENLP_KEYS, SAME
 
     out = ["| PaddleNLP's key | here | what it does here |", "|---|---|---|"]
     for key, record in sorted(PADDLENLP_KEYS.items()):

@@ -188,7 +188,7 @@ MUTATIONS = (
     ),
     Mutation(
         "secret-written-in-grpo-config",  # grpo_config.json holds the reward server's key again
-        "alignment/run/config.py",
+        "alignment/config/schema.py",
         (("return json.dumps(settings | {key: \"set\" if settings[key] not in (None, \"\", \"unset\") else \"unset\" "
           "for key in SECRET_KEYS}, indent=2)", "return json.dumps(settings, indent=2)"),),
         ("tests/test_secrets.py::test_grpo_config_json_holds_set_or_unset_in_a_secrets_place",),
@@ -201,13 +201,13 @@ MUTATIONS = (
     ),
     Mutation(
         "config-first-problem-only",  # a failed value check stops its section again: a config's second mistake is not reported
-        "alignment/run/checks.py",
+        "alignment/config/checks.py",
         (("        found.append(message)\n", "        raise ConfigError(message)\n"),),
         ("tests/test_paddlenlp_keys.py::test_every_problem_of_a_config_is_reported_at_once_before_anything_loads",),
     ),
     Mutation(
         "paddlenlp-refused-key-accepted",  # a PaddleNLP key this run cannot honour is accepted with a note instead
-        "alignment/run/paddlenlp_keys.py",
+        "alignment/config/paddlenlp_keys.py",
         (("        raise Refusal(record.why)\n", "        return {}, record.why\n"),),
         ("tests/test_paddlenlp_keys.py::test_every_no_effect_key_says_so_at_start_and_every_refused_one_is_refused_with_its_reason"
          "[ptx_datasets]",),

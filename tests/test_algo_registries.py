@@ -15,7 +15,8 @@ from alignment.algo.loss_settings import LossSettings
 from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES, SHARED_FLAGS
 from alignment.algo.registry import Registry
 from alignment.algo.schedule import SCHEDULES
-from alignment.run.config import IMPORTANCE_SAMPLING_SYNONYMS, SURROGATE_SYNONYMS, GRPOConfig
+from alignment.config.schema import GRPOConfig
+from alignment.config.aliases import IMPORTANCE_SAMPLING_SYNONYMS, SURROGATE_SYNONYMS
 
 # config key -> (its registry, the choices the config adds: spellings that validate() maps or refuses)
 KEYS = {

@@ -15,7 +15,8 @@ from processes import stop
 from alignment.chat import Printer, chat_settings, print_episode
 from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
-from alignment.run.config import GRPOConfig, load_config
+from alignment.config.schema import GRPOConfig
+from alignment.config.cli import load_config
 from alignment.run.data import encode_messages
 from alignment.tools.calculator import calculator
 from alignment.tools import Episode, ToolSettings, get_environment

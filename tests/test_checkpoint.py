@@ -187,7 +187,7 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
 
     from alignment.errors import ConfigError
     from alignment.parallel.distributed import World
-    from alignment.run.config import load_config
+    from alignment.config.cli import load_config
     from alignment.run.start import start_point
 
     path, marker = save(tmp_path / "out", 2, parts), tmp_path / "code-ran"

@@ -8,7 +8,9 @@ import pytest
 
 from alignment.errors import ConfigError
 from alignment.models.modeling import load_tokenizer
-from alignment.run.config import ALIASES, GRPOConfig, load_config
+from alignment.config.schema import GRPOConfig
+from alignment.config.aliases import ALIASES
+from alignment.config.cli import load_config
 
 TINY = "config/tiny/grpo_argument.json"
 
@@ -287,7 +289,7 @@ def test_verl_rollout_is_levels_mean_truncation_and_cispo_may_drop_the_lower_bou
 def test_the_help_is_the_one_users_know():
     """`run_grpo.py --help all` at 100 columns, as tests/run_grpo_help.txt keeps it: every key, alias, default, choice and
     help line. A change to any of them is a change users see; it updates that file in the same commit, on purpose
-    (.venv/bin/python -c 'from alignment.run.config import help_text; print(help_text(100, "all"))' > tests/run_grpo_help.txt)."""
-    from alignment.run.config import help_text
+    (.venv/bin/python -c 'from alignment.config.help import help_text; print(help_text(100, "all"))' > tests/run_grpo_help.txt)."""
+    from alignment.config.help import help_text
 
     assert help_text(100, "all") + "\n" == (Path(__file__).parent / "run_grpo_help.txt").read_text()

@@ -23,7 +23,8 @@ from alignment.models.cpu_bf16 import choose_compute, cpu_bf16_flags
 from alignment.models.fused_train import head_kernels, use_training_ops, weights_changed
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout import SamplingParams
-from alignment.run.config import GRPOConfig, validate
+from alignment.config.schema import GRPOConfig
+from alignment.config.validation import validate
 from alignment.rollout.ops import bf16_primitive_missing
 from alignment.run.runtime import contiguous_kernels
 

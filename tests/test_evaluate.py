@@ -16,7 +16,7 @@ from alignment.algo.instruction_stats import clustered_ratio_interval
 from alignment.evaluate import main
 from alignment.rewards import get_reward
 from alignment.rewards.instructions import followed
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 
 DATA = "data/arith_one_step/test.jsonl"
 

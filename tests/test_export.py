@@ -22,7 +22,7 @@ from alignment.gguf import import_gguf
 from alignment.merge_lora import main as merge_main
 from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.data import encode_messages
 from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 

@@ -24,8 +24,10 @@ from hypothesis.control import currently_in_test_context
 
 from alignment.errors import ConfigError
 from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS
-from alignment.run.paddlenlp_keys import PADDLENLP_KEYS
-from alignment.run.config import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, KEYS, SURROGATE_SYNONYMS, TRL_LOSS_TYPES, GRPOConfig, load_config
+from alignment.config.paddlenlp_keys import PADDLENLP_KEYS
+from alignment.config.schema import KEYS, GRPOConfig
+from alignment.config.aliases import ALIASES, IMPORTANCE_SAMPLING_SYNONYMS, SURROGATE_SYNONYMS, TRL_LOSS_TYPES
+from alignment.config.cli import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 BASES = [{}, json.loads((REPO / "config/tiny/grpo_argument.json").read_text())]

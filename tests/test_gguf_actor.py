@@ -15,7 +15,7 @@ import pytest
 from test_gguf import TINY, Q, write_gguf
 
 from alignment.gguf import import_if_changed
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 from run_grpo import main as run_grpo
 
 REPO = Path(__file__).resolve().parents[1]

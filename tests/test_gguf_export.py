@@ -28,7 +28,7 @@ from alignment.models.gguf_export import PROBES
 from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.data import encode_messages
 from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 

@@ -15,7 +15,7 @@ from alignment.models.modeling import load_tokenizer
 from alignment.rewards import get_reward, score_completions
 from alignment.rewards.remote import RewardServer, score_remote
 from alignment.run.build import load_prompts
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 from alignment.run.data import encode_prompts, read_prompt_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "kk"))

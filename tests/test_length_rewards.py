@@ -11,7 +11,7 @@ import pytest
 from alignment.errors import ConfigError
 from alignment.rewards import RewardSettings, get_reward, score_completions
 from alignment.rewards.length_rewards import ngram_ids
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 
 RIGHT, WRONG, NO_ANSWER = "<answer>14</answer>", "<answer>15</answer>", "I cannot tell."
 SQRT_HALF = math.sqrt(0.5)  # cos(pi/4)

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from alignment.run.config import ALIASES, KEYS, GRPOConfig, _groups, help_text
+from alignment.config.schema import KEYS, GRPOConfig
+from alignment.config.aliases import ALIASES
+from alignment.config.help import groups, help_text
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "data/tiny-qwen2"
@@ -163,7 +165,7 @@ def test_help_lists_the_groups_and_their_keys_and_exits_0_without_loading_paddle
     assert done.stdout.startswith("usage: run_grpo.py CONFIG.json [--key value ...]\n       run_grpo.py --help [GROUP | all]\n")
     lines = done.stdout.splitlines()
     titles = [line for line in lines if line and not line.startswith(" ") and line.endswith(" keys):")]
-    assert [title.split(" (")[0] for title in titles] == [title for title, _ in _groups()]
+    assert [title.split(" (")[0] for title in titles] == [title for title, _ in groups()]
     listed = {key for line in lines[lines.index(titles[0]):] if line.startswith("  ") for key in line.split()}
     assert listed == KEYS  # every key by name, once its group's title
     assert "run_grpo.py --help GROUP prints a group's keys in full" in done.stdout

@@ -22,7 +22,7 @@ from alignment.parallel.optim import build_optimizer
 from alignment.run.build import load_actor, optimizer_settings
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.ops import load_ops
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.data import encode_messages
 from alignment.step.checkpoint import CheckpointContents, load_training_state, save_checkpoint
 

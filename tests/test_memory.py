@@ -22,7 +22,8 @@ from alignment.models.lora import apply_lora
 from alignment.models.memory import MemorySettings, ModelShape, TokenBudget, kv_cache_bytes, lora_parameters, update_bytes
 from alignment.parallel.distributed import World
 from alignment.rollout import EngineSettings, Rollout, SamplingParams, build_engine
-from alignment.run.config import GRPOConfig, load_config
+from alignment.config.schema import GRPOConfig
+from alignment.config.cli import load_config
 from alignment.run.memory_plan import expected_cache_dtype
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.records import ScoredBatch
@@ -137,7 +138,7 @@ MEASURE = textwrap.dedent(
     from alignment.models.fused_train import use_training_ops
     from alignment.models.modeling import load_causal_lm
     from alignment.parallel.distributed import World
-    from alignment.run.config import load_config
+    from alignment.config.cli import load_config
     from alignment.run.memory_plan import resident_bytes
     from alignment.step.memory import step_peak_bytes
     from alignment.step.update import Learner, update_policy
@@ -263,7 +264,7 @@ LEAK = textwrap.dedent(
     import_paddle()
     import numpy as np
     from alignment.errors import OutOfMemoryError
-    from alignment.run.config import load_config
+    from alignment.config.cli import load_config
     from alignment.run.memory_plan import resident_bytes
     from alignment.step.trainer import train
     out = Path({out!r})

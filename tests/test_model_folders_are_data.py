@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 
 DATA = "data/arith_one_step/test.jsonl"
 IGNORED = "ignored external_plugins"

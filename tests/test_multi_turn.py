@@ -18,7 +18,7 @@ from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits, check_template, episode_sums
 from alignment.rollout.ops import load_ops
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.plugins import load_plugins
 from alignment.step.update import policy_logprobs
 from alignment.tools import ToolSettings, get_environment, get_tool
@@ -248,7 +248,7 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
 def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns, tool_answer, reward):
     from alignment.run.scorer import build_scorer
     from alignment.rollout import Rollout
-    from alignment.run.config import load_config
+    from alignment.config.cli import load_config
     from alignment.run.data import EncodedPrompt, PromptRecord
     from alignment.step.scoring import score_rollout
     from alignment.tools import Episode, ToolCall

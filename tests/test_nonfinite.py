@@ -16,7 +16,7 @@ from tiny_models import put_a_nan_in_the_final_norm
 
 from alignment.errors import NonFiniteError
 from alignment.parallel.distributed import World
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 from alignment.step.trainer import train
 from alignment.step.update import Learner, update_policy
 

@@ -13,8 +13,10 @@ from reward_servers import reward_server
 
 from alignment.errors import ConfigError
 from alignment.parallel.distributed import World
-from alignment.run.config import ALIASES, KEYS, GRPOConfig, load_config
-from alignment.run.paddlenlp_keys import NO_EFFECT, PADDLENLP_KEYS, REFUSED, SAME, SETS
+from alignment.config.schema import KEYS, GRPOConfig
+from alignment.config.aliases import ALIASES
+from alignment.config.cli import load_config
+from alignment.config.paddlenlp_keys import NO_EFFECT, PADDLENLP_KEYS, REFUSED, SAME, SETS
 from alignment.step.advantages import step_advantages
 from alignment.step.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger

@@ -15,7 +15,7 @@ from alignment.algo.logprobs import chunked_token_logprobs
 from alignment.models.fused_train import groups_prompts, head_kernels
 from alignment.models.modeling import completion_hidden, enable_recompute, make_token_batch, output_head
 from alignment.models.prefix_grouper import grouped_completion_hidden, prompt_groups
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 from alignment.run.runtime import contiguous_kernels
 from alignment.step.update import policy_logprobs
 

@@ -15,7 +15,7 @@ from tiny_models import PAD, PROMPTS, llama_untied, qwen2_tied
 from alignment.algo.logprobs import token_logprobs
 from alignment.errors import ConfigError
 from alignment.models.modeling import completion_logits, enable_recompute, make_token_batch
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 
 
 def gradients(model) -> dict:

@@ -16,7 +16,7 @@ from alignment.errors import DataError
 from alignment.models.modeling import load_tokenizer
 from alignment.rewards import available_rewards
 from alignment.run.build import load_prompts
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 
 ANY_COLUMN = (r"any column \(tgt, answer, solution, response, ground_truth, reward_model.ground_truth; response_key names another\) "
               r"or a final assistant turn")

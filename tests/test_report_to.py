@@ -14,7 +14,8 @@ import pytest
 from visualdl import LogReader
 
 from alignment.errors import ConfigError
-from alignment.run.config import GRPOConfig, load_config
+from alignment.config.schema import GRPOConfig
+from alignment.config.cli import load_config
 from alignment.step.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger
 

@@ -13,7 +13,7 @@ import pytest
 
 from alignment.rewards import register_reward
 from alignment.run.scorer import build_scorer
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"

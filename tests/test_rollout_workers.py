@@ -23,7 +23,7 @@ from alignment.errors import ConfigError
 from alignment.rollout.link import placement, rollout_order, words_after, worker_share
 from alignment.rollout.ops import load_ops
 from alignment.rollout.wire import load_parts
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 
 # evaluation on the training process's own engine; fp32 matmuls, importance sampling off and adam_epsilon 1e-6 as
 # in test_distributed.py (last-bit differences of the engine's log-probs, amplified by AdamW, stay below 1e-5).

@@ -13,7 +13,7 @@ from reward_servers import API_KEY_ENV, reward_server
 
 from alignment.errors import ConfigError
 from alignment.key_files import key_from_environment, read_key_file
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 
 KEY = "a-reward-server-key-" + os.urandom(8).hex()
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from alignment.errors import ConfigError
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 
 # name -> (the keys as its users write them, what the validated config holds)
 USERS_NAMES = {

@@ -19,7 +19,7 @@ from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EagerEngine, SamplingParams
-from alignment.run.config import load_config
+from alignment.config.cli import load_config
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.rollout import Sampler, keep_groups_with_signal
 from alignment.step.scoring import score_rollout

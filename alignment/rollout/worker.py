@@ -21,7 +21,7 @@ from alignment.rollout import generate
 from alignment.rollout.link import Placement, WorkerLink, rollout_order, trained_parameters, worker_share
 from alignment.rollout.wire import RolloutPart
 from alignment.run.build import load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.data import PromptSchedule
 from alignment.run.seeding import seed_phase
 

@@ -20,7 +20,7 @@ from alignment.rewards.registry import reference_readers, sample_checks
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EngineSettings, SamplingParams, build_engine
 from alignment.rollout.multi_turn import TurnLimits, TurnSettings, check_template, tool_schemas, with_environment
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records, select_by_calculation_steps
 from alignment.run.memory_plan import MemoryPlan, plan_memory
 from alignment.run.plugins import plugin_sources

@@ -11,7 +11,7 @@ from alignment.key_files import key_from_environment
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
 from alignment.rewards.pool import ScoringPool
 from alignment.rewards.remote import RewardServer, score_remote
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.plugins import plugin_sources
 
 API_KEY_VARIABLE = "GRPO_REWARD_SERVER_API_KEY"  # or GRPO_REWARD_SERVER_API_KEY_FILE: a file only its user can read

@@ -4,7 +4,7 @@
 import numpy as np
 import paddle
 
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 
 PHASES = ("train", "eval", "resample", "shuffle")
 

@@ -14,8 +14,8 @@ import numpy as np
 from alignment.errors import ConfigError, GGUFImportError
 from alignment.gguf import import_if_changed
 from alignment.parallel.distributed import World
-from alignment.run.checks import names_gguf
-from alignment.run.config import GRPOConfig
+from alignment.config.checks import names_gguf
+from alignment.config.schema import GRPOConfig
 from alignment.step.checkpoint import (
     CheckpointError,
     Lineage,

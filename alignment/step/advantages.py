@@ -7,7 +7,7 @@ import numpy as np
 from alignment.algo.advantages import REWARD_AGGREGATIONS, AdvantageInputs
 from alignment.algo.kl import kl_penalized_rewards
 from alignment.parallel.distributed import World
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.step.records import ScoredBatch, loss_mask
 
 

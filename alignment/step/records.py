@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from alignment.rollout import Rollout, concat_rollouts
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 
 
 @dataclass

@@ -11,7 +11,7 @@ from alignment.algo.stats import groups_with_signal
 from alignment.parallel.distributed import World
 from alignment.rollout import RolloutEngine, SamplingParams, concat_rollouts, generate
 from alignment.rollout.link import TrainerLink
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.seeding import seed_phase
 from alignment.step.records import ScoredBatch, concat_scored
 from alignment.step.scoring import score_rollout

@@ -6,7 +6,7 @@ import numpy as np
 from alignment.parallel.distributed import World
 from alignment.rewards import ScoreTable, score_completions
 from alignment.rollout import Rollout
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.step.records import ScoredBatch
 
 

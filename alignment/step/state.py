@@ -11,7 +11,7 @@ from alignment.errors import RolloutWorkerError
 from alignment.parallel.distributed import World
 from alignment.rollout.link import PENDING_FILE, TrainerLink, trained_parameters
 from alignment.run.build import RunData, RunParts
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.step.checkpoint import CheckpointContents, Lineage, accumulators_renamed, checkpoint_path, save_checkpoint
 from alignment.step.logger import RunLogger
 from alignment.step.rollout import Sampler

@@ -15,7 +15,7 @@ from alignment.errors import NonFiniteError, RewardServerError, RewardsFailedErr
 from alignment.parallel.distributed import init_world
 from alignment.rollout.link import RunPlan, TrainerLink, placement, trained_parameters
 from alignment.run.build import actor_sources, build_parts, read_run_data
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.runtime import contiguous_kernels
 from alignment.run.start import nothing_to_train, start_point
 from alignment.step.advantages import step_advantages

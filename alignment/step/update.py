@@ -29,7 +29,7 @@ from alignment.models.modeling import completion_hidden, make_token_batch, outpu
 from alignment.parallel.distributed import World
 from alignment.parallel.optim import sum_gradients
 from alignment.run.build import loss_settings
-from alignment.run.config import GRPOConfig
+from alignment.config.schema import GRPOConfig
 from alignment.run.seeding import seed_phase
 from alignment.step.metrics import finite_or_none
 from alignment.step.records import ScoredBatch, loss_mask

@@ -1,21 +1,17 @@
 """The checks of a config that look outside it: files and folders, the model's config.json, plugins (and the reward
 functions, tools and environments they register), /proc/cpuinfo, CUDA, bubblewrap, the dashboards' packages.
 
-validate() in alignment/run/config.py calls these after every value check has run and passed (those refuse a config
+validate() in alignment/config/validation.py calls these after every value check has run and passed (those refuse a config
 with all its mistakes in one message), in a fixed order, the first failure reported; check_precision_hardware, which
 reads no file, runs among the value checks.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
+from alignment.config.checks import check, names_gguf, show
+from alignment.config.schema import GRPOConfig
 from alignment.errors import ConfigError, GGUFImportError, ModelLoadError
-from alignment.run.checks import check, names_gguf, show
-
-if TYPE_CHECKING:  # annotations only: config.py's validate() calls these
-    from alignment.run.config import GRPOConfig
 
 
 def check_model_files(c: GRPOConfig) -> None:

@@ -1,4 +1,4 @@
-"""What config.py's value checks and preflight's look-outside checks share."""
+"""What the sections' value checks, validation.py's and preflight's look-outside checks share."""
 
 import json
 from contextlib import contextmanager

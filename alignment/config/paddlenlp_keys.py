@@ -3,21 +3,21 @@
 (llm/alignment/ppo/rl_config.py: its TrainingArguments' additions, ModelArgument, DataArgument), one record each,
 saying what the key does here:
 
-- same: a key of the same meaning here under another name (config.py takes it as an alias);
+- same: a key of the same meaning here under another name (aliases.py takes it as an alias);
 - sets: its value becomes this trainer's keys (rl_algorithm reinforce_plus_plus: advantage_estimator reinforce_plus_plus);
   a value it cannot honour is refused with the reason;
 - no effect: accepted, and a line at start says why it changes nothing here (a GPU kernel, a critic's setting);
 - refused: what it asks for this run cannot do; PaddleNLP's off value (false, 0, "", null, a degree of 1) is accepted.
 
 Keys PaddleNLP and this trainer both have under one name (bf16, rollout_n, kl_loss_coeff, clip_range_score, ...) are
-config.py's own and not listed here.
+the config's own (alignment/config/sections/) and not listed here.
 """
 
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from alignment.run.checks import show
+from alignment.config.checks import show
 
 SAME, SETS, NO_EFFECT, REFUSED = "same", "sets", "no effect", "refused"
 
