@@ -1,9 +1,10 @@
 """A config's checks: every section's value checks, with those that read keys of several sections (here), all of a
 config's problems reported in one ConfigError; then the checks that look outside it (preflight.py), the first failure
-reported; and the values derived from the keys. validate() checks a config to train; validate_generation() what
-generating and scoring read, for a config that does only that (python -m alignment.evaluate)."""
+reported; and the values derived from the keys. validate() checks a config to train; validate_generation() the same
+sequence less what training alone reads, for a config that generates and scores only (python -m alignment.evaluate)."""
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Optional
@@ -25,63 +26,78 @@ from alignment.config.sections.rollout import check_sampling
 from alignment.errors import ConfigError
 
 INT64 = 2**63  # integers reach numpy and paddle as int64
+DATASET_KEYS = ("train_datasets", "eval_datasets")
 
 
 def validate(c: GRPOConfig, reading: Optional[FileReading] = None, source: str = "this config") -> GRPOConfig:
     """Checks values against each other and fills the derived ones; raises ConfigError naming the keys. Every value
     check runs, and the file's problems (reading) and theirs are reported together in one ConfigError before anything
     outside the config is looked at; then preflight's checks, in order, the first failure reported."""
+    return _validated(c, True, reading, source)
+
+
+def validate_generation(c: GRPOConfig) -> GRPOConfig:
+    """validate()'s checks and derived values for what generating and scoring read, for a config that trains nothing
+    (python -m alignment.evaluate: a saved run's settings with flags applied): lengths, sampling, the reward functions
+    and their weights, the tools and environment, the reward server, the system prompt and chat template as text."""
+    return _validated(c, False, None, "this config")
+
+
+def _validated(c: GRPOConfig, training: bool, reading: Optional[FileReading], source: str) -> GRPOConfig:
     earlier = reading.problems if reading else []
     found = []
-    derived = _checked_values(c, found)
+    derived = _checked_values(c, found, training)
     unread = reading.unread if reading else set()  # a check of a key whose value was refused would judge its default
     problems = earlier + [p for p in found if not any(re.search(rf"\b{re.escape(key)}\b", p) for key in unread)]
     if problems:
         raise ConfigError(problems_message(source, problems))
-    preflight.check_model_files(c)
-    for key in ("train_datasets", "eval_datasets"):
-        preflight.check_dataset_files(c, key)
-    preflight.check_lengths_fit_model(c)
-    preflight.load_reward_functions(c)
-    preflight.check_reward_model_folder(c)
-    preflight.check_tools_registered(c)
-    preflight.check_tool_isolation(c)
-    preflight.check_resume(c)
-    preflight.check_dashboards_installed(c)
-    preflight.check_output_folders(c)
+    _look_outside(c, training)
     system_prompt, chat_template = preflight.read_prompts(c)
     return dataclasses.replace(c, **derived, system_prompt=system_prompt, chat_template=chat_template)
 
 
-def _checked_values(c: GRPOConfig, problems: list) -> dict:
+def _checked_values(c: GRPOConfig, problems: list, training: bool) -> dict:
     """Each section's value checks, every failure added to problems -> the derived values (meaningful only without any).
-    A section whose input another one refused is not run: it would report the same mistake again."""
-    collected(problems, _check_numbers_fit, c)
-    for key in ("train_datasets", "eval_datasets"):
-        collected(problems, check_names_a_dataset, c, key)
-    collected(problems, check_calculation_steps, c)
-    batches = collected(problems, _batch_sizes, c)
-    collected(problems, check_lengths, c)
-    collected(problems, check_sampling, c)
-    objective = collected(problems, stored_objective, c)
-    clip = collected(problems, clip_range, c)
-    collected(problems, check_policy_update, c)
-    if objective:
-        collected(problems, check_objective_variants, c, objective[0])
-    collected(problems, check_advantages_and_penalties, c)
-    if batches:
-        collected(problems, _check_rollout_processes, c, batches[0])
-    collected(problems, check_reward_functions_named, c)
-    collected(problems, check_reward_model_paired, c)
-    shaping = collected(problems, _reward_shaping, c)
-    for check_values in (_check_multi_turn, check_reward_server, check_optimizer_and_schedule, check_memory_and_parallelism,
-                         check_lora, _check_precision, preflight.check_precision_hardware, check_evaluation,
-                         check_logging_and_checkpoints):
-        collected(problems, check_values, c)
+    Without training, the checks of what training alone reads are left out. A section whose input another one refused
+    is not run: it would report the same mistake again."""
+    run = functools.partial(collected, problems)
+    run(_check_numbers_fit, c)
+    for key in DATASET_KEYS if training else ():
+        run(check_names_a_dataset, c, key)
+    run(check_calculation_steps, c)
+    batches = run(_batch_sizes, c) if training else None
+    run(check_lengths, c)
+    run(check_sampling, c)
+    if training:
+        objective, clip = run(stored_objective, c), run(clip_range, c)
+        run(check_policy_update, c)
+        if objective:
+            run(check_objective_variants, c, objective[0])
+        run(check_advantages_and_penalties, c)
+        if batches:
+            run(_check_rollout_processes, c, batches[0])
+    run(check_reward_functions_named, c)
+    run(check_reward_model_paired, c)
+    shaping = run(_reward_shaping, c)
+    run(_check_multi_turn, c)
+    run(check_reward_server, c)
+    for check_values in (check_optimizer_and_schedule, check_memory_and_parallelism, check_lora, _check_precision,
+                         preflight.check_precision_hardware, check_evaluation, check_logging_and_checkpoints) if training else ():
+        run(check_values, c)
     if problems:
         return {}
-    (prompt_batch, accumulation, mini_batch), (surrogate, loss_type), (clip_low, clip_high), (reward_settings, weights) = (
-        batches, objective, clip, shaping)
+    reward_settings, weights = shaping
+    derived = dict(
+        cosine_max_len=reward_settings.cosine_max_len,
+        soft_max_length=reward_settings.soft_max_length,
+        reward_function_weights=[float(w) for w in weights],
+    )
+    return derived | (_training_values(c, batches, objective, clip) if training else {})
+
+
+def _training_values(c: GRPOConfig, batches: tuple, objective: tuple, clip: tuple) -> dict:
+    """The values only training reads, derived: batch sizes, clips, and other trainers' names stored as what they are."""
+    (prompt_batch, accumulation, mini_batch), (surrogate, loss_type), (clip_low, clip_high) = batches, objective, clip
     return dict(
         per_device_prompt_batch_size=prompt_batch,
         gradient_accumulation_steps=accumulation,
@@ -93,38 +109,25 @@ def _checked_values(c: GRPOConfig, problems: list) -> dict:
         loss_type=loss_type,
         kl_estimator=KL_ESTIMATOR_SYNONYMS.get(c.kl_estimator, c.kl_estimator),
         kl_in_reward_estimator=KL_ESTIMATOR_SYNONYMS.get(c.kl_in_reward_estimator, c.kl_in_reward_estimator),
-        cosine_max_len=reward_settings.cosine_max_len,
-        soft_max_length=reward_settings.soft_max_length,
-        reward_function_weights=[float(w) for w in weights],
     )
 
 
-def validate_generation(c: GRPOConfig) -> GRPOConfig:
-    """validate()'s checks and derived values for what generating and scoring read, for a config that trains nothing
-    (python -m alignment.evaluate: a saved run's settings with flags applied): lengths, sampling, the reward functions
-    and their weights, the tools and environment, the reward server, the system prompt and chat template as text."""
-    _check_numbers_fit(c)
-    check_calculation_steps(c)
-    check_lengths(c)
-    check_sampling(c)
-    check_reward_functions_named(c)
+def _look_outside(c: GRPOConfig, training: bool) -> None:
+    """preflight's checks in order, the first failure raised; without training, those of the model's files, the
+    datasets, the checkpoint to resume, the dashboards and the output folder are left out."""
+    if training:
+        preflight.check_model_files(c)
+        for key in DATASET_KEYS:
+            preflight.check_dataset_files(c, key)
+        preflight.check_lengths_fit_model(c)
     preflight.load_reward_functions(c)
-    check_reward_model_paired(c)
     preflight.check_reward_model_folder(c)
-    reward_settings, weights = _reward_shaping(c)
     preflight.check_tools_registered(c)
-    _check_multi_turn(c)
     preflight.check_tool_isolation(c)
-    check_reward_server(c)
-    system_prompt, chat_template = preflight.read_prompts(c)
-    return dataclasses.replace(
-        c,
-        cosine_max_len=reward_settings.cosine_max_len,
-        soft_max_length=reward_settings.soft_max_length,
-        reward_function_weights=[float(w) for w in weights],
-        system_prompt=system_prompt,
-        chat_template=chat_template,
-    )
+    if training:
+        preflight.check_resume(c)
+        preflight.check_dashboards_installed(c)
+        preflight.check_output_folders(c)
 
 
 def _check_numbers_fit(c: GRPOConfig) -> None:
