@@ -36,19 +36,11 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in SOURCES}
 
 
-def executed(node: ast.AST):
-    """Every node under `node` but those under `if TYPE_CHECKING:` (imports for annotations, never run)."""
-    yield node
-    if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-        return
-    for child in ast.iter_child_nodes(node):
-        yield from executed(child)
-
-
 def imports(name: str) -> set:
-    """The alignment modules `name` imports anywhere in its code (a function's own imports count too)."""
+    """The project's modules that `name` imports anywhere in its code: a function's own imports count too, and so do
+    those under `if TYPE_CHECKING:` (an import for annotations only still ties the two modules together)."""
     found = set()
-    for node in executed(ast.parse(MODULES[name].read_text())):
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
@@ -113,6 +105,13 @@ def test_the_layers_are_seen_to_work():
     assert {"alignment.step.update", "alignment.run.build", "alignment.errors"} <= closure("alignment.step.trainer")
     assert layer_of("alignment.run.build") < layer_of("alignment.run.data")
     assert {"reward_server.app", "reward_server.body", "alignment.rewards.pool"} <= closure("reward_server.reward_server")
+
+
+def test_an_import_for_annotations_only_counts(tmp_path, monkeypatch):
+    module = tmp_path / "annotated.py"
+    module.write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from alignment.errors import ConfigError\n")
+    monkeypatch.setitem(MODULES, "alignment.annotated", module)
+    assert imports("alignment.annotated") == {"alignment.errors"}
 
 
 # Thin wrappers of compiled operators, and autograd's forward / backward (and the one call that applies a PyLayer),
