@@ -1,5 +1,6 @@
 """The keys of grpo_argument.json, one frozen dataclass per section, in the order --help lists them: each section
-carries its --help title (TITLE), its keys declared with _key(), and beside it the value checks that read its keys
+carries its --help title (TITLE: a class attribute, not annotated, so that it is no entry of GRPOConfig's
+__dataclass_fields__), its keys declared with _key(), and beside it the value checks that read its keys
 alone; alignment/config/schema.py joins the sections into GRPOConfig, and alignment/config/validation.py runs the
 checks, with those that read keys of several sections."""
 

@@ -2,7 +2,7 @@
 correction, the KL terms, dynamic sampling, and the rewards: functions, their settings, the reward server."""
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from alignment.algo.advantages import ADVANTAGE_ESTIMATORS, REWARD_AGGREGATIONS, REWARD_SCALES
 from alignment.algo.aggregation import LOSS_AGGREGATIONS
@@ -17,7 +17,7 @@ from alignment.errors import ConfigError
 
 @dataclass(frozen=True)
 class Algorithm:
-    TITLE: ClassVar[str] = "Algorithm"
+    TITLE = "Algorithm"
 
     loss_type: str = _key(
         "dapo",

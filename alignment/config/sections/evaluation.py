@@ -3,7 +3,7 @@ and how it resumes."""
 
 import os
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from alignment.config.checks import check, show
 from alignment.config.sections import _key
@@ -12,7 +12,7 @@ from alignment.step.dashboards import DASHBOARDS, NONE
 
 @dataclass(frozen=True)
 class Evaluation:
-    TITLE: ClassVar[str] = "Evaluation, logging, checkpoints"
+    TITLE = "Evaluation, logging, checkpoints"
 
     eval_steps: int = _key(0, "Evaluate every this many steps (0: only before the first and after the last step).")
     eval_on_start: bool = _key(True, "Evaluate before the first step.")

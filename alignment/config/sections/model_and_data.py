@@ -1,7 +1,7 @@
 """Model and data: the policy model and its tokenizer, the datasets and their columns, the prompt and completion lengths."""
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from alignment.config.checks import check
 from alignment.config.sections import _key
@@ -11,7 +11,7 @@ from alignment.run.data import parse_step_range
 
 @dataclass(frozen=True)
 class ModelAndData:
-    TITLE: ClassVar[str] = "Model and data"
+    TITLE = "Model and data"
 
     actor_model_name_or_path: str = _key(
         "data/tiny-qwen2",

@@ -2,7 +2,7 @@
 and precision."""
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from alignment.algo.schedule import SCHEDULES
 from alignment.config.checks import check
@@ -11,7 +11,7 @@ from alignment.config.sections import _key
 
 @dataclass(frozen=True)
 class Optimisation:
-    TITLE: ClassVar[str] = "Optimisation"
+    TITLE = "Optimisation"
 
     learning_rate: float = _key(1e-6, "Peak learning rate.")
     min_learning_rate: float = _key(0.0, "Learning rate at the end of the linear or cosine schedule.")

@@ -1,7 +1,7 @@
 """Rollout: how completions are sampled, in what batches, by which engine and in which processes."""
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from alignment.config.checks import check
 from alignment.config.sections import _key
@@ -9,7 +9,7 @@ from alignment.config.sections import _key
 
 @dataclass(frozen=True)
 class Rollout:
-    TITLE: ClassVar[str] = "Rollout"
+    TITLE = "Rollout"
 
     rollout_n: int = _key(8, "Completions sampled per prompt (the group size G).")
     per_device_prompt_batch_size: Optional[int] = _key(

@@ -2,14 +2,14 @@
 limits of a tool call."""
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from alignment.config.sections import _key
 
 
 @dataclass(frozen=True)
 class MultiTurn:
-    TITLE: ClassVar[str] = "Multi-turn rollouts with tools"
+    TITLE = "Multi-turn rollouts with tools"
 
     tools: list[str] = _key(
         [],
