@@ -80,8 +80,8 @@ class Optimisation:
     )
     recompute: bool = _key(
         False,
-        "Recompute each decoder layer's activations in the backward pass instead of storing them (less memory; measured: the update took "
-        "about as long).",
+        "Recompute each decoder layer's activations in the backward pass instead of storing them: the update's peak memory stops growing "
+        "with the sequence length, for one more forward per layer (bench/RESULTS.md, training-phase memory).",
     )
     recompute_granularity: str = _key(
         "full",

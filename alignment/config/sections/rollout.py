@@ -62,8 +62,8 @@ class Rollout:
     weight_sync_tolerance: Optional[float] = _key(
         None,
         "Largest |log-prob difference| allowed between the fused engine and the actor on its probe after each weight refresh; default 1e-4 "
-        "with float32 matmuls, 0.25 with bf16 ones or a bfloat16 kv_cache_dtype (the gap is rounding there, 0.039 measured on "
-        "SmolLM2-135M, and stale bf16 weight copies are caught exactly instead).",
+        "with float32 matmuls, 0.25 with bf16 ones or a bfloat16 kv_cache_dtype (the gap is rounding there, and stale bf16 weight copies "
+        "are caught exactly instead).",
     )
 
 
