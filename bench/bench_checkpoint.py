@@ -37,9 +37,9 @@ def main() -> None:
     from bench_rollout import build_model
 
     from alignment.models.modeling import load_causal_lm, load_tokenizer
-    from alignment.step.checkpoint import (
-        CheckpointContents, Lineage, _sha256, damage, load_training_state, read_checkpoint, save_checkpoint,
-    )
+    from alignment.step.checkpoint import CheckpointContents, save_checkpoint
+    from alignment.step.optimizer_state import load_training_state
+    from alignment.step.resume import Lineage, damage, read_checkpoint, sha256
 
     model = build_model(args.shape, seed=0)
     model.train()
@@ -68,7 +68,7 @@ def main() -> None:
 
     started = time.perf_counter()
     for file in files:
-        _sha256(file)
+        sha256(file)
     checksum_seconds = time.perf_counter() - started
     started = time.perf_counter()
     state, _ = read_checkpoint(path)

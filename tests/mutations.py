@@ -182,7 +182,7 @@ MUTATIONS = (
     ),
     Mutation(
         "link-key-from-the-environment",  # the link key in GRPO_ROLLOUT_LINK_KEY, which the launcher logs, accepted again
-        "alignment/rollout/link.py",
+        "alignment/rollout/link_handshake.py",
         (("    if PLAIN_KEY_VARIABLE in os.environ:", "    if False:"),),
         ("tests/test_rollout_workers.py::test_a_link_across_machines_needs_a_key_file_of_the_users",),
     ),
@@ -195,7 +195,7 @@ MUTATIONS = (
     ),
     Mutation(
         "gguf-header-not-walked",  # the gguf package reads a hostile header as it comes (nested arrays: RecursionError)
-        "alignment/gguf.py",
+        "alignment/gguf_model.py",
         (("    check_header(source)\n    try:\n        return GGUFReader(source)", "    try:\n        return GGUFReader(source)"),),
         ("tests/test_gguf.py::test_a_hostile_header_is_refused_before_the_gguf_package_reads_it[nested arrays]",),
     ),
@@ -226,13 +226,13 @@ MUTATIONS = (
     ),
     Mutation(
         "checkpoint-file-entries-outside-read",  # trainer_state.json's ../../../../etc/hostname is read and checksummed again
-        "alignment/step/checkpoint.py",
+        "alignment/step/resume.py",
         (("        if why := _outside(path, name):\n            return why\n", ""),),
         ("tests/test_checkpoint.py::test_a_files_entry_outside_the_checkpoint_is_refused_unread",),
     ),
     Mutation(
         "forged-moments-loaded",  # a moment of another shape or dtype goes into the optimizer: a traceback at its step
-        "alignment/step/checkpoint.py",
+        "alignment/step/optimizer_state.py",
         (("        if why := optimizer_state_mismatch(state, named_parameters):", "        if why := None:"),),
         ("tests/test_checkpoint.py::test_forged_optimizer_moments_are_refused_in_one_line",),
     ),
@@ -244,7 +244,7 @@ MUTATIONS = (
     ),
     Mutation(
         "link-handshakes-one-at-a-time",  # the accept loop serves each connection to its end before the next
-        "alignment/rollout/link.py",
+        "alignment/rollout/link_handshake.py",
         (("            threading.Thread(target=serve, args=(sock, peer), daemon=True, name=f\"rollout link {peer[0]}:{peer[1]}\").start()",
           "            serve(sock, peer)"),),
         ("tests/test_rollout_workers.py::test_silent_or_failing_connections_do_not_hold_up_the_rollout_processes",),

@@ -6,20 +6,11 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
+from alignment.errors import CheckpointError
 from alignment.models.modeling import load_causal_lm, load_tokenizer
-from alignment.step.checkpoint import (
-    CheckpointContents,
-    CheckpointError,
-    Lineage,
-    _sha256,
-    complete_checkpoints,
-    load_training_state,
-    previous_run_files,
-    remove_previous_run,
-    resolve_resume,
-    save_checkpoint,
-    settings_changes,
-)
+from alignment.step.checkpoint import CheckpointContents, previous_run_files, remove_previous_run, save_checkpoint
+from alignment.step.optimizer_state import load_training_state
+from alignment.step.resume import Lineage, complete_checkpoints, resolve_resume, settings_changes, sha256
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +143,7 @@ def test_optimizer_state_comes_back(tmp_path, parts):
 
 
 def test_the_optimizer_state_is_safetensors_and_json_and_comes_back_bit_for_bit(tmp_path):
-    from alignment.step.checkpoint import load_optimizer_state, save_optimizer_state
+    from alignment.step.optimizer_state import load_optimizer_state, save_optimizer_state
 
     state = {
         "linear_0.w_0_moment1_0": paddle.to_tensor([[1.0, -2.5e-38], [3.0, 4.0]]), "step_count": paddle.to_tensor([7], "int64"),
@@ -196,7 +187,7 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
     (path / name).write_bytes(pickle.dumps(Exploit(marker)))
     state = json.loads((path / "trainer_state.json").read_text())  # whoever writes a checkpoint writes its checksums too
     state["files"] = {
-        file.name: {"size": file.stat().st_size, "sha256": _sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"
+        file.name: {"size": file.stat().st_size, "sha256": sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"
     }
     (path / "trainer_state.json").write_text(json.dumps(state))
     config = load_config(["config/tiny/grpo_argument.json", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path)])
@@ -325,7 +316,7 @@ def forged(path, files: dict | None = None):
     """trainer_state.json's checksums recomputed over the checkpoint's files as they are now (and `files` added)."""
     state = json.loads((path / "trainer_state.json").read_text())
     state["files"] = {
-        file.name: {"size": file.stat().st_size, "sha256": _sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"
+        file.name: {"size": file.stat().st_size, "sha256": sha256(file)} for file in path.iterdir() if file.name != "trainer_state.json"
     } | (files or {})
     (path / "trainer_state.json").write_text(json.dumps(state))
 
@@ -337,7 +328,7 @@ def test_a_files_entry_outside_the_checkpoint_is_refused_unread(tmp_path, parts,
     listed = {"../../secret.txt": "../../secret.txt", "absolute": str(secret), "link": "link", "unlisted link": None}[entry]
     if "link" in entry:
         (path / "link").symlink_to(secret)
-    forged(path, {listed: {"size": secret.stat().st_size, "sha256": _sha256(secret)}} if listed else {})
+    forged(path, {listed: {"size": secret.stat().st_size, "sha256": sha256(secret)}} if listed else {})
     refusal = {
         "link": rf"{path}/link is a link to {secret} outside the checkpoint",
         "unlisted link": rf"{path}/link is a link to {secret} outside the checkpoint",
@@ -382,7 +373,7 @@ def test_moments_saved_by_the_models_names_come_back_where_paddle_named_the_para
     """Paddle names parameters by process-wide counters: a model built after another (a resume in the process that
     trained, or a reference model built first) has other names. The checkpoint names the moments as the model does, so
     they come back all the same (before, set_state_dict matched none and the resume went on with no moments)."""
-    from alignment.step.checkpoint import accumulators_renamed
+    from alignment.step.optimizer_state import accumulators_renamed
 
     optimizer, named = stepped
     model, tokenizer, _ = parts
@@ -413,7 +404,7 @@ def test_moments_saved_by_the_models_names_come_back_where_paddle_named_the_para
     ids=["shape", "float64", "int64", "missing"],
 )
 def test_forged_optimizer_moments_are_refused_in_one_line(tmp_path, parts, stepped, change, message):
-    from alignment.step.checkpoint import load_optimizer_state, save_optimizer_state
+    from alignment.step.optimizer_state import load_optimizer_state, save_optimizer_state
 
     optimizer, parameters = stepped
     model, tokenizer, _ = parts
@@ -439,7 +430,7 @@ def test_a_forged_rollout_in_flight_is_refused_in_one_line(tmp_path, parts):
     import numpy as np
 
     from alignment.rollout.base import Rollout
-    from alignment.rollout.link import PENDING_FILE, read_pending
+    from alignment.rollout.trainer_link import PENDING_FILE, read_pending
     from alignment.rollout.wire import RolloutPart, pending_bytes
 
     def rollout(token: int) -> Rollout:

@@ -21,7 +21,8 @@ LAYERS = [
     ("alignment.run",),  # setting a run up: start, the one builder of its parts
     ("alignment.config",),  # the keys: read, checked against each other and against the files and machine they name
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
-     "alignment.gguf", "alignment.gguf_header", "alignment.step.checkpoint", "alignment.step.dashboards"),
+     "alignment.gguf", "alignment.gguf_model", "alignment.gguf_tokenizer", "alignment.gguf_header", "alignment.step.checkpoint",
+     "alignment.step.resume", "alignment.step.optimizer_state", "alignment.step.dashboards"),
     ("alignment.run.data", "alignment.run.data_files", "alignment.run.plugins", "alignment.run.runtime", "alignment.run.output_folders",
      "alignment.key_files", "alignment.json_depth"),
     ("alignment.errors",),
@@ -150,7 +151,8 @@ def test_the_trainer_is_the_loop_only():
     assert len((PACKAGE / "step" / "trainer.py").read_text().splitlines()) <= 400
 
 
-@pytest.mark.parametrize("name", ["alignment.rollout.link", "alignment.rollout.multi_turn", "alignment.models.cpu_bf16"])
+@pytest.mark.parametrize("name", ["alignment.rollout.link", "alignment.rollout.link_handshake", "alignment.rollout.trainer_link",
+                                  "alignment.rollout.worker_link", "alignment.rollout.multi_turn", "alignment.models.cpu_bf16"])
 def test_errors_come_from_one_module(name):
     """A module that needs only an exception type imports alignment.errors, not the module that raises it."""
     assert not any(module.startswith("alignment.config") for module in imports(name))

@@ -90,7 +90,8 @@ def test_a_forged_optimizer_state_stops_the_resume_in_one_line(tmp_path):
     first optimizer step before)."""
     import paddle
 
-    from alignment.step.checkpoint import _sha256, load_optimizer_state, save_optimizer_state
+    from alignment.step.optimizer_state import load_optimizer_state, save_optimizer_state
+    from alignment.step.resume import sha256
 
     out = tmp_path / "out"
     run(out, "--max_steps", "1", "--save_steps", "1")
@@ -100,7 +101,7 @@ def test_a_forged_optimizer_state_stops_the_resume_in_one_line(tmp_path):
     state[moment] = paddle.zeros([7, 7])
     save_optimizer_state(state, checkpoint / "optimizer.safetensors")
     record = json.loads((checkpoint / "trainer_state.json").read_text())
-    record["files"] = {name: {"size": (checkpoint / name).stat().st_size, "sha256": _sha256(checkpoint / name)} for name in record["files"]}
+    record["files"] = {name: {"size": (checkpoint / name).stat().st_size, "sha256": sha256(checkpoint / name)} for name in record["files"]}
     (checkpoint / "trainer_state.json").write_text(json.dumps(record))
     done = subprocess.run([sys.executable, *RUN, "--output_dir", str(out), "--max_steps", "2", "--resume_from_checkpoint", str(checkpoint)],
                           capture_output=True, text=True, timeout=600)

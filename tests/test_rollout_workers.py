@@ -170,7 +170,7 @@ def handshake(trainer_key: bytes, worker_key: bytes, silent_worker: bool = False
     """Both ends of one connection over loopback -> (the trainer's outcome, the rollout process's): "ok" or the error."""
     from multiprocessing.connection import Connection
 
-    from alignment.rollout.link import _handshake
+    from alignment.rollout.link_handshake import _handshake
 
     server = socket.create_server(("127.0.0.1", 0))
     outcomes = {}
@@ -198,15 +198,16 @@ def handshake(trainer_key: bytes, worker_key: bytes, silent_worker: bool = False
 
 
 def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(monkeypatch):
-    from alignment.rollout import link as rollout_link
+    from alignment.rollout import link_handshake
+    from alignment.rollout.link_handshake import address_bound_key
 
     key = b"k" * 32
-    genuine = rollout_link._authkey(key, "127.0.0.1", 4000)
+    genuine = address_bound_key(key, "127.0.0.1", 4000)
     assert handshake(genuine, genuine) == ("ok", "ok")
-    assert handshake(genuine, rollout_link._authkey(b"x" * 32, "127.0.0.1", 4000)) == ("AuthenticationError", "AuthenticationError")
+    assert handshake(genuine, address_bound_key(b"x" * 32, "127.0.0.1", 4000)) == ("AuthenticationError", "AuthenticationError")
     # a process relaying between the trainer and a rollout process that connected to the relay's address fails too
-    assert handshake(genuine, rollout_link._authkey(key, "127.0.0.1", 4001)) == ("AuthenticationError", "AuthenticationError")
-    monkeypatch.setattr(rollout_link, "HANDSHAKE_SECONDS", 0.5)
+    assert handshake(genuine, address_bound_key(key, "127.0.0.1", 4001)) == ("AuthenticationError", "AuthenticationError")
+    monkeypatch.setattr(link_handshake, "HANDSHAKE_SECONDS", 0.5)
     started = time.monotonic()
     # cut off, not waited for: EOF, or an OSError (a reset where the silent end's socket closed with data unread)
     assert handshake(genuine, genuine, silent_worker=True)[0] in ("EOFError", "OSError", "ConnectionResetError")
@@ -216,20 +217,20 @@ def test_the_link_handshake_needs_the_runs_key_bound_to_the_trainers_address(mon
 def test_silent_or_failing_connections_do_not_hold_up_the_rollout_processes():
     """Two connections that never say a word and one with a wrong key reach the trainer's port first; the rollout
     process behind them is taken in at once (served one at a time, each silent one held the start for a minute)."""
-    from alignment.rollout.link import HANDSHAKE_SECONDS, _accept_workers, _authkey, _join
+    from alignment.rollout.link_handshake import HANDSHAKE_SECONDS, accept_workers, address_bound_key, join_trainer
     from alignment.rollout.wire import receive_message, send_message
 
     key, server = b"k" * 32, socket.create_server(("127.0.0.1", 0))
     host, port = server.getsockname()
     silent = [socket.create_connection((host, port)) for _ in range(2)]
-    wrong = threading.Thread(target=handshake_with, args=(host, port, _authkey(b"x" * 32, host, port)), daemon=True)
+    wrong = threading.Thread(target=handshake_with, args=(host, port, address_bound_key(b"x" * 32, host, port)), daemon=True)
     wrong.start()
     joined = []
-    worker = threading.Thread(target=lambda: joined.append(_join(host, port, key, 1)), daemon=True)
+    worker = threading.Thread(target=lambda: joined.append(join_trainer(host, port, key, 1)), daemon=True)
     worker.start()
     started = time.monotonic()
     with pytest.warns(UserWarning, match="rollout link: turned away a connection from 127.0.0.1"):
-        (connection,) = _accept_workers(server, _authkey(key, host, port), 1)
+        (connection,) = accept_workers(server, address_bound_key(key, host, port), 1)
         wrong.join(timeout=30)
     waited = time.monotonic() - started
     worker.join(timeout=30)
@@ -244,7 +245,7 @@ def handshake_with(host: str, port: int, authkey: bytes) -> str:
     """A peer's side of the handshake with `authkey` -> "ok" or the error's name."""
     from multiprocessing.connection import Connection
 
-    from alignment.rollout.link import _handshake
+    from alignment.rollout.link_handshake import _handshake
 
     connection = Connection(socket.create_connection((host, port)).detach())
     try:
@@ -273,7 +274,7 @@ SEVERAL_MACHINES, ONE_MACHINE = "10.0.0.1:6170,10.0.0.2:6170", "127.0.0.1:6170,1
     ids=["no key", "short", "others may read", "empty", "the key in the environment", "the key in the environment, one machine"],
 )
 def test_a_link_across_machines_needs_a_key_file_of_the_users(monkeypatch, tmp_path, endpoints, key, mode, plain, message):
-    from alignment.rollout.link import shared_key
+    from alignment.rollout.link_handshake import shared_key
 
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", endpoints)
     monkeypatch.delenv("GRPO_ROLLOUT_LINK_KEY_FILE", raising=False)
@@ -325,14 +326,14 @@ def test_the_link_key_reaches_the_processes_through_a_file_never_the_launchers_l
 
 def test_the_link_file_must_be_private_to_its_user(tmp_path):
     from alignment.errors import RolloutWorkerError
-    from alignment.rollout.link import _read_private, _write_private
+    from alignment.rollout.link_handshake import read_private, write_private
 
     path = tmp_path / "link.json"
-    _write_private(path, {"address": ["127.0.0.1", 1], "key": "00"})
-    assert oct(path.stat().st_mode & 0o777) == "0o600" and _read_private(path)["key"] == "00"
+    write_private(path, {"address": ["127.0.0.1", 1], "key": "00"})
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and read_private(path)["key"] == "00"
     path.chmod(0o644)
     with pytest.raises(RolloutWorkerError, match="is not private to this user .*mode 644"):
-        _read_private(path)
+        read_private(path)
 
 
 # --- launched runs ----------------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def check_precision_hardware(c: GRPOConfig) -> None:
 
 
 def check_resume(c: GRPOConfig) -> None:
-    from alignment.step.checkpoint import is_complete_checkpoint
+    from alignment.step.resume import is_complete_checkpoint
 
     resume = c.resume_from_checkpoint
     check(

@@ -1,5 +1,5 @@
 """A rollout process (rollout_workers): it loads what the training process's plan names, then generates its
-share of every step's completions in the order alignment/rollout_link.rollout_order gives, taking new weights
+share of every step's completions in the order alignment.rollout.link.rollout_order gives, taking new weights
 after each word from the trainer. It never trains, scores or writes to the run folder: the training process
 scores every rollout, logs and checkpoints.
 
@@ -18,8 +18,9 @@ import paddle.distributed as dist
 from alignment.errors import TrainerGone
 from alignment.models.modeling import load_tokenizer
 from alignment.rollout import generate
-from alignment.rollout.link import Placement, WorkerLink, rollout_order, trained_parameters, worker_share
+from alignment.rollout.link import Placement, rollout_order, trained_parameters, worker_share
 from alignment.rollout.wire import RolloutPart
+from alignment.rollout.worker_link import WorkerLink
 from alignment.run.build import load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params
 from alignment.config.schema import GRPOConfig
 from alignment.run.data import PromptSchedule

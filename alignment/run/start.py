@@ -11,20 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from alignment.errors import ConfigError, GGUFImportError
+from alignment.errors import CheckpointError, ConfigError, GGUFImportError
 from alignment.gguf import import_if_changed
 from alignment.parallel.distributed import World
 from alignment.config.checks import names_gguf
 from alignment.config.schema import GRPOConfig
-from alignment.step.checkpoint import (
-    CheckpointError,
-    Lineage,
-    pickled_files,
-    previous_run_files,
-    remove_previous_run,
-    resolve_resume,
-    settings_changes,
-)
+from alignment.step.checkpoint import previous_run_files, remove_previous_run
+from alignment.step.resume import Lineage, pickled_files, resolve_resume, settings_changes
 
 
 def start_point(config: GRPOConfig, world: World) -> tuple:

@@ -10,7 +10,7 @@ import numpy as np
 from alignment.algo.stats import groups_with_signal
 from alignment.parallel.distributed import World
 from alignment.rollout import RolloutEngine, SamplingParams, concat_rollouts, generate
-from alignment.rollout.link import TrainerLink
+from alignment.rollout.trainer_link import TrainerLink
 from alignment.config.schema import GRPOConfig
 from alignment.run.seeding import seed_phase
 from alignment.step.records import ScoredBatch, concat_scored

@@ -9,10 +9,13 @@ from typing import Any, Optional
 
 from alignment.errors import RolloutWorkerError
 from alignment.parallel.distributed import World
-from alignment.rollout.link import PENDING_FILE, TrainerLink, trained_parameters
+from alignment.rollout.link import trained_parameters
+from alignment.rollout.trainer_link import PENDING_FILE, TrainerLink
 from alignment.run.build import RunData, RunParts
 from alignment.config.schema import GRPOConfig
-from alignment.step.checkpoint import CheckpointContents, Lineage, accumulators_renamed, checkpoint_path, save_checkpoint
+from alignment.step.checkpoint import CheckpointContents, checkpoint_path, save_checkpoint
+from alignment.step.optimizer_state import accumulators_renamed
+from alignment.step.resume import Lineage
 from alignment.step.logger import RunLogger
 from alignment.step.rollout import Sampler
 

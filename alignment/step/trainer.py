@@ -13,13 +13,14 @@ import numpy as np
 
 from alignment.errors import NonFiniteError, RewardServerError, RewardsFailedError
 from alignment.parallel.distributed import init_world
-from alignment.rollout.link import RunPlan, TrainerLink, placement, trained_parameters
+from alignment.rollout.link import RunPlan, placement, trained_parameters
+from alignment.rollout.trainer_link import TrainerLink
 from alignment.run.build import actor_sources, build_parts, read_run_data
 from alignment.config.schema import GRPOConfig
 from alignment.run.runtime import contiguous_kernels
 from alignment.run.start import nothing_to_train, start_point
 from alignment.step.advantages import step_advantages
-from alignment.step.checkpoint import load_training_state
+from alignment.step.optimizer_state import load_training_state
 from alignment.curves import plot_curves
 from alignment.step.evaluation import evaluate
 from alignment.step.logger import RunLogger
