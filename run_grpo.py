@@ -30,6 +30,7 @@ def main(argv: list | None = None) -> int:
         if wants_help(argv):
             return print_help(help_text(group=help_topic(argv)))
         from alignment.rollout.link import placement
+        from alignment.run.setup import set_up_run
         from alignment.step.trainer import train
 
         config = load_config(argv)
@@ -38,7 +39,7 @@ def main(argv: list | None = None) -> int:
             from alignment.rollout.worker import serve_rollouts
 
             return serve_rollouts(config, place) or 0
-        checkpoint = train(config)
+        checkpoint = train(set_up_run(config))
     except RUN_ERRORS as e:
         print(f"run_grpo: error: {e}", file=sys.stderr)
         return 2

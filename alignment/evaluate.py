@@ -54,7 +54,7 @@ from alignment.parallel.distributed import World  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E402
 from alignment.rewards.instructions import check_row, followed  # noqa: E402
 from alignment.rewards.registry import sample_checks  # noqa: E402
-from alignment.run.build import load_prompts, model_compute, rollout_engine, sampling_params  # noqa: E402
+from alignment.run.build import load_prompts, model_compute, rollout_engine, rollout_settings, sampling_params  # noqa: E402
 from alignment.config.schema import GRPOConfig  # noqa: E402
 from alignment.config.validation import validate_generation  # noqa: E402
 from alignment.run.data_files import read_rows  # noqa: E402
@@ -224,7 +224,7 @@ def run_model(model: Prepared, args: argparse.Namespace) -> tuple:
     started = time.perf_counter()
     config = model.config
     engine, precision = decoder(model)
-    sampler = Sampler(engine, build_scorer(config), model.tokenizer, config, World(0, 1), sampling_params(config))
+    sampler = Sampler(engine, build_scorer(config), model.tokenizer, rollout_settings(config), World(0, 1), sampling_params(config))
     paddle.seed(args.seed)  # the eager engine's draws; the fused engine keys each row's on (seed, its row)
     sampling = dataclasses.replace(sampler.sampling, seed=args.seed)
     greedy_size = args.batch_size or config.per_device_eval_batch_size  # the batches of the run's evaluation: its greedy answers

@@ -69,12 +69,13 @@ def scored_batch(vocab: int, sequences: int, length: int):
 def timed_update(model, reference, optimizer, scored, config) -> tuple:
     """The trainer's update_policy once, in one process -> (peak MB before it, its seconds, its metrics)."""
     from alignment.parallel.distributed import World
+    from alignment.run.build import update_settings
     from alignment.step.update import Learner, update_policy
 
     loaded = peak_mb()
     started = time.perf_counter()
     with contiguous_kernels():
-        update = update_policy(Learner(model, reference, optimizer), scored, config, World(0, 1), pad_token_id=0, step=1)
+        update = update_policy(Learner(model, reference, optimizer), scored, update_settings(config), World(0, 1), pad_token_id=0, step=1)
     return loaded, time.perf_counter() - started, update.metrics
 
 

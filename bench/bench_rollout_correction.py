@@ -35,7 +35,7 @@ from alignment.rollout import (  # noqa: E402
     build_engine,
     generate,  # noqa: E402
 )
-from alignment.run.build import engine_settings, load_prompts  # noqa: E402
+from alignment.run.build import engine_settings, load_prompts, update_settings  # noqa: E402
 from alignment.config.cli import load_config  # noqa: E402
 from alignment.step.update import policy_logprobs  # noqa: E402
 
@@ -51,7 +51,7 @@ def actor_logprobs(model, rollout, tokenizer, config, rows_per_batch: int) -> np
             batch = make_token_batch(
                 [rollout.prompt_ids[r] for r in rows], rollout.completion_ids[rows], rollout.completion_mask[rows], tokenizer.pad_token_id
             )
-            old.append(policy_logprobs(model, batch, config)[0].numpy())
+            old.append(policy_logprobs(model, batch, update_settings(config))[0].numpy())
     return np.concatenate(old)
 
 

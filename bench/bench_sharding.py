@@ -36,7 +36,7 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     from alignment.models.modeling import enable_recompute
     from alignment.parallel.distributed import init_world
     from alignment.parallel.optim import build_optimizer
-    from alignment.run.build import optimizer_settings
+    from alignment.run.build import optimizer_settings, update_settings
     from alignment.config.schema import GRPOConfig
     from alignment.config.validation import validate
     from alignment.step.update import Learner, update_policy
@@ -53,7 +53,7 @@ def worker(shape: str, length: int, sequences: int, updates: int, sharding: str)
     for _ in range(updates):
         started = time.perf_counter()
         with contiguous_kernels():
-            update = update_policy(Learner(model, None, optimizer), scored, config, world, pad_token_id=0, step=1).metrics
+            update = update_policy(Learner(model, None, optimizer), scored, update_settings(config), world, pad_token_id=0, step=1).metrics
         seconds = time.perf_counter() - started
     after_updates = peak_mb()
     local = optimizer.sharded.state_dict() if sharding else optimizer.state_dict()

@@ -101,6 +101,15 @@ def test_the_rollout_process_does_not_import_the_trainer():
     assert "alignment.step.trainer" not in closure("alignment.rollout.worker")
 
 
+def test_the_step_and_the_algorithms_read_their_settings_not_the_config():
+    """step/ and algo/ read the frozen records alignment/run/build.py makes of the config once (run/settings.py,
+    algo/loss_settings.py), never GRPOConfig or a section of it."""
+    readers = [(name, module) for name in MODULES if name.startswith(("alignment.step.", "alignment.algo."))
+               for module in imports(name) if module == "alignment.config" or module.startswith("alignment.config.")]
+    assert readers == []
+    assert "alignment.config.schema" in imports("alignment.run.build")  # the reader sees the import it looks for
+
+
 def test_the_layers_are_seen_to_work():
     """The checks above would pass on an empty graph: the import reader must find what the trainer plainly imports."""
     assert {"alignment.step.update", "alignment.run.build", "alignment.errors"} <= closure("alignment.step.trainer")

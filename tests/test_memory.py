@@ -24,6 +24,7 @@ from alignment.parallel.distributed import World
 from alignment.rollout import EngineSettings, Rollout, SamplingParams, build_engine
 from alignment.config.schema import GRPOConfig
 from alignment.config.cli import load_config
+from alignment.run.build import update_settings
 from alignment.run.memory_plan import expected_cache_dtype
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.records import ScoredBatch
@@ -84,7 +85,7 @@ def sgd_change(model, scored, config, budget):
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
     optimizer = paddle.optimizer.SGD(1.0, parameters=model.parameters())
-    update_policy(Learner(model, None, optimizer), scored, config, World(0, 1), PAD, 1, budget)
+    update_policy(Learner(model, None, optimizer), scored, update_settings(config), World(0, 1), PAD, 1, budget)
     return [p.numpy() - b for p, b in zip(model.parameters(), before)]
 
 
@@ -141,6 +142,7 @@ MEASURE = textwrap.dedent(
     from alignment.config.cli import load_config
     from alignment.run.memory_plan import resident_bytes
     from alignment.step.memory import step_peak_bytes
+    from alignment.run.build import update_settings
     from alignment.step.update import Learner, update_policy
     model = load_causal_lm("data/tiny-qwen2", "float32")
     use_training_ops(model)
@@ -152,7 +154,7 @@ MEASURE = textwrap.dedent(
     with contiguous_kernels():  # the second update's peak: the allocator keeps some of what the first one freed
         for step in (1, 2):
             step_peak_bytes()
-            update_policy(Learner(model, None, optimizer), scored, config, World(0, 1), 0, step)
+            update_policy(Learner(model, None, optimizer), scored, update_settings(config), World(0, 1), 0, step)
     added = step_peak_bytes() - before - static
     print(json.dumps({{"added": added, "prompt_width": max(len(p) for p in scored.rollout.prompt_ids)}}))
     """
@@ -266,6 +268,7 @@ LEAK = textwrap.dedent(
     from alignment.errors import OutOfMemoryError
     from alignment.config.cli import load_config
     from alignment.run.memory_plan import resident_bytes
+    from alignment.run.setup import set_up_run
     from alignment.step.trainer import train
     out = Path({out!r})
     limit = (resident_bytes() + 2.5 * 2**30) / 2**30  # the tiny run needs about 0.4 GB of it
@@ -280,7 +283,7 @@ LEAK = textwrap.dedent(
             time.sleep(0.01)
     threading.Thread(target=leak, daemon=True).start()
     try:
-        train(config)
+        train(set_up_run(config))
     except OutOfMemoryError as error:
         print(f"error: {{error}}")
     print("peak under the limit:", resident_bytes("VmHWM") < limit * 2**30)

@@ -19,6 +19,7 @@ from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits, check_template, episode_sums
 from alignment.rollout.ops import load_ops
 from alignment.config.schema import GRPOConfig
+from alignment.run.build import update_settings
 from alignment.run.plugins import load_plugins
 from alignment.step.update import policy_logprobs
 from alignment.tools import ToolSettings, get_environment, get_tool
@@ -150,11 +151,11 @@ def test_the_environments_tokens_get_no_gradient(tiny):
     )
     batch = make_token_batch(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, tokenizer.pad_token_id)
     advantages = paddle.to_tensor(np.array([1.0, -1.0, 0.5, -0.5], np.float32))
-    config = GRPOConfig()
+    settings = update_settings(GRPOConfig())
 
     def gradients(mask: np.ndarray, by_hand: bool) -> list:
         model.clear_gradients()
-        logprobs = policy_logprobs(model, batch, config)[0]
+        logprobs = policy_logprobs(model, batch, settings)[0]
         weights = paddle.to_tensor((mask / mask.sum()).astype(np.float32))
         if by_hand:  # - sum over generated tokens of A * ratio(=1, value) * grad log pi
             loss = -(advantages.unsqueeze(1) * paddle.exp(logprobs - logprobs.detach()) * weights).sum()
@@ -246,6 +247,7 @@ def test_the_tools_model_calls_its_calculator_and_kept_keys_and_values_change_no
     ids=["a tool prints the answer", "the model writes it"],
 )
 def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns, tool_answer, reward):
+    from alignment.run.build import scoring_settings
     from alignment.run.scorer import build_scorer
     from alignment.rollout import Rollout
     from alignment.config.cli import load_config
@@ -266,7 +268,7 @@ def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns,
     )
     config = load_config(["config/tiny_tools/grpo_argument.json"])  # reward: accuracy
     prompts = [EncodedPrompt(PromptRecord(({"role": "user", "content": QUESTIONS[0]},), "19"), (1, 2))]
-    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
+    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, scoring_settings(config))
     assert scored.rewards.tolist() == [reward] and bool(scored.correct[0]) == bool(reward)
     assert "<tool_response>" in scored.completions[0]  # the logs keep the whole conversation
 

@@ -17,6 +17,8 @@ from tiny_models import put_a_nan_in_the_final_norm
 from alignment.errors import NonFiniteError
 from alignment.parallel.distributed import World
 from alignment.config.cli import load_config
+from alignment.run.build import update_settings
+from alignment.run.setup import set_up_run
 from alignment.step.trainer import train
 from alignment.step.update import Learner, update_policy
 
@@ -25,7 +27,7 @@ def _update(model, scored, config):
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
     optimizer = paddle.optimizer.SGD(0.5, parameters=model.parameters())
-    update = update_policy(Learner(model, None, optimizer), scored, config, World(0, 1), 0, step=1)
+    update = update_policy(Learner(model, None, optimizer), scored, update_settings(config), World(0, 1), 0, step=1)
     changed = any(not np.array_equal(p.numpy(), b) for p, b in zip(model.parameters(), before))
     return update, changed
 
@@ -52,7 +54,7 @@ def test_a_reference_model_gone_bad_skips_steps_then_stops_naming_step_and_phase
         "--actor_model_name_or_path", str(base), "--output_dir", str(tmp_path / "out"), "--eval_datasets", "",
         "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "4", "--max_dec_len", "16",
     ]
-    train(load_config(["config/tiny/grpo_argument.json", *common, "--max_steps", "1"]))
+    train(set_up_run(load_config(["config/tiny/grpo_argument.json", *common, "--max_steps", "1"])))
     # The run resumes from its healthy checkpoint; the reference model, read from the base folder, now has a NaN.
     put_a_nan_in_the_final_norm(base)
     resumed = load_config([
@@ -62,7 +64,7 @@ def test_a_reference_model_gone_bad_skips_steps_then_stops_naming_step_and_phase
     with pytest.raises(
         NonFiniteError, match=r"step 3: the reference model's log-probs not finite for 2 consecutive steps .* weights of step 1"
     ):
-        train(resumed)
+        train(set_up_run(resumed))
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["step_skipped"], r["skipped_steps"]) for r in records] == [(1, 0, 0), (2, 1, 1), (3, 1, 2)]
     assert records[1]["loss"] is None

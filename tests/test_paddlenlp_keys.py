@@ -17,6 +17,7 @@ from alignment.config.schema import KEYS, GRPOConfig
 from alignment.config.aliases import ALIASES
 from alignment.config.cli import load_config
 from alignment.config.paddlenlp_keys import NO_EFFECT, PADDLENLP_KEYS, REFUSED, SAME, SETS
+from alignment.run.build import advantage_settings
 from alignment.step.advantages import step_advantages
 from alignment.step.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger
@@ -273,9 +274,9 @@ def test_clip_range_score_clips_each_reward_before_the_advantages():
     rollout = type("Rollout", (), {"loss_mask": np.ones((4, 2), dtype=np.float32), "finish_reasons": ["stop"] * 4})
     scored = ScoredBatch([], rollout, [""] * 4, rewards, {}, [None] * 4, np.zeros(4, bool))
     clipped = GRPOConfig(rollout_n=4, clip_range_score=10.0, scale_rewards="none")
-    advantages, _ = step_advantages(scored, clipped, World(0, 1))
+    advantages, _ = step_advantages(scored, advantage_settings(clipped), World(0, 1))
     np.testing.assert_allclose(advantages, [10.0, 0.0, -10.0, 0.0])  # mean 0 of the three finite ones; the failed one 0
-    unclipped, _ = step_advantages(scored, GRPOConfig(rollout_n=4, scale_rewards="none"), World(0, 1))
+    unclipped, _ = step_advantages(scored, advantage_settings(GRPOConfig(rollout_n=4, scale_rewards="none")), World(0, 1))
     np.testing.assert_allclose(unclipped, [30.0, 0.0, -30.0, 0.0])
 
 

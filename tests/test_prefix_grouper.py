@@ -16,6 +16,7 @@ from alignment.models.fused_train import groups_prompts, head_kernels
 from alignment.models.modeling import completion_hidden, enable_recompute, make_token_batch, output_head
 from alignment.models.prefix_grouper import grouped_completion_hidden, prompt_groups
 from alignment.config.cli import load_config
+from alignment.run.build import update_settings
 from alignment.run.runtime import contiguous_kernels
 from alignment.step.update import policy_logprobs
 
@@ -109,6 +110,7 @@ def test_policy_logprobs_follow_use_prefix_grouper(ops):
     assert config.use_prefix_grouper
     model, batch = swapped(qwen2_tied), grouped_batch()
     with paddle.no_grad(), contiguous_kernels():
-        grouped = policy_logprobs(model, batch, config)[0].numpy()
-        whole = policy_logprobs(model, batch, load_config(["config/tiny/grpo_argument.json", "--use_prefix_grouper", "false"]))[0].numpy()
+        grouped = policy_logprobs(model, batch, update_settings(config))[0].numpy()
+        ungrouped = update_settings(load_config(["config/tiny/grpo_argument.json", "--use_prefix_grouper", "false"]))
+        whole = policy_logprobs(model, batch, ungrouped)[0].numpy()
     np.testing.assert_allclose(grouped, whole, rtol=1e-5, atol=1e-5)

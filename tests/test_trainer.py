@@ -13,6 +13,7 @@ from alignment.algo.advantages import group_advantages
 from alignment.models.modeling import load_tokenizer
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
+from alignment.run.build import scoring_settings, update_settings
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EagerEngine, Rollout, SamplingParams
 from alignment.config.cli import load_config
@@ -64,7 +65,7 @@ def setup():
 
 def test_failed_rewards_are_counted_and_left_out_of_their_group(setup):
     tokenizer, _, config, prompts, rollout = setup
-    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
+    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, scoring_settings(config))
     scored.advantages = group_advantages(scored.rewards, rollout.group_size)
     failed = np.array([len(c) % 2 == 1 for c in scored.completions])
     assert failed.any() and not failed.all(), "the seeded rollout should mix odd and even lengths"
@@ -97,7 +98,7 @@ def _sgd_step(model, scored, config, tokenizer) -> list:
     update_policy(
         Learner(model, None, paddle.optimizer.SGD(1.0, parameters=model.parameters())),
         scored,
-        config,
+        update_settings(config),
         World(0, 1),
         tokenizer.pad_token_id,
         step=1,
@@ -107,7 +108,7 @@ def _sgd_step(model, scored, config, tokenizer) -> list:
 
 def test_update_equals_one_without_the_failed_completions(setup):
     tokenizer, model, config, prompts, rollout = setup
-    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, config)
+    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, scoring_settings(config))
     scored.advantages = group_advantages(scored.rewards, rollout.group_size)
     keep = np.isfinite(scored.rewards)
     # The same batch with the failed rows removed outright, keeping the advantages computed above.

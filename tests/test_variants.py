@@ -17,12 +17,14 @@ from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, load_tokenizer, make_token_batch
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
+from alignment.run.build import rollout_settings, scoring_settings, update_settings
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.config.cli import load_config
 from alignment.run.data import EncodedPrompt, PromptRecord
 from alignment.step.rollout import Sampler, keep_groups_with_signal
 from alignment.step.scoring import score_rollout
+from alignment.run.setup import set_up_run
 from alignment.step.trainer import train
 from alignment.step.update import Learner, update_policy
 
@@ -66,7 +68,7 @@ def _config(*overrides):
 
 def _scored(setup, config, rollout=None):
     tokenizer, _, _, prompts, default_rollout = setup
-    scored = score_rollout(prompts[:2], rollout or default_rollout, build_scorer(config), tokenizer, config)
+    scored = score_rollout(prompts[:2], rollout or default_rollout, build_scorer(config), tokenizer, scoring_settings(config))
     scored.advantages = group_advantages(scored.rewards, 4)
     return scored
 
@@ -76,7 +78,8 @@ def _sgd_delta(model, scored, config, pad_token_id, lr=0.5) -> list:
     model = copy.deepcopy(model)
     before = [p.numpy().copy() for p in model.parameters()]
     update_policy(
-        Learner(model, None, paddle.optimizer.SGD(lr, parameters=model.parameters())), scored, config, World(0, 1), pad_token_id, step=1
+        Learner(model, None, paddle.optimizer.SGD(lr, parameters=model.parameters())), scored, update_settings(config), World(0, 1),
+        pad_token_id, step=1,
     )
     return [p.numpy() - b for p, b in zip(model.parameters(), before)]
 
@@ -131,7 +134,7 @@ def test_the_exact_kl_update_equals_autograd_through_both_models_full_logits(set
     policy = copy.deepcopy(model)
     before = [p.numpy().copy() for p in policy.parameters()]
     learner = Learner(policy, ref_model, paddle.optimizer.SGD(0.5, parameters=policy.parameters()))
-    metrics = update_policy(learner, scored, config, World(0, 1), tokenizer.pad_token_id, step=1).metrics
+    metrics = update_policy(learner, scored, update_settings(config), World(0, 1), tokenizer.pad_token_id, step=1).metrics
     got = [p.numpy() - b for p, b in zip(policy.parameters(), before)]
 
     reference = copy.deepcopy(model)
@@ -181,13 +184,14 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
     config = _config("--dynamic_sampling", "true", "--max_resample_times", "3")
     sampling = SamplingParams(max_new_tokens=9)
     paddle.seed(6)  # the eager engine draws from paddle's generator: the same completions whatever ran before
-    first = score_rollout(prompts[:2], engine.generate([p.ids for p in prompts[:2]], 4, sampling), build_scorer(config), tokenizer, config)
+    first = score_rollout(prompts[:2], engine.generate([p.ids for p in prompts[:2]], 4, sampling), build_scorer(config), tokenizer,
+                          scoring_settings(config))
     assert np.ptp(first.rewards[:4]) == 0, "the Mia group's rewards are all 1.0: no signal"
 
     def refill():
         timings = {"rollout": 0.0, "reward": 0.0}
         return keep_groups_with_signal(
-            Sampler(engine, build_scorer(config), tokenizer, config, World(0, 1), sampling), first, prompts, 3, timings
+            Sampler(engine, build_scorer(config), tokenizer, rollout_settings(config), World(0, 1), sampling), first, prompts, 3, timings
         )
 
     kept, counts = refill()
@@ -202,7 +206,7 @@ def test_dynamic_sampling_replaces_groups_without_signal(setup):
     no_rounds = dataclasses.replace(config, max_resample_times=0)
     timings = {"rollout": 0.0, "reward": 0.0}
     filled, counts = keep_groups_with_signal(
-        Sampler(engine, build_scorer(no_rounds), tokenizer, no_rounds, World(0, 1), sampling), first, prompts, 3, timings
+        Sampler(engine, build_scorer(no_rounds), tokenizer, rollout_settings(no_rounds), World(0, 1), sampling), first, prompts, 3, timings
     )
     assert counts == {"dropped_groups": 1, "unfilled_groups": 1, "rounds": 0}
     assert (
@@ -271,7 +275,7 @@ def test_a_short_run_with_each_option(tmp_path, name):
         "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "4", "--max_dec_len", "24",
         "--save_steps", "0", "--learning_rate", "1e-4", *RUN_OPTIONS[name],
     ])
-    train(config)
+    train(set_up_run(config))
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
@@ -299,7 +303,7 @@ def _short_run(tmp_path, *overrides):
         "--per_device_prompt_batch_size", "2", "--rollout_n", "4", "--per_device_train_batch_size", "4", "--max_dec_len", "24",
         "--log_completions_per_step", "8", *overrides,
     ])
-    train(config)
+    train(set_up_run(config))
     metrics = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     completions = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
     return metrics, completions

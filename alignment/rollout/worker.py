@@ -74,6 +74,6 @@ def _serve(config: GRPOConfig, link: WorkerLink, place: Placement) -> None:
         batch = [prompts[i] for i in schedule.indices(step - 1, 0)]
         first, end = worker_share(len(batch), place.rollout_workers, place.worker_index)
         started = time.perf_counter()
-        params = dataclasses.replace(sampling, seed=seed_phase(config, step, 0, "train"), first_row=first * config.rollout_n)
+        params = dataclasses.replace(sampling, seed=seed_phase(config.seed, step, 0, "train"), first_row=first * config.rollout_n)
         rollout = generate(engine, batch[first:end], config.rollout_n, params)
         link.send(RolloutPart(step, rollout, weights_step, time.perf_counter() - started, synced, gap))

@@ -2,6 +2,7 @@
 and the optimizer (RunParts). The training process builds all of them; a rollout process builds the tokenizer,
 the prompts, the actor and its engine from the same functions."""
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -24,6 +25,15 @@ from alignment.config.schema import GRPOConfig
 from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records, select_by_calculation_steps
 from alignment.run.memory_plan import MemoryPlan, plan_memory
 from alignment.run.plugins import plugin_sources
+from alignment.run.settings import (
+    AdvantageSettings,
+    EvaluationSettings,
+    LoopSettings,
+    RolloutSettings,
+    ScoringSettings,
+    StepSettings,
+    UpdateSettings,
+)
 from alignment.run.start import model_folders
 from alignment.tools import ToolSettings
 
@@ -145,6 +155,41 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
         sapo_temperature_pos=config.sapo_temperature_pos,
         sapo_temperature_neg=config.sapo_temperature_neg,
         off_policy_mask_threshold=config.off_policy_mask_threshold,
+    )
+
+
+def from_keys(record_type, config: GRPOConfig, **derived):
+    """A settings record whose fields are config keys of the same names, filled by name; `derived`: its fields that
+    are no key."""
+    keys = {f.name: getattr(config, f.name) for f in dataclasses.fields(record_type) if f.name not in derived}
+    return record_type(**keys, **derived)
+
+
+def scoring_settings(config: GRPOConfig) -> ScoringSettings:
+    paddlenlp_server = config.use_rm_server and config.reward_server_protocol == "paddlenlp"  # it answers totals only
+    return ScoringSettings(config.accuracy_function, config.reward_settings(), () if paddlenlp_server else tuple(config.reward_functions))
+
+
+def rollout_settings(config: GRPOConfig) -> RolloutSettings:
+    return from_keys(RolloutSettings, config, scoring=scoring_settings(config))
+
+
+def advantage_settings(config: GRPOConfig) -> AdvantageSettings:
+    return from_keys(AdvantageSettings, config)
+
+
+def update_settings(config: GRPOConfig) -> UpdateSettings:
+    return from_keys(UpdateSettings, config, loss=loss_settings(config))
+
+
+def step_settings(config: GRPOConfig) -> StepSettings:
+    """What each phase of a training step reads of the config (alignment/run/settings.py)."""
+    return StepSettings(
+        loop=from_keys(LoopSettings, config, dashboards=config.dashboard_settings(), config_json=config.to_json()),
+        rollout=rollout_settings(config),
+        evaluation=from_keys(EvaluationSettings, config, multi_turn=bool(config.resolved_environment)),
+        advantages=advantage_settings(config),
+        update=update_settings(config),
     )
 
 

@@ -9,38 +9,39 @@ from alignment.errors import RewardServerError
 from alignment.rollout import SamplingParams, generate
 from alignment.rollout.multi_turn import tool_use
 from alignment.run.seeding import seed_phase
+from alignment.run.settings import EvaluationSettings
 from alignment.step.rollout import Sampler
-from alignment.step.scoring import reported_reward_functions, score_rollout
+from alignment.step.scoring import score_rollout
 
 
 def decoded(sampler: Sampler, prompts: list, k: int, sampling: SamplingParams):
     """Some prompts decoded k times at `sampling`, scored as training scores -> ScoredBatch."""
     rollout = generate(sampler.engine, prompts, k, sampling)
-    return score_rollout(prompts, rollout, sampler.scorer, sampler.tokenizer, sampler.config)
+    return score_rollout(prompts, rollout, sampler.scorer, sampler.tokenizer, sampler.settings.scoring)
 
 
 def greedy_and_sampled(sampler: Sampler, prompts: list, k: int, sampling: SamplingParams) -> tuple:
     """Evaluation's decoding of some prompts, scored as training scores: each decoded greedily and, with k > 0, sampled
     k times at `sampling` (whose first_row places the prompts in the evaluation's rows) -> (the greedy ScoredBatch,
     the sampled one or None)."""
-    scored = decoded(sampler, prompts, 1, SamplingParams(max_new_tokens=sampler.config.max_dec_len, greedy=True))
+    scored = decoded(sampler, prompts, 1, SamplingParams(max_new_tokens=sampler.sampling.max_new_tokens, greedy=True))
     return scored, decoded(sampler, prompts, k, sampling) if k else None
 
 
-def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
+def evaluate(sampler: Sampler, settings: EvaluationSettings, prompts: list, step: int) -> tuple:
     """Greedy decoding of the evaluation prompts (a contiguous slice per rank, at most max_evaluate_steps
     batches each), scored like training. With eval_rollout_n = k, also k samples per prompt at the training
     sampling settings: mean@k is the samples' mean accuracy, pass@k the fraction of prompts with at least
     one correct sample. -> (metrics, None), or (None, the error) when scoring failed in any process: the
     failure travels in the one all-reduce, so no process is left waiting."""
-    config, world = sampler.config, sampler.world
-    sampling = dataclasses.replace(sampler.sampling, seed=seed_phase(config, step, world.rank, "eval"))
+    world = sampler.world
+    sampling = dataclasses.replace(sampler.sampling, seed=seed_phase(sampler.settings.seed, step, world.rank, "eval"))
     share = -(-len(prompts) // world.size)
     first, end = world.rank * share, min((world.rank + 1) * share, len(prompts))  # this rank's prompts
-    size, k = config.per_device_eval_batch_size, config.eval_rollout_n
+    size, k = settings.per_device_eval_batch_size, settings.eval_rollout_n
     starts = range(first, end, size)
-    starts = starts[: config.max_evaluate_steps] if config.max_evaluate_steps > 0 else starts
-    columns = reported_reward_functions(config)
+    starts = starts[: settings.max_evaluate_steps] if settings.max_evaluate_steps > 0 else starts
+    columns = sampler.settings.scoring.reported_functions
     names = ["count", "correct", "length", "truncated", "reward_sum", "valid", "mean@k", "pass@k", "failed"]
     names += [f"reward/{c}" for c in columns] + ["called_tools", "useful_calls"]
     sums, failure = dict.fromkeys(names, 0.0), None  # this process's, summed over the chunks
@@ -77,6 +78,6 @@ def evaluate(sampler: Sampler, prompts: list, step: int) -> tuple:
         "eval_response_length_mean": total["length"] / count,
         "eval_truncated_fraction": total["truncated"] / count,
         **({"eval_tool_call_rate": total["called_tools"] / count, "eval_useful_call_rate": total["useful_calls"] / count}
-           if config.resolved_environment else {}),
+           if settings.multi_turn else {}),
         "eval_samples": int(count),
     }, None

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from alignment.rollout import Rollout, concat_rollouts
-from alignment.config.schema import GRPOConfig
 
 
 @dataclass
@@ -18,7 +17,7 @@ class ScoredBatch:
     rewards: np.ndarray  # (B,) weighted sum of the reward functions, NaN where one failed
     reward_columns: dict  # function name -> (B,) values, NaN where it failed
     errors: list  # B entries: None or "name: error" of the first failing function
-    correct: np.ndarray  # (B,) bool: config.accuracy_function gave a positive value
+    correct: np.ndarray  # (B,) bool: accuracy_function gave a positive value
     advantages: np.ndarray | None = None  # (B,) float32, set once the step's batch is final
     ref_logprobs: np.ndarray | None = None  # (B, T) the reference model's, where the KL in the reward needed them first
 
@@ -48,11 +47,11 @@ def concat_scored(parts: list, pad_token_id: int) -> ScoredBatch:
     )
 
 
-def loss_mask(scored: ScoredBatch, config: GRPOConfig) -> np.ndarray:
+def loss_mask(scored: ScoredBatch, overlong_filter: bool) -> np.ndarray:
     """(B, T) 1 on the tokens the update trains: the model's own (not the tool answers), of completions whose
     reward could be computed, and not cut off at max_dec_len under overlong_filter."""
     rollout = scored.rollout
     mask = rollout.loss_mask * np.isfinite(scored.rewards)[:, None]
-    if config.overlong_filter:
+    if overlong_filter:
         mask = mask * np.array([reason != "length" for reason in rollout.finish_reasons])[:, None]
     return mask

@@ -11,8 +11,8 @@ from alignment.algo.stats import groups_with_signal
 from alignment.parallel.distributed import World
 from alignment.rollout import RolloutEngine, SamplingParams, concat_rollouts, generate
 from alignment.rollout.trainer_link import TrainerLink
-from alignment.config.schema import GRPOConfig
 from alignment.run.seeding import seed_phase
+from alignment.run.settings import RolloutSettings
 from alignment.step.records import ScoredBatch, concat_scored
 from alignment.step.scoring import score_rollout
 
@@ -24,30 +24,31 @@ class Sampler:
     engine: RolloutEngine
     scorer: Callable  # (completions, samples) -> ScoreTable
     tokenizer: Any
-    config: GRPOConfig
+    settings: RolloutSettings
     world: World
     sampling: SamplingParams  # training's sampling settings
 
 
 def sample_and_score(sampler: Sampler, prompts: list, step: int, phase: str, attempt: int = 0) -> tuple:
     """rollout_n completions of each prompt, scored -> (ScoredBatch without advantages, {"rollout": s, "reward": s})."""
-    config, world = sampler.config, sampler.world
+    settings, world = sampler.settings, sampler.world
     started = time.perf_counter()
-    first_row = world.rank * len(prompts) * config.rollout_n  # this rank's rows in the global batch
-    params = dataclasses.replace(sampler.sampling, seed=seed_phase(config, step, world.rank, phase, attempt), first_row=first_row)
-    rollout = generate(sampler.engine, prompts, config.rollout_n, params)
+    first_row = world.rank * len(prompts) * settings.rollout_n  # this rank's rows in the global batch
+    params = dataclasses.replace(sampler.sampling, seed=seed_phase(settings.seed, step, world.rank, phase, attempt), first_row=first_row)
+    rollout = generate(sampler.engine, prompts, settings.rollout_n, params)
     rolled_out = time.perf_counter()
-    scored = score_rollout(prompts, rollout, sampler.scorer, sampler.tokenizer, config)
+    scored = score_rollout(prompts, rollout, sampler.scorer, sampler.tokenizer, settings.scoring)
     return scored, {"rollout": rolled_out - started, "reward": time.perf_counter() - rolled_out}
 
 
-def received_batch(link: TrainerLink, prompts: list, scorer, tokenizer, config: GRPOConfig, step: int) -> tuple:
-    """Step `step`'s completions from the rollout processes, scored -> (ScoredBatch without advantages, timings,
-    metrics: how stale the batch is and how long generating it took)."""
-    seed_phase(config, step, 0, "train")  # paddle's generator as a colocated run leaves it (dropout in the update)
+def received_batch(link: TrainerLink, sampler: Sampler, prompts: list, step: int) -> tuple:
+    """Step `step`'s completions from the rollout processes, scored with the sampler's scorer -> (ScoredBatch without
+    advantages, timings, metrics: how stale the batch is and how long generating it took)."""
+    seed_phase(sampler.settings.seed, step, 0, "train")  # paddle's generator as a colocated run leaves it (dropout in the update)
     parts, waited, broadcast = link.take(step)
     started = time.perf_counter()
-    scored = score_rollout(prompts, concat_rollouts([part.rollout for part in parts], tokenizer.pad_token_id), scorer, tokenizer, config)
+    rollout = concat_rollouts([part.rollout for part in parts], sampler.tokenizer.pad_token_id)
+    scored = score_rollout(prompts, rollout, sampler.scorer, sampler.tokenizer, sampler.settings.scoring)
     timings = {"rollout": waited, "reward": time.perf_counter() - started, "weights": broadcast}
     gaps = [part.sync_gap for part in parts if part.sync_gap is not None]  # none before the first weights arrive
     return scored, timings, {
@@ -65,19 +66,19 @@ def keep_groups_with_signal(sampler: Sampler, scored: ScoredBatch, train_prompts
     draw from the whole training set per (step, round, process), so resuming draws them again exactly and
     the epoch's data order is left alone. No collective runs here, so a process whose scoring fails cannot
     leave the others waiting. -> (the batch to train on, this process's counts)."""
-    config, world = sampler.config, sampler.world
+    settings, world = sampler.settings, sampler.world
     wanted = len(scored.prompts)
     kept, dropped = [], []  # (batch, group) pairs
     batches = [scored]
     rounds = 0
     while True:
-        informative = groups_with_signal(batches[-1].rewards, config.rollout_n, config.dynamic_sampling_min_std)  # (P,) bool
+        informative = groups_with_signal(batches[-1].rewards, settings.rollout_n, settings.dynamic_sampling_min_std)  # (P,) bool
         kept += [(batches[-1], g) for g in np.flatnonzero(informative)]
         dropped += [(batches[-1], g) for g in np.flatnonzero(~informative)]
-        if len(kept) >= wanted or rounds == config.max_resample_times:
+        if len(kept) >= wanted or rounds == settings.max_resample_times:
             break
         rounds += 1
-        rng = np.random.default_rng(seed_phase(config, step, world.rank, "resample", rounds))
+        rng = np.random.default_rng(seed_phase(settings.seed, step, world.rank, "resample", rounds))
         picks = rng.choice(len(train_prompts), wanted, replace=wanted > len(train_prompts))
         refill, spent = sample_and_score(sampler, [train_prompts[i] for i in picks], step, "resample", rounds)
         batches.append(refill)

@@ -6,7 +6,7 @@ import numpy as np
 from alignment.parallel.distributed import World
 from alignment.rewards import ScoreTable, score_completions
 from alignment.rollout import Rollout
-from alignment.config.schema import GRPOConfig
+from alignment.run.settings import ScoringSettings
 from alignment.step.records import ScoredBatch
 
 
@@ -21,7 +21,7 @@ def decode_completions(rollout: Rollout, tokenizer) -> list:
     )
 
 
-def score_rollout(prompts: list, rollout: Rollout, scorer, tokenizer, config: GRPOConfig) -> ScoredBatch:
+def score_rollout(prompts: list, rollout: Rollout, scorer, tokenizer, settings: ScoringSettings) -> ScoredBatch:
     """Rewards score what the model wrote: in a multi-turn rollout its turns, one per line, and not what tools and
     environments put between them (a tool that prints <answer>42</answer> earns nothing); the whole conversation,
     the turns and the tool calls are in each sample for a reward that reads them."""
@@ -38,26 +38,21 @@ def score_rollout(prompts: list, rollout: Rollout, scorer, tokenizer, config: GR
             sample.update(conversation=conversation, turns=list(episode.turns), tool_calls=[call.as_dict() for call in episode.calls])
     table: ScoreTable = scorer(written, samples)
     columns = {name: _as_array(values) for name, values in table.columns.items()}  # none from a PaddleNLP server
-    if config.accuracy_function not in columns:  # the accuracy metric is computed here whatever scores the reward
-        accuracy = score_completions(written, samples, [config.accuracy_function], [1.0], settings=config.reward_settings())
-        columns[config.accuracy_function] = _as_array(accuracy.columns[config.accuracy_function])
+    accuracy_function = settings.accuracy_function
+    if accuracy_function not in columns:  # the accuracy metric is computed here whatever scores the reward
+        accuracy = score_completions(written, samples, [accuracy_function], [1.0], settings=settings.reward_settings)
+        columns[accuracy_function] = _as_array(accuracy.columns[accuracy_function])
     return ScoredBatch(
         prompts=prompts,
         rollout=rollout,
         completions=completions,
         rewards=_as_array(table.totals),
-        reward_columns={name: columns[name] for name in reported_reward_functions(config)},
+        reward_columns={name: columns[name] for name in settings.reported_functions},
         errors=table.errors,
-        correct=np.nan_to_num(columns[config.accuracy_function]) > 0,
+        correct=np.nan_to_num(columns[accuracy_function]) > 0,
     )
 
 
 def _as_array(values: list) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
-
-def reported_reward_functions(config: GRPOConfig) -> list:
-    """Functions whose values come back one by one: all of them, except from a PaddleNLP-protocol server,
-    which answers totals only."""
-    paddlenlp_server = config.use_rm_server and config.reward_server_protocol == "paddlenlp"
-    return [] if paddlenlp_server else list(config.reward_functions)

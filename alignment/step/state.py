@@ -12,7 +12,7 @@ from alignment.parallel.distributed import World
 from alignment.rollout.link import trained_parameters
 from alignment.rollout.trainer_link import PENDING_FILE, TrainerLink
 from alignment.run.build import RunData, RunParts
-from alignment.config.schema import GRPOConfig
+from alignment.run.settings import StepSettings
 from alignment.step.checkpoint import CheckpointContents, checkpoint_path, save_checkpoint
 from alignment.step.optimizer_state import accumulators_renamed
 from alignment.step.resume import Lineage
@@ -24,7 +24,7 @@ from alignment.step.rollout import Sampler
 class Run:
     """Everything a training step reads, built once by train()."""
 
-    config: GRPOConfig
+    settings: StepSettings
     world: World
     link: Optional[TrainerLink]  # the rollout processes, or None: this process generates
     data: RunData
@@ -49,16 +49,16 @@ class Progress:
 
 def save(run: Run, progress: Progress, step: int) -> Path:
     """Every process calls it (with sharding, the optimizer state is gathered from all); the main one writes."""
-    config, link = run.config, run.link
+    loop, link = run.settings.loop, run.link
     model_names = {parameter.name: name for name, parameter in trained_parameters(run.parts.model)}
     optimizer_state = accumulators_renamed(run.parts.optimizer.state_dict(), model_names)
     if not run.world.is_main:
-        return checkpoint_path(config.output_dir, step)
+        return checkpoint_path(loop.output_dir, step)
     state = {"total_steps": run.data.total_steps, "log_offsets": run.logger.offsets(), "skipped_steps": progress.skipped_steps,
              "processes": run.world.size}
     in_flight = {PENDING_FILE: link.pending_bytes()} if link and link.pending else {}  # one step off: the next step's rollout
-    contents = CheckpointContents(run.parts.model, run.data.tokenizer, optimizer_state, config.to_json(), state, in_flight)
-    path = save_checkpoint(config.output_dir, step, contents, config.save_total_limit, run.lineage)
+    contents = CheckpointContents(run.parts.model, run.data.tokenizer, optimizer_state, loop.config_json, state, in_flight)
+    path = save_checkpoint(loop.output_dir, step, contents, loop.save_total_limit, run.lineage)
     run.logger.print(f"saved {path}")
     return path
 

@@ -2,8 +2,9 @@
 
     prompts -> rollout (G completions each) -> rewards -> group advantages -> clipped policy update
 
-as docs/architecture.md ("One step") lists it. The run's parts are built in alignment/run/build.py, each phase lives in its own
-module of alignment/step/, the math in alignment/algo/; this file moves data between the phases and times them.
+as docs/architecture.md ("One step") lists it. The run is set up from its config in alignment/run/setup.py (its parts built
+in alignment/run/build.py, with each phase's settings), each phase lives in its own module of alignment/step/, the math in
+alignment/algo/; this file moves data between the phases and times them.
 """
 
 import time
@@ -12,15 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from alignment.errors import NonFiniteError, RewardServerError, RewardsFailedError
-from alignment.parallel.distributed import init_world
-from alignment.rollout.link import RunPlan, placement, trained_parameters
-from alignment.rollout.trainer_link import TrainerLink
-from alignment.run.build import actor_sources, build_parts, read_run_data
-from alignment.config.schema import GRPOConfig
+from alignment.rollout.link import trained_parameters
 from alignment.run.runtime import contiguous_kernels
-from alignment.run.start import nothing_to_train, start_point
+from alignment.run.setup import RunSetup
 from alignment.step.advantages import step_advantages
-from alignment.step.optimizer_state import load_training_state
 from alignment.curves import plot_curves
 from alignment.step.evaluation import evaluate
 from alignment.step.logger import RunLogger
@@ -33,45 +29,27 @@ from alignment.step.termination import TerminationRequest, resume_command
 from alignment.step.update import Learner, reference_logprobs, update_policy
 
 
-def train(config: GRPOConfig) -> Path:
-    placement(config.rollout_workers)  # one training process beside the rollout processes, or none of them
-    world = init_world(config.sharding, config.sharding_parallel_degree, config.rollout_workers)
-    link = TrainerLink(config.rollout_workers, config.async_generate, config.output_dir) if config.rollout_workers else None
-    resume, lineage = start_point(config, world)  # refuses another run's output_dir; verifies the checkpoint
-    data = read_run_data(config, world)  # the tokenizer and the prompts, before any model loads
-    sources = actor_sources(config, resume, data.actor_folder)
-    if resume and resume.step >= data.total_steps:
-        if link:  # nothing to generate either
-            link.publish(RunPlan(data.tokenizer_folder, *sources, data.total_steps, data.total_steps, False, []))
-            link.wait_finished()
-        return nothing_to_train(resume, data.total_steps, world)
-
-    # with rollout processes, the training process generates for evaluation only
-    parts = build_parts(config, data, world, sources, generates=link is None or bool(data.eval_prompts))
-    # moments, schedule
-    trained = trained_parameters(parts.model)
-    state = load_training_state(resume.path, parts.optimizer, trained, config.trust_pickled_checkpoint) if resume else {"step": 0}
+def train(setup: RunSetup) -> Path:
+    """The run that alignment/run/setup.py's set_up_run prepared, step by step -> its last checkpoint."""
+    if setup.parts is None:  # a resume at the run's last step: nothing to train
+        return setup.resume.path
+    world, link, data, parts, settings = setup.world, setup.link, setup.data, setup.parts, setup.settings
+    resume, state, loop = setup.resume, setup.state, settings.loop
     first_step = state["step"]
-    if link:
-        if resume and config.async_generate:
-            link.restore_pending(resume.path, first_step + 1, config.trust_pickled_checkpoint,
-                                 data.schedule.global_batch * config.rollout_n, config.rollout_n, parts.model.config.vocab_size)
-        names = [name for name, _ in trained]
-        link.publish(RunPlan(data.tokenizer_folder, *sources, first_step, data.total_steps, link.pending is not None, names))
     logger = RunLogger(
-        config.output_dir, config.dashboard_settings(), config.logging_steps, data.total_steps, first_step, world.is_main,
+        loop.output_dir, loop.dashboards, loop.logging_steps, data.total_steps, first_step, world.is_main,
         resume_offsets=state.get("log_offsets", {}) if resume else None,  # {}: a checkpoint older than the offsets: append
     )
-    sampler = Sampler(parts.engine, parts.scorer, data.tokenizer, config, world, parts.sampling)
-    run = Run(config, world, link, data, parts, sampler, logger, lineage)
+    sampler = Sampler(parts.engine, parts.scorer, data.tokenizer, settings.rollout, world, parts.sampling)
+    run = Run(settings, world, link, data, parts, sampler, logger, setup.lineage)
     announce(run, resume, first_step)
     progress = Progress(checkpoint=resume and resume.path, skipped_steps=state.get("skipped_steps", 0))
     step = first_step
     guard = MemoryGuard(parts.memory.limit, lambda: out_of_memory_advice(run, progress, step))
     step_peak_bytes()  # each step's peak from here on
     with TerminationRequest() as terminate, logger, guard:
-        if data.eval_prompts and config.eval_on_start and first_step == 0:
-            results, failure = evaluate(sampler, data.eval_prompts, 0)
+        if data.eval_prompts and settings.evaluation.eval_on_start and first_step == 0:
+            results, failure = evaluate(sampler, settings.evaluation, data.eval_prompts, 0)
             if failure:
                 raise failure
             logger.log_eval(0, results)
@@ -85,26 +63,26 @@ def train(config: GRPOConfig) -> Path:
             with saved_if_rollout_stops(run, progress, step):  # a rollout process that died at the end: say where the state is
                 link.wait_finished()
     if world.is_main:
-        plot_curves(config.output_dir)
+        plot_curves(loop.output_dir)
     return progress.checkpoint
 
 
 def announce(run: Run, resume, first_step: int) -> None:
     """grpo_config.json into the run folder; what the run will do, on the console and in the log."""
-    config, data, world, logger = run.config, run.data, run.world, run.logger
+    loop, data, world, logger = run.settings.loop, run.data, run.world, run.logger
     if world.is_main:
-        Path(config.output_dir, "grpo_config.json").write_text(config.to_json())
+        Path(loop.output_dir, "grpo_config.json").write_text(loop.config_json)
     logger.print(run.parts.memory.line)
     logger.print(f"compute: {run.parts.compute.reason}")
     rollout = f"rollout with the {type(run.parts.engine).__name__}"
     if run.link:
-        rollout = f"rollout in {config.rollout_workers} rollout process(es)" + (
-            ", one step off (async_generate)" if config.async_generate else ""
+        rollout = f"rollout in {run.link.workers} rollout process(es)" + (
+            ", one step off (async_generate)" if run.link.async_generate else ""
         )
     logger.print(
         f"{len(data.train_prompts)} training prompts ({data.truncated} truncated, {data.dropped} dropped over max_prompt_len), "
         f"{len(data.eval_prompts)} evaluation prompts; "
-        f"{data.total_steps} steps of {data.schedule.global_batch} prompts x {config.rollout_n}; "
+        f"{data.total_steps} steps of {data.schedule.global_batch} prompts x {run.settings.rollout.rollout_n}; "
         + rollout
         + (f"; AdamW state sharded over {world.sharding_degree} processes (stage1)" if world.sharding_degree > 1 else "")
         + (f"; resuming from {resume.path} after step {first_step}" if resume else "")
@@ -125,17 +103,17 @@ def collect_batch(run: Run, progress: Progress, step: int) -> tuple:
     """Rollout and scoring (from the rollout processes, or here), dynamic sampling's refills -> (ScoredBatch without
     advantages, timings, metrics of the rollout processes and of dynamic sampling). A scoring failure in any process
     stops every process after the same step, the main one saving it."""
-    config, world, link, data = run.config, run.world, run.link, run.data
+    world, link, data = run.world, run.link, run.data
     prompts = [data.train_prompts[i] for i in data.schedule.indices(step - 1, world.rank)]
     failure = counts = None
     link_metrics = {}
     try:
         if link:
             with saved_if_rollout_stops(run, progress, step - 1):
-                scored, timings, link_metrics = received_batch(link, prompts, run.parts.scorer, data.tokenizer, config, step)
+                scored, timings, link_metrics = received_batch(link, run.sampler, prompts, step)
         else:
             scored, timings = sample_and_score(run.sampler, prompts, step, "train")
-        if config.dynamic_sampling:
+        if run.settings.rollout.dynamic_sampling:
             scored, counts = keep_groups_with_signal(run.sampler, scored, data.train_prompts, step, timings)
     except RewardServerError as error:
         failure = error
@@ -151,16 +129,16 @@ def collect_batch(run: Run, progress: Progress, step: int) -> tuple:
 def train_on(run: Run, progress: Progress, step: int, scored, timings: dict, extra_metrics: dict):
     """Advantages, the policy update, the engine's weight refresh, then the step's log lines -> what was not finite
     when the step was skipped, or None."""
-    config, world, parts = run.config, run.world, run.parts
+    settings, world, parts = run.settings, run.world, run.parts
     learner = Learner(parts.model, parts.ref_model, parts.optimizer)
-    if config.use_kl_in_reward:  # the KL in the reward needs the reference model's log-probs before the advantages
+    if settings.advantages.use_kl_in_reward:  # the KL in the reward needs the reference model's log-probs before the advantages
         with contiguous_kernels():
-            scored.ref_logprobs = reference_logprobs(learner, scored, run.data.tokenizer.pad_token_id, config, parts.memory.budget)
-    scored.advantages, advantage_metrics = step_advantages(scored, config, world)
+            scored.ref_logprobs = reference_logprobs(learner, scored, run.data.tokenizer.pad_token_id, settings.update, parts.memory.budget)
+    scored.advantages, advantage_metrics = step_advantages(scored, settings.advantages, world)
     rewarded = time.perf_counter()
     learning_rate = parts.scheduler.get_lr()
     with contiguous_kernels():
-        update = update_policy(learner, scored, config, world, run.data.tokenizer.pad_token_id, step, parts.memory.budget)
+        update = update_policy(learner, scored, settings.update, world, run.data.tokenizer.pad_token_id, step, parts.memory.budget)
     parts.scheduler.step()
     updated = time.perf_counter()
     sync_gap = None if run.link else parts.engine.sync()  # the fused engine refreshes its weights and checks them against the actor
@@ -175,13 +153,13 @@ def train_on(run: Run, progress: Progress, step: int, scored, timings: dict, ext
         extra_metrics["rollout/weight_sync_gap"] = float(world.max(np.array([sync_gap]))[0])
     step_flags = {"step_skipped": int(bool(skipped)), "skipped_steps": progress.skipped_steps}
     run.logger.log_step(step, {**metrics, **advantage_metrics, **extra_metrics, **step_flags})
-    run.logger.log_completions(step, completion_rows(scored, config.log_completions_per_step))
+    run.logger.log_completions(step, completion_rows(scored, settings.loop.log_completions_per_step))
     return skipped
 
 
 def check_progress(run: Run, progress: Progress, step: int, scored, skipped) -> None:
     """Stops the run when nothing could be scored, or nothing was finite, for max_consecutive_skips steps in a row."""
-    limit = run.config.max_consecutive_skips
+    limit = run.settings.loop.max_consecutive_skips
     progress.unscored_in_a_row = progress.unscored_in_a_row + 1 if nothing_scored(scored, run.world) else 0
     if progress.unscored_in_a_row >= limit:  # the loss is empty: the run would learn nothing
         first_error = next((e for e in scored.errors if e), "another process's log names it")
@@ -203,19 +181,20 @@ def check_progress(run: Run, progress: Progress, step: int, scored, skipped) -> 
 def finish_step(run: Run, progress: Progress, step: int, terminate: TerminationRequest) -> bool:
     """The next rollout (one step off), evaluation and saving when due, then the word to the rollout processes
     -> whether the run goes on."""
-    config, link = run.config, run.link
+    settings, link = run.settings, run.link
     if link:
         with saved_if_rollout_stops(run, progress, step):
             link.collect_ahead(step)  # one step off: the next step's rollout, generated while this one trained
     last = step == run.data.total_steps
-    if run.data.eval_prompts and (last or (config.eval_steps and step % config.eval_steps == 0)):
+    eval_steps, save_steps = settings.evaluation.eval_steps, settings.loop.save_steps
+    if run.data.eval_prompts and (last or (eval_steps and step % eval_steps == 0)):
         if link:
             run.parts.engine.sync()  # the training process's own engine, used for evaluation only
-        results, failure = evaluate(run.sampler, run.data.eval_prompts, step)
+        results, failure = evaluate(run.sampler, settings.evaluation, run.data.eval_prompts, step)
         if failure:
             raise saved_before_stopping(run, progress, failure, step, "once the reward server answers again") from None
         run.logger.log_eval(step, results)
-    if last or (config.save_steps and step % config.save_steps == 0):
+    if last or (save_steps and step % save_steps == 0):
         progress.checkpoint = save(run, progress, step)
     stopping = terminate.agreed(run.world)
     if stopping and (progress.checkpoint is None or progress.checkpoint.name != f"checkpoint-{step}"):

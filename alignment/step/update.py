@@ -28,9 +28,8 @@ from alignment.models.memory import TokenBudget
 from alignment.models.modeling import completion_hidden, make_token_batch, output_head
 from alignment.parallel.distributed import World
 from alignment.parallel.optim import sum_gradients
-from alignment.run.build import loss_settings
-from alignment.config.schema import GRPOConfig
 from alignment.run.seeding import seed_phase
+from alignment.run.settings import UpdateSettings
 from alignment.step.metrics import finite_or_none
 from alignment.step.records import ScoredBatch, loss_mask
 
@@ -57,7 +56,7 @@ class UpdateBatch:
 
     scored: ScoredBatch
     pad_token_id: int
-    settings: LossSettings
+    loss: LossSettings
     trained: np.ndarray  # 1 on the loss tokens
     old_logprobs: Optional[np.ndarray]  # the old policy's log-probs; None: the current ones, detached (a single optimizer step)
     ref_logprobs: Optional[np.ndarray]  # None: no KL term
@@ -96,7 +95,7 @@ class Tally:
 
 
 def update_policy(
-    learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, step: int,
+    learner: Learner, scored: ScoredBatch, settings: UpdateSettings, world: World, pad_token_id: int, step: int,
     budget: Optional[TokenBudget] = None,
 ) -> UpdateResult:
     """num_iterations passes over the scored batch, each cut into mini-batches of mini_batch_size sequences
@@ -108,74 +107,76 @@ def update_policy(
     as are the reference model's. Each mini-batch's loss is normalised over the mini-batch's loss tokens or
     sequences in all processes (loss_type), so the gradient does not depend on the micro-batch size."""
     learner.model.train()
-    budget = budget or TokenBudget(0, 0, config.per_device_train_batch_size)
-    batch = update_batch(learner, scored, config, world, pad_token_id, budget)
+    budget = budget or TokenBudget(0, 0, settings.per_device_train_batch_size)
+    batch = update_batch(learner, scored, settings, world, pad_token_id, budget)
     rows_total, tally = len(batch.trained), Tally()
-    for iteration in range(config.num_iterations):
+    for iteration in range(settings.num_iterations):
         order = np.arange(rows_total)
-        if config.shuffle_minibatch:
-            order = np.random.default_rng(seed_phase(config, step, world.rank, "shuffle", iteration + 1)).permutation(rows_total)
-        for mini_start in range(0, rows_total, config.mini_batch_size):
-            mini = mini_batch(batch, order[mini_start : mini_start + config.mini_batch_size], iteration, config, world)
-            train_mini_batch(learner, batch, mini, config, world, tally)
+        if settings.shuffle_minibatch:
+            order = np.random.default_rng(seed_phase(settings.seed, step, world.rank, "shuffle", iteration + 1)).permutation(rows_total)
+        for mini_start in range(0, rows_total, settings.mini_batch_size):
+            mini = mini_batch(batch, order[mini_start : mini_start + settings.mini_batch_size], iteration, settings, world)
+            train_mini_batch(learner, batch, mini, settings, world, tally)
             if tally.skipped_phase:
                 break
         if tally.skipped_phase:
             break
-    return UpdateResult(update_metrics(tally, batch, config, world), tally.skipped_phase)
+    return UpdateResult(update_metrics(tally, batch, settings, world), tally.skipped_phase)
 
 
 def update_batch(
-    learner: Learner, scored: ScoredBatch, config: GRPOConfig, world: World, pad_token_id: int, budget: TokenBudget
+    learner: Learner, scored: ScoredBatch, settings: UpdateSettings, world: World, pad_token_id: int, budget: TokenBudget
 ) -> UpdateBatch:
     """The fixed inputs, in the model's training mode: the old log-probs and entropies where more than one optimizer step,
     the entropy selection or rejection sampling needs them, the reference model's with a KL term; rejection sampling's
     rejected tokens leave the loss mask."""
-    trained = loss_mask(scored, config)  # (B, T)
-    several_updates = config.num_iterations > 1 or config.mini_batch_size < len(trained)
-    selecting = config.top_entropy_quantile < 1  # the entropy selection is fixed before any update
-    rejecting = config.rejection_sampling is not None
+    trained = loss_mask(scored, settings.overlong_filter)  # (B, T)
+    several_updates = settings.num_iterations > 1 or settings.mini_batch_size < len(trained)
+    selecting = settings.top_entropy_quantile < 1  # the entropy selection is fixed before any update
+    rejecting = settings.rejection_sampling is not None
     old_logprobs = old_entropy = rejection = None
     if several_updates or selecting or rejecting:
-        old_logprobs, old_entropy = fixed_logprobs(learner.model, scored, pad_token_id, config, budget)
+        old_logprobs, old_entropy = fixed_logprobs(learner.model, scored, pad_token_id, settings, budget)
     if rejecting:
-        trained, rejection = rejected_tokens(trained, old_logprobs, scored.rollout.logprobs, config, world)
-    selected = high_entropy_tokens(old_entropy, trained, config.top_entropy_quantile, world) if selecting else None  # (B, T)
+        trained, rejection = rejected_tokens(trained, old_logprobs, scored.rollout.logprobs, settings, world)
+    selected = high_entropy_tokens(old_entropy, trained, settings.top_entropy_quantile, world) if selecting else None  # (B, T)
     ref_logprobs = None
-    if config.kl_loss_coeff > 0 and not full_kl_loss(config):  # the KL in the reward may have needed them first
+    if settings.loss.kl_coeff > 0 and not full_kl_loss(settings):  # the KL in the reward may have needed them first
         ref_logprobs = scored.ref_logprobs
         if ref_logprobs is None:
-            ref_logprobs = reference_logprobs(learner, scored, pad_token_id, config, budget)
+            ref_logprobs = reference_logprobs(learner, scored, pad_token_id, settings, budget)
     global_tokens = float(world.sum(np.array([trained.sum()]))[0])
     old_logprobs = old_logprobs if several_updates else None
-    micro_batch_rows = budget.rows(min(config.mini_batch_size, len(trained)), row_tokens(scored))
+    micro_batch_rows = budget.rows(min(settings.mini_batch_size, len(trained)), row_tokens(scored))
     return UpdateBatch(
-        scored, pad_token_id, loss_settings(config), trained, old_logprobs, ref_logprobs, selected, global_tokens, micro_batch_rows,
+        scored, pad_token_id, settings.loss, trained, old_logprobs, ref_logprobs, selected, global_tokens, micro_batch_rows,
         rejection,
     )
 
 
-def reference_logprobs(learner: Learner, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig, budget: TokenBudget) -> np.ndarray:
+def reference_logprobs(
+    learner: Learner, scored: ScoredBatch, pad_token_id: int, settings: UpdateSettings, budget: TokenBudget
+) -> np.ndarray:
     """(B, T) the reference model's log-probs of the completions (with LoRA: the policy with its adapters off)."""
     with adapters_disabled(learner.model) if learner.ref_model is None else contextlib.nullcontext():
-        return fixed_logprobs(learner.ref_model or learner.model, scored, pad_token_id, config, budget)[0]
+        return fixed_logprobs(learner.ref_model or learner.model, scored, pad_token_id, settings, budget)[0]
 
 
-def rejected_tokens(trained: np.ndarray, old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, config: GRPOConfig, world: World):
+def rejected_tokens(trained: np.ndarray, old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, settings: UpdateSettings, world: World):
     """-> (the loss mask without the tokens rejection sampling rejects, the global [tokens, rejected tokens, sequences,
     rejected sequences] over the sequences with loss tokens)."""
-    rules = rejection_rules(config.rejection_sampling, config.rejection_sampling_threshold)
+    rules = rejection_rules(settings.rejection_sampling, settings.rejection_sampling_threshold)
     keep = rejection_keep(old_logprobs, rollout_logprobs, trained, rules)
     return trained * keep, world.sum(rejection_counts(trained, keep))
 
 
-def fixed_logprobs(model, scored: ScoredBatch, pad_token_id: int, config: GRPOConfig, budget: TokenBudget) -> tuple:
+def fixed_logprobs(model, scored: ScoredBatch, pad_token_id: int, settings: UpdateSettings, budget: TokenBudget) -> tuple:
     """(B, T) log-probs and entropies, numpy, of a model that does not change during the update, in micro-batches under
     the log-prob token budget."""
     rows_total = len(scored.rollout.prompt_ids)
     micro = budget.rows(rows_total, row_tokens(scored), logprobs=True)
     with paddle.no_grad():
-        parts = [policy_logprobs(model, token_batch(scored, np.arange(start, min(start + micro, rows_total)), pad_token_id), config)
+        parts = [policy_logprobs(model, token_batch(scored, np.arange(start, min(start + micro, rows_total)), pad_token_id), settings)
                  for start in range(0, rows_total, micro)]
     return np.concatenate([p[0].numpy() for p in parts]), np.concatenate([p[1].numpy() for p in parts])
 
@@ -191,20 +192,20 @@ def token_batch(scored: ScoredBatch, rows: np.ndarray, pad_token_id: int):
     return make_token_batch(prompts, rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
 
 
-def mini_batch(batch: UpdateBatch, rows: np.ndarray, iteration: int, config: GRPOConfig, world: World) -> MiniBatch:
+def mini_batch(batch: UpdateBatch, rows: np.ndarray, iteration: int, settings: UpdateSettings, world: World) -> MiniBatch:
     counts = world.sum(aggregation_counts(batch.trained[rows]))
     weights = loss_token_weights(  # (m, T)
-        batch.trained[rows], config.loss_type, config.max_dec_len, counts, batch.micro_batch_rows, world.size
+        batch.trained[rows], settings.loss_type, settings.max_dec_len, counts, batch.micro_batch_rows, world.size
     )
-    effective_tokens = float(world.sum(np.array([batch.effective[rows].sum()]))[0]) if config.entropy_coeff else 0.0
+    effective_tokens = float(world.sum(np.array([batch.effective[rows].sum()]))[0]) if settings.entropy_coeff else 0.0
     return MiniBatch(rows, counts, weights, effective_tokens, iteration)
 
 
-def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, config: GRPOConfig, world: World, tally: Tally) -> None:
+def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, settings: UpdateSettings, world: World, tally: Tally) -> None:
     """The mini-batch's gradient, micro-batch by micro-batch, then one optimizer step unless the gradients are not
     finite (then the step is skipped: tally.skipped_phase says what was not finite)."""
     for start in range(0, len(mini.rows), batch.micro_batch_rows):
-        backward_micro_batch(learner, batch, mini, start, config, tally)
+        backward_micro_batch(learner, batch, mini, start, settings, tally)
     grad_norm = sum_gradients(learner.optimizer, learner.model.parameters(), world)  # every rank decides alike
     tally.totals["grad_norm"] += grad_norm
     tally.updates += 1
@@ -218,16 +219,16 @@ def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, conf
     learner.optimizer.clear_grad()
 
 
-def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, start: int, config: GRPOConfig, tally: Tally) -> None:
+def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, start: int, settings: UpdateSettings, tally: Tally) -> None:
     """The loss of the micro-batch of mini.rows from `start`, its gradient accumulated and its sums added to tally."""
     chunk = mini.rows[start : start + batch.micro_batch_rows]
     mask = paddle.to_tensor(batch.trained[chunk].astype(np.float32))
     tokens = batch.tokens(chunk)
-    hidden = policy_hidden(learner.model, tokens, config)  # (b, T, H)
+    hidden = policy_hidden(learner.model, tokens, settings)  # (b, T, H)
     # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
-    logprobs, entropy = policy_logprobs(learner.model, tokens, config, entropy_grad=config.entropy_coeff > 0, hidden=hidden)
+    logprobs, entropy = policy_logprobs(learner.model, tokens, settings, entropy_grad=settings.entropy_coeff > 0, hidden=hidden)
     old = logprobs.detach() if batch.old_logprobs is None else paddle.to_tensor(batch.old_logprobs[chunk])
-    importance = rollout_weights(batch, chunk, old, mask, config, tally if mini.iteration == 0 else None)
+    importance = rollout_weights(batch, chunk, old, mask, settings, tally if mini.iteration == 0 else None)
     inputs = LossInputs(
         old_logprobs=old,
         advantages=paddle.to_tensor(batch.scored.advantages[chunk]),
@@ -236,12 +237,12 @@ def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, 
         importance_weights=importance,
         ref_logprobs=None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
         selected=None if batch.selected is None else paddle.to_tensor(batch.selected[chunk]),
-        sampling_logprobs=None if config.off_policy_mask_threshold is None else paddle.to_tensor(batch.scored.rollout.logprobs[chunk]),
-        kl=exact_kl(learner, tokens, hidden, config) if full_kl_loss(config) else None,
+        sampling_logprobs=None if batch.loss.off_policy_mask_threshold is None else paddle.to_tensor(batch.scored.rollout.logprobs[chunk]),
+        kl=exact_kl(learner, tokens, hidden, settings) if full_kl_loss(settings) else None,
     )
-    loss, sums = policy_loss(logprobs, inputs, batch.settings)
-    if config.entropy_coeff:
-        loss = loss + entropy_bonus(entropy, batch.effective[chunk], mini.effective_tokens, config.entropy_coeff)
+    loss, sums = policy_loss(logprobs, inputs, batch.loss)
+    if settings.entropy_coeff:
+        loss = loss + entropy_bonus(entropy, batch.effective[chunk], mini.effective_tokens, settings.entropy_coeff)
     if mini.counts[0] > 0:
         loss.backward()
     if not math.isfinite(float(loss)) and tally.nonfinite is None:  # which input made it so, for the message
@@ -252,14 +253,14 @@ def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, 
         tally.totals[key] += value
 
 
-def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, config: GRPOConfig, tally: Optional[Tally]):
+def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, settings: UpdateSettings, tally: Optional[Tally]):
     """-> (b, T) the rollout correction's weights pi_old / pi_rollout, or None without it; counted into tally where
     given (the first iteration only: the weights depend only on the batch)."""
-    if not config.importance_sampling_correction:
+    if not settings.importance_sampling_correction:
         return None
     rollout_logprobs = paddle.to_tensor(batch.scored.rollout.logprobs[chunk])  # (b, T) the engine's
     importance, outside = rollout_correction(
-        old, rollout_logprobs, mask, config.importance_sampling_mode, config.importance_sampling_cap, config.importance_sampling_min
+        old, rollout_logprobs, mask, settings.importance_sampling_mode, settings.importance_sampling_cap, settings.importance_sampling_min
     )
     if tally is not None:
         totals = tally.totals
@@ -271,22 +272,22 @@ def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, config: GR
     return importance
 
 
-def full_kl_loss(config: GRPOConfig) -> bool:  # the KL loss is exact, over the vocabulary, rather than estimated
-    return config.kl_loss_coeff > 0 and config.kl_estimator == "full"
+def full_kl_loss(settings: UpdateSettings) -> bool:  # the KL loss is exact, over the vocabulary, rather than estimated
+    return settings.loss.kl_coeff > 0 and settings.loss.kl_estimator == "full"
 
 
-def exact_kl(learner: Learner, tokens, hidden: paddle.Tensor, config: GRPOConfig) -> paddle.Tensor:
+def exact_kl(learner: Learner, tokens, hidden: paddle.Tensor, settings: UpdateSettings) -> paddle.Tensor:
     """kl_estimator full: (b, T) KL(pi || pi_ref) over the whole vocabulary at each completion position, with its gradient
     through the policy's hidden states (b, T, H) and head; the reference's hidden states are computed here, without
     gradient, for this micro-batch (with LoRA: the policy with its adapters off)."""
     reference_model = learner.ref_model or learner.model
     with paddle.no_grad(), adapters_disabled(learner.model) if learner.ref_model is None else contextlib.nullcontext():
-        reference_hidden = policy_hidden(reference_model, tokens, config)
+        reference_hidden = policy_hidden(reference_model, tokens, settings)
     ref_weight, ref_bias = output_head(reference_model)
     reference = ReferenceHead(reference_hidden, ref_weight, ref_bias, head_kernels(reference_model).matmul)
     weight, bias = output_head(learner.model)
     return chunked_full_kl(
-        hidden, weight, bias, reference, config.temperature, config.logprob_chunk_tokens, head_kernels(learner.model).matmul
+        hidden, weight, bias, reference, settings.temperature, settings.logprob_chunk_tokens, head_kernels(learner.model).matmul
     )
 
 
@@ -300,13 +301,13 @@ def nonfinite_input(logprobs, ref_logprobs: Optional[np.ndarray], importance) ->
     return next((name for name, values in inputs if values is not None and not np.isfinite(values).all()), "the loss")
 
 
-def update_metrics(tally: Tally, batch: UpdateBatch, config: GRPOConfig, world: World) -> dict:
+def update_metrics(tally: Tally, batch: UpdateBatch, settings: UpdateSettings, world: World) -> dict:
     """The tally summed over processes -> the update's metrics (null where not finite)."""
     gap_max = world.max(np.array([tally.totals.pop("is_logprob_gap_max", 0.0)]))[0]
     keys = sorted(tally.totals)
     summed = dict(zip(keys, world.sum(np.array([tally.totals[k] for k in keys]))))
     global_tokens, updates = batch.global_tokens, tally.updates
-    per_token = max(global_tokens, 1.0) * config.num_iterations  # token sums over every update
+    per_token = max(global_tokens, 1.0) * settings.num_iterations  # token sums over every update
     metrics = {
         "loss": summed["loss"] / updates,
         "entropy": summed["entropy"] / per_token,
@@ -319,7 +320,7 @@ def update_metrics(tally: Tally, batch: UpdateBatch, config: GRPOConfig, world: 
     }
     if batch.selected is not None:
         metrics["entropy_selected_fraction"] = summed["selected"] / per_token
-    if config.importance_sampling_correction:
+    if settings.importance_sampling_correction:
         metrics["is/weight_mean"] = summed["is_weight"] / max(global_tokens, 1.0)
         metrics["is/capped_fraction"] = summed["is_capped"] / max(global_tokens, 1.0)
         metrics["is/logprob_gap_max"] = gap_max
@@ -339,17 +340,17 @@ def high_entropy_tokens(entropy: np.ndarray, trained: np.ndarray, top_quantile: 
     return ((entropy >= threshold) & (trained > 0)).astype(np.float32)
 
 
-def policy_hidden(model, batch, config: GRPOConfig) -> paddle.Tensor:
+def policy_hidden(model, batch, settings: UpdateSettings) -> paddle.Tensor:
     """-> (b, T, H) the final hidden states that predicted each completion token."""
-    return completion_hidden(model, batch, config.use_prefix_grouper and groups_prompts(model, config.recompute))
+    return completion_hidden(model, batch, settings.use_prefix_grouper and groups_prompts(model, settings.recompute))
 
 
-def policy_logprobs(model, batch, config: GRPOConfig, entropy_grad: bool = False, hidden: Optional[paddle.Tensor] = None) -> tuple:
+def policy_logprobs(model, batch, settings: UpdateSettings, entropy_grad: bool = False, hidden: Optional[paddle.Tensor] = None) -> tuple:
     """-> (log-probs (b, T) with grad where the model has it, entropy (b, T), with grad only for entropy_grad)
     of the completion tokens under softmax(logits / temperature), logprob_chunk_tokens tokens' logits at a time;
     from `hidden` where the caller has the final hidden states already."""
     weight, bias = output_head(model)
-    hidden = policy_hidden(model, batch, config) if hidden is None else hidden
+    hidden = policy_hidden(model, batch, settings) if hidden is None else hidden
     return chunked_token_logprobs(
-        hidden, weight, bias, batch.completion_ids, config.temperature, config.logprob_chunk_tokens, head_kernels(model), entropy_grad
+        hidden, weight, bias, batch.completion_ids, settings.temperature, settings.logprob_chunk_tokens, head_kernels(model), entropy_grad
     )
