@@ -24,6 +24,11 @@ RECIPE ?= arith
 GSM8K ?= data/gsm8k
 SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
+# The suite runs in TEST_WORKERS processes (pytest-xdist), one per core up to four (each holds paddle and starts the
+# end-to-end runs, about 2 GB at its peak); a test file's tests stay in one worker, so a run that several of them check
+# is made once. TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: lint docs venv train train-tools train-smollm2 test test-slow test-gpu test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
 
@@ -97,10 +102,10 @@ docs: $(INSTALLED)
 
 # make test leaves out the end-to-end runs marked slow (each 20 s or more); make test-slow runs only those. CI runs both.
 test: $(INSTALLED) $(OPS) bubblewrap lint docs
-	$(PY) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 test-slow: $(INSTALLED) $(OPS) bubblewrap
-	$(PY) -m pytest -m slow
+	$(PYTEST) -m slow
 
 # The GPU machine's own python3 (with torch); nvcc builds csrc/gpu_harness into build/gpu_harness. docs/testing.md.
 test-gpu:
@@ -142,7 +147,7 @@ FORCE:
 # make test-hf: the Hugging Face interop tests against transformers in PyTorch, and the loss variants against TRL's and
 # verl's code; tests/hf_side.py and tests/trl_verl_side.py run in .venv-torch.
 test-hf: $(INSTALLED) $(OPS) .venv-torch/.installed
-	GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python $(PY) -m pytest -m hf
+	GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python $(PYTEST) -m hf
 
 # make test-tools-recipe: the tools recipe's learning test (two runs of config/tiny_tools, about 15 minutes).
 test-tools-recipe: $(INSTALLED) $(OPS)
@@ -160,7 +165,7 @@ data: $(INSTALLED)
 # make test-gguf: the GGUF import and export checked against llama.cpp itself; tests/test_gguf.py runs its side
 # in .venv-llamacpp.
 test-gguf: $(INSTALLED) $(OPS) .venv-llamacpp/.installed
-	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest tests/test_gguf.py tests/test_gguf_export.py
+	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PYTEST) tests/test_gguf.py tests/test_gguf_export.py
 
 # Chromium for the dashboard's page test (tests/test_dashboard.py): Debian's package, which installing needs root.
 chromium:
@@ -180,4 +185,4 @@ test-mutations: $(INSTALLED) $(OPS)
 # pins the seed of the tests' random draws where it is set (.ci/run sets it); otherwise each run draws a fresh one and prints it.
 test-all: $(INSTALLED) $(OPS) .venv-torch/.installed .venv-llamacpp/.installed chromium bubblewrap lint docs
 	GRPO_REQUIRE_ALL=1 GRPO_TOOLS_RECIPE=1 GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python \
-		GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PY) -m pytest
+		GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PYTEST)

@@ -22,8 +22,10 @@ CPU_SKIP = "this CPU lacks"
 GPU_SKIP = "no CUDA GPU here"
 
 # The seed of every test's random draws: GRPO_TEST_SEED (CI pins it), else a fresh one, printed in the header and in
-# the failure messages of the tests that draw from it, so that GRPO_TEST_SEED=<seed> replays a failure.
-TEST_SEED = int(os.environ.get("GRPO_TEST_SEED") or np.random.SeedSequence().entropy % 2**32)
+# the failure messages of the tests that draw from it, so that GRPO_TEST_SEED=<seed> replays a failure. The fresh one is
+# drawn once, by pytest's first process, and reaches its xdist workers through the environment they inherit.
+DRAWN_SEED = os.environ.setdefault("GRPO_DRAWN_TEST_SEED", str(np.random.SeedSequence().entropy % 2**32))
+TEST_SEED = int(os.environ.get("GRPO_TEST_SEED") or DRAWN_SEED)
 
 
 def pytest_report_header(config):

@@ -34,7 +34,8 @@ MUTATIONS = (
     Mutation(
         "bf16-engine-in-float32",  # the engine asked for bf16 computes in float32, with the bf16 tolerance
         "alignment/rollout/fused.py",
-        (("self.model, self.ops, self.bf16 = model, ops, bf16", "self.model, self.ops, self.bf16 = model, ops, False"),),
+        (("self.model, self.ops, self.bf16, self.cache_dtype = model, ops, bf16, cache_dtype",
+          "self.model, self.ops, self.bf16, self.cache_dtype = model, ops, False, cache_dtype"),),
         ("tests/test_cpu_bf16.py::test_the_bf16_engine_samples_what_the_bf16_actor_computes",),
     ),
     Mutation(
@@ -53,7 +54,7 @@ MUTATIONS = (
     Mutation(
         "reference-model-not-loaded",  # none loads, so the actor (without adapters, as with LoRA) stands in for it
         "alignment/run/build.py",
-        (("if config.kl_loss_coeff > 0 and not config.lora:", "if False:"),),
+        (("if needs_reference and not config.lora:", "if False:"),),
         ("tests/test_train_e2e.py::test_kl_penalty_loads_a_reference_model",),
     ),
     Mutation(
