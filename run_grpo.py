@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle, import_paddle_lazily
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle, import_paddle_lazily
 
 configure_cpu_runtime()  # thread count, MKL path and paddle flags must be set before paddle loads
 if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
@@ -18,7 +18,7 @@ if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
 else:
     import_paddle()
 
-from alignment.errors import RUN_ERRORS  # noqa: E402
+from alignment.basics.errors import RUN_ERRORS  # noqa: E402
 from alignment.config.schema import GRPOConfig  # noqa: E402
 from alignment.config.help import help_text, help_topic, wants_help  # noqa: E402
 from alignment.config.cli import load_config  # noqa: E402

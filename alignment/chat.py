@@ -27,14 +27,14 @@ import re
 import sys
 from pathlib import Path
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
 configure_cpu_runtime()
 import_paddle()
 
 import paddle  # noqa: E402
 
-from alignment.errors import DataError, ExportError, ModelLoadError  # noqa: E402
+from alignment.basics.errors import DataError, ExportError, ModelLoadError  # noqa: E402
 from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
 from alignment.models.modeling import load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
@@ -42,7 +42,7 @@ from alignment.rollout.multi_turn import check_template, tool_schemas, with_envi
 from alignment.config import preflight  # noqa: E402
 from alignment.run.build import engine_settings, turn_settings  # noqa: E402
 from alignment.config.schema import GRPOConfig  # noqa: E402
-from alignment.run.data import encode_messages, read_prompt_records  # noqa: E402
+from alignment.basics.data import encode_messages, read_prompt_records  # noqa: E402
 from alignment.tools.calls import parse_tool_calls  # noqa: E402
 from alignment.tools.environment import Episode  # noqa: E402
 

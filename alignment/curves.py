@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from alignment.run.data_files import read_jsonl
+from alignment.basics.data_files import read_jsonl
 
 # panel -> [(label, kind, key)]: the series read from the records of that kind ("train" or "eval").
 PANELS = {

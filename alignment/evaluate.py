@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
 configure_cpu_runtime()
 import_paddle()
@@ -47,7 +47,7 @@ from tqdm import tqdm  # noqa: E402
 from alignment.algo.eval_stats import mean_interval, paired_difference, pass_at_k, pass_at_k_values, wilson_interval  # noqa: E402
 from alignment.algo.instruction_stats import METHODS as INSTRUCTION_METHODS  # noqa: E402
 from alignment.algo.instruction_stats import instruction_summary  # noqa: E402
-from alignment.errors import ConfigError, DataError, ExportError, ModelLoadError, RewardServerError  # noqa: E402
+from alignment.basics.errors import ConfigError, DataError, ExportError, ModelLoadError, RewardServerError  # noqa: E402
 from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
 from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.parallel.distributed import World  # noqa: E402
@@ -57,7 +57,7 @@ from alignment.rewards.registry import sample_checks  # noqa: E402
 from alignment.run.build import load_prompts, model_compute, rollout_engine, rollout_settings, sampling_params  # noqa: E402
 from alignment.config.schema import GRPOConfig  # noqa: E402
 from alignment.config.validation import validate_generation  # noqa: E402
-from alignment.run.data_files import read_rows  # noqa: E402
+from alignment.basics.data_files import read_rows  # noqa: E402
 from alignment.run.scorer import build_scorer  # noqa: E402
 from alignment.step.evaluation import decoded, greedy_and_sampled  # noqa: E402
 from alignment.step.rollout import Sampler  # noqa: E402

@@ -16,7 +16,7 @@ renamed into place once complete: an interrupted export leaves no half-written O
 float32, into a hidden folder that is removed afterwards).
 
 A checkpoint whose run had a system_prompt (its grpo_config.json) is exported with that prompt as the chat template's
-default system message (alignment/run/output_folders.py: with_default_system), so that the exported model is prompted as
+default system message (alignment/basics/output_folders.py: with_default_system), so that the exported model is prompted as
 it was in training without being given the prompt again; a conversation with a system message of its own keeps it.
 --no_system_prompt exports the template as it is.
 """
@@ -30,9 +30,9 @@ from pathlib import Path
 
 # gguf_export first: importing it sets paddle's runtime up before paddle loads, so the command prints no library notices
 from alignment.models.gguf_export import OUTTYPES, write_gguf_file  # isort: skip
-from alignment.errors import ExportError
+from alignment.basics.errors import ExportError
 from alignment.merge_lora import merge_lora
-from alignment.run.output_folders import (
+from alignment.basics.output_folders import (
     TOKENIZER_FILES,
     add_system_prompt_argument,
     bake_system_prompt,

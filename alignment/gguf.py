@@ -21,13 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from alignment.run.runtime import configure_cpu_runtime
+from alignment.basics.runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # before transformers is imported (alignment.gguf_tokenizer): it quiets transformers' notice that torch is absent
 
 from safetensors.numpy import save_file  # noqa: E402
 
-from alignment.errors import GGUFImportError  # noqa: E402
+from alignment.basics.errors import GGUFImportError  # noqa: E402
 from alignment.gguf_model import architecture, check_tensors, hf_weights, model_config, open_reader, read_metadata  # noqa: E402
 from alignment.gguf_tokenizer import build_tokenizer, check_chat_template, check_token_ids, generation_config  # noqa: E402
 

@@ -10,7 +10,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
 
-from alignment.errors import GGUFImportError
+from alignment.basics.errors import GGUFImportError
 
 MAX_METADATA_ITEMS = 1_000_000  # in all metadata arrays: Llama 3's vocabulary is 536k (128k tokens, their types, 280k merges)
 MAX_KEYS = 4096  # metadata keys; llama.cpp's converter writes 30-60

@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from alignment.errors import GGUFImportError
+from alignment.basics.errors import GGUFImportError
 from alignment.gguf_header import check_header
 
 # general.architecture -> (Hugging Face class, model_type, q/k rows permuted by llama.cpp's converter)

@@ -8,7 +8,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from alignment.errors import GGUFImportError
+from alignment.basics.errors import GGUFImportError
 from alignment.gguf_model import metadata_value
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
@@ -56,7 +56,7 @@ def check_token_ids(source: Path, metadata: dict, config: dict) -> None:
 def check_chat_template(source: Path, tokenizer) -> None:
     """The GGUF's chat template (someone else's code, run by jinja's sandbox) renders a short conversation within the
     limits every rendering has (alignment/models/template_limits.py), or the import is refused."""
-    from alignment.errors import ChatTemplateError
+    from alignment.basics.errors import ChatTemplateError
     from alignment.models.template_limits import bounded_chat_template
 
     if tokenizer.chat_template is None:

@@ -20,16 +20,16 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
 configure_cpu_runtime()  # before paddle and paddleformers load: the command prints none of their import notices
 import_paddle()
 
-from alignment.errors import ExportError  # noqa: E402
+from alignment.basics.errors import ExportError  # noqa: E402
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
 from alignment.models.modeling import load_causal_lm, save_model  # noqa: E402
 from alignment.config.checks import names_gguf  # noqa: E402
-from alignment.run.output_folders import (  # noqa: E402
+from alignment.basics.output_folders import (  # noqa: E402
     TOKENIZER_FILES,
     add_system_prompt_argument,
     bake_system_prompt,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from alignment.errors import ConfigError, GGUFImportError, ModelLoadError
+from alignment.basics.errors import ConfigError, GGUFImportError, ModelLoadError
 from alignment.gguf import import_if_changed
 from alignment.merge_lora import base_model_of
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
@@ -23,8 +23,8 @@ from alignment.models.modeling import load_causal_lm
 from alignment.config.checks import names_gguf
 from alignment.config.schema import KEYS, GRPOConfig
 from alignment.config.files import read_json_config
-from alignment.run.output_folders import run_settings
-from alignment.run.plugins import load_plugins
+from alignment.basics.output_folders import run_settings
+from alignment.basics.plugins import load_plugins
 
 # Keys a model folder's grpo_config.json may not set: they import code (external_plugins; reward_model_name_or_path, a
 # folder the writer names, whose weights paddleformers reads as pickle where it holds no safetensors), send the

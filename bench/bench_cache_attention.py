@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 import_paddle()

@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path[:0] = [args.repo, str(BENCH)]
 
-    from alignment.run.runtime import configure_cpu_runtime, import_paddle
+    from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
     configure_cpu_runtime()
     paddle = import_paddle()

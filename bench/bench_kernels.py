@@ -1,4 +1,4 @@
-"""Stride kernels (paddle 3.3.1's default) against contiguous kernels (alignment.run.runtime.contiguous_kernels)
+"""Stride kernels (paddle 3.3.1's default) against contiguous kernels (alignment.basics.runtime.contiguous_kernels)
 for the bundled tiny model: seconds per decode step and per training step, interleaved in one process.
 
     .venv/bin/python bench/bench_kernels.py [--model data/tiny-qwen2] [--batch 64] [--repeats 5]
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
+from alignment.basics.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
+from alignment.basics.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()

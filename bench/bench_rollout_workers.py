@@ -6,7 +6,7 @@ generated while this one trains). Seconds per step and held-out accuracy, at sev
         [--config config/tiny/grpo_argument.json] [-- extra run_grpo overrides]
 
 Each (mode, seed) is one bench/bench_tiny_run.py run into output/bench-rollout-MODE-SEED. Under the launcher every
-process gets cores / processes threads (alignment/run/runtime.py): colocated, the one process has them all; with a
+process gets cores / processes threads (alignment/basics/runtime.py): colocated, the one process has them all; with a
 rollout process, each of the two has half (async-all-threads gives each all of them, GRPO_CPU_THREADS).
 Prints one JSON object per run as it ends, then one per mode.
 """

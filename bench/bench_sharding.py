@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def worker(shape: str, length: int, sequences: int, updates: int, sharding: str) -> None:
-    from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle
+    from alignment.basics.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle
 
     configure_cpu_runtime()
     paddle = import_paddle()

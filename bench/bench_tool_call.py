@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--against", help="another checkout whose sandbox runs every other call")
     args = parser.parse_args()
     sys.path.insert(0, args.repo)
-    from alignment.run.plugins import plugin_sources
+    from alignment.basics.plugins import plugin_sources
     from alignment.tools import sandbox
 
     modules = {"this": sandbox, **({"against": sandbox_of(args.against)} if args.against else {})}

@@ -41,7 +41,7 @@ def missing_openmp_entry_points(library: Path, runtime: Path) -> list:
 
 def main() -> None:
     sys.path.insert(0, str(CSRC.parent))
-    from alignment.run.runtime import configure_cpu_runtime, import_paddle
+    from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
     configure_cpu_runtime()
     paddle = import_paddle()

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
+from alignment.basics.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()

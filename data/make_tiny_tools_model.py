@@ -27,14 +27,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
 
 configure_cpu_runtime()
 paddle = import_paddle()
 
 import arith_task  # noqa: E402
 import numpy as np  # noqa: E402
-from alignment.run.data import encode_messages  # noqa: E402
+from alignment.basics.data import encode_messages  # noqa: E402
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model  # noqa: E402
 from make_tiny_model import fine_tune  # noqa: E402
 

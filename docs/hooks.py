@@ -20,7 +20,7 @@ def _help_module():
     """alignment.config.help of this checkout (not of wherever .venv's editable install points), imported
     as run_grpo.py imports it: the CPU runtime set and paddle's notices quieted first."""
     sys.path.insert(0, str(ROOT))
-    from alignment.run.runtime import configure_cpu_runtime, import_paddle
+    from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
     configure_cpu_runtime()
     import_paddle()

@@ -21,7 +21,7 @@ STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')  # a JSON string, escapes i
 TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[][{}:,]')  # a string, or a character of the structure
 NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))  # bytes.translate deletes these: the brackets stay
 MAX_JSON_VALUES = 1 << 18  # a body's values (64 an item at the most items a request may hold, 4,096): 20 MB as empty dicts
-# a body's nesting: the trainer's data rows and tool-call arguments nest up to 64 levels (alignment/run/data.py,
+# a body's nesting: the trainer's data rows and tool-call arguments nest up to 64 levels (alignment/basics/data.py,
 # alignment/tools/calls.py), to which a request adds the body, items, an item, tool_calls, a call and its arguments
 MAX_JSON_DEPTH = 100
 

@@ -28,11 +28,11 @@ import h11  # noqa: E402
 import uvicorn  # noqa: E402
 from uvicorn.protocols.http.h11_impl import H11Protocol  # noqa: E402
 
-from alignment.errors import ConfigError  # noqa: E402
-from alignment.key_files import key_from_environment, read_key_file  # noqa: E402
+from alignment.basics.errors import ConfigError  # noqa: E402
+from alignment.basics.key_files import key_from_environment, read_key_file  # noqa: E402
 from alignment.rewards import get_reward  # noqa: E402
 from alignment.rewards.pool import ScoringPool  # noqa: E402
-from alignment.run.plugins import plugin_sources  # noqa: E402
+from alignment.basics.plugins import plugin_sources  # noqa: E402
 from reward_server.app import Settings, create_app  # noqa: E402
 from reward_server.body import MAX_JSON_DEPTH, MAX_JSON_VALUES  # noqa: E402
 from reward_server.middleware import access_log  # noqa: E402

@@ -3,7 +3,7 @@ import shutil
 import zlib
 from pathlib import Path
 
-from alignment.run.runtime import configure_cpu_runtime
+from alignment.basics.runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # before anything imports paddle, as run_grpo.py does
 

@@ -96,7 +96,7 @@ def all_cases():
 
 def record_cpu_tokens() -> None:
     from alignment.rollout.ops import load_ops
-    from alignment.run.runtime import import_paddle
+    from alignment.basics.runtime import import_paddle
 
     paddle = import_paddle()
     ops = load_ops()[0]

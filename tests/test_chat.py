@@ -17,7 +17,7 @@ from alignment.models.modeling import load_causal_lm, load_tokenizer, stop_token
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.config.schema import GRPOConfig
 from alignment.config.cli import load_config
-from alignment.run.data import encode_messages
+from alignment.basics.data import encode_messages
 from alignment.tools.calculator import calculator
 from alignment.tools import Episode, ToolSettings, get_environment
 from alignment.tools.calls import ParsedCall, parse_tool_calls

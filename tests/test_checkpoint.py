@@ -6,7 +6,7 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from alignment.errors import CheckpointError
+from alignment.basics.errors import CheckpointError
 from alignment.models.modeling import load_causal_lm, load_tokenizer
 from alignment.step.checkpoint import CheckpointContents, previous_run_files, remove_previous_run, save_checkpoint
 from alignment.step.optimizer_state import load_training_state
@@ -176,7 +176,7 @@ def test_a_checkpoint_holding_pickle_is_refused_before_anything_loads_unless_tru
     """A checkpoint of an earlier version, or one crafted to look like it: its pickle would run code on resume."""
     import pickle
 
-    from alignment.errors import ConfigError
+    from alignment.basics.errors import ConfigError
     from alignment.parallel.distributed import World
     from alignment.config.cli import load_config
     from alignment.run.start import start_point

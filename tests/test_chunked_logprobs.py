@@ -21,7 +21,7 @@ from alignment.algo.logprobs import (
 )
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
 from alignment.rollout.ops import load_ops
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 
 OPS, WHY_NOT = load_ops()
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from alignment.rollout import Rollout
-from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.basics.data import EncodedPrompt, PromptRecord
 from alignment.step.metrics import completion_rows
 from alignment.step.records import ScoredBatch
 

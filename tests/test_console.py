@@ -1,5 +1,5 @@
 """The console of a run shows the run: none of paddle's, paddleformers' or glog's notices that say nothing
-about it (alignment/run/runtime.py filters them where they start; alignment.launch, the Makefile's launcher, keeps
+about it (alignment/basics/runtime.py filters them where they start; alignment.launch, the Makefile's launcher, keeps
 paddle's launcher to warnings), and draws a progress bar only on a terminal: in a file or a pipe, each of its redraws
 would be a line."""
 
@@ -24,7 +24,7 @@ NOISE = [
     "LAUNCH INFO",  # paddle's launcher's configuration dump (37 lines) and its progress notes
 ]
 GLOG_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ ", re.MULTILINE)  # I1124 07:54:14.199149  5283 tcp_store.cc:336] ...
-# What alignment/run/runtime.py exports in this pytest process (tests/conftest.py); a user's shell has none of it.
+# What alignment/basics/runtime.py exports in this pytest process (tests/conftest.py); a user's shell has none of it.
 SET_BY_THE_RUNTIME = ("OMP_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "GLOG_minloglevel", "TRANSFORMERS_NO_ADVISORY_WARNINGS")
 USERS_ENVIRONMENT = {key: value for key, value in os.environ.items() if key not in SET_BY_THE_RUNTIME}
 
@@ -61,7 +61,7 @@ def test_two_processes_print_no_distributed_notices_and_keep_flags_a_user_set(tm
     `sharding: stage1`; a flag the user exported is still reported, the one paddle sets itself is not."""
     script = tmp_path / "meet.py"
     script.write_text(
-        "from alignment.run.runtime import configure_cpu_runtime, import_paddle\n"
+        "from alignment.basics.runtime import configure_cpu_runtime, import_paddle\n"
         "configure_cpu_runtime()\n"
         "import_paddle()\n"
         "import numpy as np\n"

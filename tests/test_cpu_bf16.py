@@ -18,7 +18,7 @@ import test_ops
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 from alignment.algo.logprobs import chunked_token_logprobs, token_logprobs
-from alignment.errors import ConfigError, WeightSyncError
+from alignment.basics.errors import ConfigError, WeightSyncError
 from alignment.models.cpu_bf16 import choose_compute, cpu_bf16_flags
 from alignment.models.fused_train import head_kernels, use_training_ops, weights_changed
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
@@ -26,7 +26,7 @@ from alignment.rollout import SamplingParams
 from alignment.config.schema import GRPOConfig
 from alignment.config.validation import validate
 from alignment.rollout.ops import bf16_primitive_missing
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 
 ops = test_ops.ops  # the fixture of the loaded operators (or a skip); rng comes from conftest.py
 bf16_round = test_ops.bf16_round

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from alignment.errors import DataError
+from alignment.basics.errors import DataError
 from alignment.models.modeling import load_tokenizer
-from alignment.run.data import PromptSchedule, encode_prompts, parse_step_range, read_prompt_records, select_by_calculation_steps
+from alignment.basics.data import PromptSchedule, encode_prompts, parse_step_range, read_prompt_records, select_by_calculation_steps
 
 
 def jsonl(tmp_path, rows, name="data.jsonl"):

@@ -11,9 +11,9 @@ from pathlib import Path
 import datasets
 import pytest
 
-from alignment.errors import DataError
+from alignment.basics.errors import DataError
 from alignment.rewards import get_reward
-from alignment.run.data import read_prompt_records
+from alignment.basics.data import read_prompt_records
 
 ARITH = "data/arith/train.jsonl"
 GSM8K = Path("../shared/data/gsm8k/train.jsonl")

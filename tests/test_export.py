@@ -1,4 +1,4 @@
-"""The run's system prompt baked into exports (alignment/run/output_folders.py: with_default_system): python -m
+"""The run's system prompt baked into exports (alignment/basics/output_folders.py: with_default_system): python -m
 alignment.export (a model folder, or --format gguf) and python -m alignment.merge_lora write a chat template that
 puts the run's system_prompt first where a conversation has none, so the exported tokenizer (transformers', and this
 project's as alignment.chat loads it, with no grpo_config.json beside it) gives for user turns the ids the trainer's
@@ -23,7 +23,7 @@ from alignment.merge_lora import main as merge_main
 from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer
 from alignment.config.schema import GRPOConfig
-from alignment.run.data import encode_messages
+from alignment.basics.data import encode_messages
 from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 
 # What a JSON or Jinja string literal must carry through: both quotes, backslashes (one before an escape letter,

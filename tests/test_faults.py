@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from reward_servers import foreign_server, free_port, reward_server
 
-from alignment.errors import RewardServerError
+from alignment.basics.errors import RewardServerError
 from alignment.rewards.remote import RewardServer, score_remote
 from alignment.step.resume import resolve_resume
 from alignment.step.termination import resume_command

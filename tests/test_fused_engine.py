@@ -18,7 +18,7 @@ OPS, WHY_NOT = load_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")
 
 if OPS is not None:
-    from alignment.errors import WeightSyncError
+    from alignment.basics.errors import WeightSyncError
     from alignment.rollout.fused import FusedEngine
 
 

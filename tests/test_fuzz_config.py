@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.algo.kl import KL_ESTIMATOR_SYNONYMS
 from alignment.config.paddlenlp_keys import PADDLENLP_KEYS
 from alignment.config.schema import KEYS, GRPOConfig

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from alignment.errors import DataError
-from alignment.run.data import SKIPPED_SHOWN, read_prompt_records
-from alignment.run.data_files import MAX_LINE_BYTES
+from alignment.basics.errors import DataError
+from alignment.basics.data import SKIPPED_SHOWN, read_prompt_records
+from alignment.basics.data_files import MAX_LINE_BYTES
 
 FUZZ = settings(derandomize=True, deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 LAYOUTS = {"src": "tgt", "question": "answer", "messages": "solution"}  # prompt column -> reference column

@@ -27,7 +27,7 @@ from safetensors.numpy import load_file, save_file
 from tiny_models import LLAMA3_ROPE
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
-from alignment.errors import GGUFImportError
+from alignment.basics.errors import GGUFImportError
 from alignment.gguf import import_gguf
 from alignment.models.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute, tokenizer_metadata
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file
 from test_gguf import TINY, random_model, smollm2  # noqa: F401  (smollm2: a fixture)
 from tiny_models import LLAMA3_ROPE
 
-from alignment.errors import ExportError, GGUFExportError
+from alignment.basics.errors import ExportError, GGUFExportError
 from alignment.export import export_gguf
 from alignment.gguf import import_gguf
 from alignment.merge_lora import merge_lora
@@ -29,7 +29,7 @@ from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.config.schema import GRPOConfig
-from alignment.run.data import encode_messages
+from alignment.basics.data import encode_messages
 from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]

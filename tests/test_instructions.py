@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from alignment.errors import DataError
+from alignment.basics.errors import DataError
 from alignment.rewards import get_reward, instructions, nltk_resources
 from alignment.rewards.registry import sample_checks
-from alignment.run.data import read_prompt_records
+from alignment.basics.data import read_prompt_records
 
 REPO = Path(__file__).resolve().parents[1]
 IFEVAL_FILE = REPO.parent / "shared" / "data" / "ifeval" / "input_data.jsonl"

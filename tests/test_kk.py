@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from reward_servers import reward_server
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.models.modeling import load_tokenizer
 from alignment.rewards import get_reward, score_completions
 from alignment.rewards.remote import RewardServer, score_remote
 from alignment.run.build import load_prompts
 from alignment.config.cli import load_config
-from alignment.run.data import encode_prompts, read_prompt_records
+from alignment.basics.data import encode_prompts, read_prompt_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "kk"))
 import make_kk  # noqa: E402

@@ -23,9 +23,7 @@ LAYERS = [
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
      "alignment.gguf", "alignment.gguf_model", "alignment.gguf_tokenizer", "alignment.gguf_header", "alignment.step.checkpoint",
      "alignment.step.resume", "alignment.step.optimizer_state", "alignment.step.dashboards"),
-    ("alignment.run.data", "alignment.run.data_files", "alignment.run.plugins", "alignment.run.runtime", "alignment.run.output_folders",
-     "alignment.key_files", "alignment.json_depth"),
-    ("alignment.errors",),
+    ("alignment.basics",),  # errors, runtime, plugins, output folders, prompts and the files they are read from
 ]
 
 
@@ -56,7 +54,7 @@ def imports(name: str) -> set:
 
 
 def layer_of(name: str) -> int:
-    """The most specific prefix wins: alignment.run.data sits below the rest of alignment.run."""
+    """The most specific prefix wins: alignment.basics.data sits below the rest of alignment.run."""
     matches = [(len(prefix), index) for index, prefixes in enumerate(LAYERS) for prefix in prefixes
                if name == prefix or name.startswith(prefix + ".")]
     assert matches, f"{name} is in no layer: add it to LAYERS in tests/test_layout.py"
@@ -112,16 +110,16 @@ def test_the_step_and_the_algorithms_read_their_settings_not_the_config():
 
 def test_the_layers_are_seen_to_work():
     """The checks above would pass on an empty graph: the import reader must find what the trainer plainly imports."""
-    assert {"alignment.step.update", "alignment.run.build", "alignment.errors"} <= closure("alignment.step.trainer")
-    assert layer_of("alignment.run.build") < layer_of("alignment.run.data")
+    assert {"alignment.step.update", "alignment.run.build", "alignment.basics.errors"} <= closure("alignment.step.trainer")
+    assert layer_of("alignment.run.build") < layer_of("alignment.basics.data")
     assert {"reward_server.app", "reward_server.body", "alignment.rewards.pool"} <= closure("reward_server.reward_server")
 
 
 def test_an_import_for_annotations_only_counts(tmp_path, monkeypatch):
     module = tmp_path / "annotated.py"
-    module.write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from alignment.errors import ConfigError\n")
+    module.write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from alignment.basics.errors import ConfigError\n")
     monkeypatch.setitem(MODULES, "alignment.annotated", module)
-    assert imports("alignment.annotated") == {"alignment.errors"}
+    assert imports("alignment.annotated") == {"alignment.basics.errors"}
 
 
 # Thin wrappers of compiled operators, and autograd's forward / backward (and the one call that applies a PyLayer),
@@ -163,5 +161,5 @@ def test_the_trainer_is_the_loop_only():
 @pytest.mark.parametrize("name", ["alignment.rollout.link", "alignment.rollout.link_handshake", "alignment.rollout.trainer_link",
                                   "alignment.rollout.worker_link", "alignment.rollout.multi_turn", "alignment.models.cpu_bf16"])
 def test_errors_come_from_one_module(name):
-    """A module that needs only an exception type imports alignment.errors, not the module that raises it."""
+    """A module that needs only an exception type imports alignment.basics.errors, not the module that raises it."""
     assert not any(module.startswith("alignment.config") for module in imports(name))

@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.rewards import RewardSettings, get_reward, score_completions
 from alignment.rewards.length_rewards import ngram_ids
 from alignment.config.cli import load_config

@@ -123,7 +123,7 @@ def test_the_checks_pass_an_intact_folder_and_keep_the_parameter_names(tmp_path)
 
 
 def test_a_sharded_folder_loads_and_a_missing_shard_is_named(tmp_path):
-    from alignment.errors import ModelLoadError
+    from alignment.basics.errors import ModelLoadError
     from alignment.models.modeling import load_causal_lm
 
     folder = tmp_path / "sharded"

@@ -23,7 +23,7 @@ from alignment.run.build import load_actor, optimizer_settings
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.ops import load_ops
 from alignment.config.schema import GRPOConfig
-from alignment.run.data import encode_messages
+from alignment.basics.data import encode_messages
 from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 from alignment.step.optimizer_state import load_training_state
 
@@ -208,7 +208,7 @@ def test_recompute_covers_every_layer_and_keeps_the_gradients(monkeypatch):
 @needs_ops
 @BUILDERS
 def test_the_fused_engine_decodes_with_the_merged_adapters(build):
-    from alignment.errors import WeightSyncError
+    from alignment.basics.errors import WeightSyncError
     from alignment.rollout.fused import FusedEngine
 
     model = with_lora(build, dropout=0.1)

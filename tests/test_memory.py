@@ -26,7 +26,7 @@ from alignment.config.schema import GRPOConfig
 from alignment.config.cli import load_config
 from alignment.run.build import update_settings
 from alignment.run.memory_plan import expected_cache_dtype
-from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.basics.data import EncodedPrompt, PromptRecord
 from alignment.step.records import ScoredBatch
 from alignment.step.update import Learner, update_policy
 
@@ -132,7 +132,7 @@ MEASURE = textwrap.dedent(
     """
     import json, sys
     sys.path[:0] = [{tests!r}, {repo!r}]
-    from alignment.run.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle
+    from alignment.basics.runtime import configure_cpu_runtime, contiguous_kernels, import_paddle
     configure_cpu_runtime()
     paddle = import_paddle()
     from test_memory import scored_batch
@@ -261,11 +261,11 @@ LEAK = textwrap.dedent(
     import sys, threading, time
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from alignment.run.runtime import configure_cpu_runtime, import_paddle
+    from alignment.basics.runtime import configure_cpu_runtime, import_paddle
     configure_cpu_runtime()
     import_paddle()
     import numpy as np
-    from alignment.errors import OutOfMemoryError
+    from alignment.basics.errors import OutOfMemoryError
     from alignment.config.cli import load_config
     from alignment.run.memory_plan import resident_bytes
     from alignment.run.setup import set_up_run
@@ -312,7 +312,7 @@ GUARD = textwrap.dedent(
     import sys
     sys.path.insert(0, {repo!r})
     import numpy as np
-    from alignment.errors import OutOfMemoryError
+    from alignment.basics.errors import OutOfMemoryError
     from alignment.run.memory_plan import resident_bytes
     from alignment.step.memory import RESERVE, MemoryGuard
     limit = resident_bytes() + RESERVE + 200 * 2**20

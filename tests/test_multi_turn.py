@@ -13,14 +13,14 @@ import pytest
 
 from alignment.algo.loss import LossInputs, policy_loss
 from alignment.algo.loss_settings import LossSettings
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits, check_template, episode_sums
 from alignment.rollout.ops import load_ops
 from alignment.config.schema import GRPOConfig
 from alignment.run.build import update_settings
-from alignment.run.plugins import load_plugins
+from alignment.basics.plugins import load_plugins
 from alignment.step.update import policy_logprobs
 from alignment.tools import ToolSettings, get_environment, get_tool
 from alignment.tools.sandbox import SandboxLimits
@@ -251,7 +251,7 @@ def test_rewards_score_what_the_model_wrote_not_what_a_tool_printed(tiny, turns,
     from alignment.run.scorer import build_scorer
     from alignment.rollout import Rollout
     from alignment.config.cli import load_config
-    from alignment.run.data import EncodedPrompt, PromptRecord
+    from alignment.basics.data import EncodedPrompt, PromptRecord
     from alignment.step.scoring import score_rollout
     from alignment.tools import Episode, ToolCall
 

@@ -14,7 +14,7 @@ import pytest
 from test_variants import _config, _scored, setup  # noqa: F401  (the module fixture)
 from tiny_models import put_a_nan_in_the_final_norm
 
-from alignment.errors import NonFiniteError
+from alignment.basics.errors import NonFiniteError
 from alignment.parallel.distributed import World
 from alignment.config.cli import load_config
 from alignment.run.build import update_settings

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from alignment.rollout import ops as ops_module
-from alignment.run.runtime import import_paddle
+from alignment.basics.runtime import import_paddle
 
 paddle = import_paddle()
 REPO = Path(__file__).resolve().parents[1]

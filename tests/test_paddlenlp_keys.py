@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from reward_servers import reward_server
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.parallel.distributed import World
 from alignment.config.schema import KEYS, GRPOConfig
 from alignment.config.aliases import ALIASES

@@ -17,7 +17,7 @@ from alignment.models.modeling import completion_hidden, enable_recompute, make_
 from alignment.models.prefix_grouper import grouped_completion_hidden, prompt_groups
 from alignment.config.cli import load_config
 from alignment.run.build import update_settings
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 from alignment.step.update import policy_logprobs
 
 ops, build = test_train_ops.ops, test_train_ops.build  # its fixtures: the loaded operators, the five tiny model builders

@@ -13,7 +13,7 @@ import pytest
 from tiny_models import PAD, PROMPTS, llama_untied, qwen2_tied
 
 from alignment.algo.logprobs import token_logprobs
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.models.modeling import completion_logits, enable_recompute, make_token_batch
 from alignment.config.cli import load_config
 

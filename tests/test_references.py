@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from alignment.errors import DataError
+from alignment.basics.errors import DataError
 from alignment.models.modeling import load_tokenizer
 from alignment.rewards import available_rewards
 from alignment.run.build import load_prompts

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from visualdl import LogReader
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.config.schema import GRPOConfig
 from alignment.config.cli import load_config
 from alignment.step.dashboards import DashboardSettings

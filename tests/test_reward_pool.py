@@ -92,7 +92,7 @@ POOL_USER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from alignment.run.plugins import plugin_sources
+    from alignment.basics.plugins import plugin_sources
     from alignment.rewards.pool import ScoringPool
 
     pool = ScoringPool(2, 3600.0, plugin_sources([sys.argv[2]]))

@@ -20,10 +20,10 @@ from openapi_spec_validator import validate as validate_openapi
 from reward_servers import API_KEY_ENV, REPO, foreign_server, free_port, reward_server, server_command
 from schemathesis import GenerationMode
 
-from alignment.errors import RewardServerError
+from alignment.basics.errors import RewardServerError
 from alignment.rewards import RewardSettings, score_completions
 from alignment.rewards.remote import RewardServer, score_remote
-from alignment.run.plugins import load_plugins
+from alignment.basics.plugins import load_plugins
 
 PLUGIN = REPO / "tests" / "plugins" / "server_rewards.py"
 KEY = "s3cret-key-for-tests"
@@ -338,7 +338,7 @@ def test_a_body_is_measured_before_it_is_parsed(body, refusal):
 
 
 def test_a_column_as_deep_as_the_trainer_reads_is_scored(server):
-    # a data row nests up to 64 levels in the trainer (alignment/run/data.py), and so may a tool call's arguments
+    # a data row nests up to 64 levels in the trainer (alignment/basics/data.py), and so may a tool call's arguments
     nested = json.loads("[" * 63 + "{}" + "]" * 63)
     sample = {"prompt": "q", "answer": "1", "tool_calls": [{"name": "f", "arguments": {"x": nested}}], "row": nested}
     table = score_remote(["<answer>1</answer>"], [sample], ["accuracy"], [1.0], RewardServer(server.url, "v1", 30, 0))

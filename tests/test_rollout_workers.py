@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load_file
 
 # A learning rate large enough to move the weights well past float noise in 3 steps, a KL term, a sampled
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.rollout.link import placement, rollout_order, words_after, worker_share
 from alignment.rollout.ops import load_ops
 from alignment.rollout.wire import load_parts
@@ -325,7 +325,7 @@ def test_the_link_key_reaches_the_processes_through_a_file_never_the_launchers_l
 
 
 def test_the_link_file_must_be_private_to_its_user(tmp_path):
-    from alignment.errors import RolloutWorkerError
+    from alignment.basics.errors import RolloutWorkerError
     from alignment.rollout.link_handshake import read_private, write_private
 
     path = tmp_path / "link.json"

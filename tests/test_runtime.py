@@ -4,7 +4,7 @@ from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
 from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, load_causal_lm, make_token_batch, save_model
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 
 
 def small_model():
@@ -61,7 +61,7 @@ def test_saved_model_reloads_with_identical_logits_even_under_contiguous_kernels
 REFAULT_PROBE = """
 import ctypes, resource, sys
 sys.path.insert(0, {repo!r})
-from alignment.run.runtime import configure_cpu_runtime
+from alignment.basics.runtime import configure_cpu_runtime
 configure_cpu_runtime()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

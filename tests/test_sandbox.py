@@ -17,9 +17,9 @@ import pytest
 from pyseccomp import Arch, resolve_syscall
 
 import alignment
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.config.cli import load_config
-from alignment.run.plugins import load_plugins, plugin_sources
+from alignment.basics.plugins import load_plugins, plugin_sources
 from alignment.tools import Episode, ToolSettings, get_environment
 from alignment.tools.sandbox import SandboxLimits, call_in_sandbox, isolation_missing, run_python
 

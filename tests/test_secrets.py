@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from reward_servers import API_KEY_ENV, reward_server
 
-from alignment.errors import ConfigError
-from alignment.key_files import key_from_environment, read_key_file
+from alignment.basics.errors import ConfigError
+from alignment.basics.key_files import key_from_environment, read_key_file
 from alignment.config.schema import GRPOConfig
 
 KEY = "a-reward-server-key-" + os.urandom(8).hex()

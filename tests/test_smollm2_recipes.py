@@ -14,7 +14,7 @@ from test_gguf import smollm2_file
 from alignment.gguf import import_gguf
 from alignment.models.modeling import load_tokenizer
 from alignment.config.cli import load_config
-from alignment.run.data import read_prompt_records, select_by_calculation_steps
+from alignment.basics.data import read_prompt_records, select_by_calculation_steps
 
 GSM8K = Path("../shared/data/gsm8k")
 RECIPES = {

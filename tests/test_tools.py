@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.config.cli import load_config
-from alignment.run.plugins import load_plugins, plugin_sources
+from alignment.basics.plugins import load_plugins, plugin_sources
 from alignment.tools import Episode, ToolSettings, get_environment, get_tool, register_tool
 from alignment.tools.calculator import CalculatorError, calculate, calculator
 from alignment.tools.calls import MalformedCall, ParsedCall, parse_tool_calls

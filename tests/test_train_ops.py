@@ -18,7 +18,7 @@ from alignment.models.modeling import completion_logits, enable_recompute, load_
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.fused import FusedEngine
 from alignment.rollout.ops import load_ops
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 
 ops = test_ops.ops  # its fixture: the loaded operators (or a skip); rng comes from conftest.py
 MASKED = float(np.finfo(np.float32).min)  # what paddleformers' additive mask holds where a key is hidden

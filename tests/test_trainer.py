@@ -17,7 +17,7 @@ from alignment.run.build import scoring_settings, update_settings
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EagerEngine, Rollout, SamplingParams
 from alignment.config.cli import load_config
-from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.basics.data import EncodedPrompt, PromptRecord
 from alignment.step.metrics import step_metrics
 from alignment.step.scoring import score_rollout
 from alignment.step.update import Learner, update_policy

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.config.cli import load_config
 
 # name -> (the keys as its users write them, what the validated config holds)

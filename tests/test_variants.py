@@ -21,7 +21,7 @@ from alignment.run.build import rollout_settings, scoring_settings, update_setti
 from alignment.run.scorer import build_scorer
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.config.cli import load_config
-from alignment.run.data import EncodedPrompt, PromptRecord
+from alignment.basics.data import EncodedPrompt, PromptRecord
 from alignment.step.rollout import Sampler, keep_groups_with_signal
 from alignment.step.scoring import score_rollout
 from alignment.run.setup import set_up_run
@@ -329,7 +329,7 @@ def test_a_plugin_reward_sees_every_dataset_column(tmp_path):
 
 
 def test_a_missing_plugin_file_is_a_config_error(tmp_path):
-    from alignment.errors import ConfigError
+    from alignment.basics.errors import ConfigError
 
     with pytest.raises(ConfigError, match="external_plugins: plugin nowhere.py: no such file"):
         load_config(["config/tiny/grpo_argument.json", "--external_plugins", "nowhere.py"])
@@ -355,7 +355,7 @@ def test_reward_model_scores_in_the_run_equal_scoring_it_directly(tmp_path):
     totals = [row["rewards"]["accuracy"] + 0.5 * row["rewards"]["reward_model"] for row in completions]
     np.testing.assert_allclose([row["reward"] for row in completions], totals, rtol=1e-6)
     assert metrics["reward/reward_model"] == pytest.approx(np.mean(logged), rel=1e-5)
-    from alignment.errors import ConfigError
+    from alignment.basics.errors import ConfigError
 
     with pytest.raises(ConfigError, match="reward_functions names reward_model but reward_model_name_or_path is not set"):
         load_config(["config/tiny/grpo_argument.json", "--reward_functions", "reward_model", "--reward_function_weights", "1"])

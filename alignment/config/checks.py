@@ -6,7 +6,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Optional
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 _FOUND: ContextVar[Optional[list]] = ContextVar("found", default=None)  # set while collecting: the failed checks' messages
 

@@ -11,7 +11,7 @@ from alignment.config.files import problems_message, read_config_file
 from alignment.config.paddlenlp_keys import PADDLENLP_ALIASES, PADDLENLP_KEYS, Refusal, from_text
 from alignment.config.schema import KEYS, GRPOConfig, canonical_key, check_choice, value_type
 from alignment.config.validation import validate
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 
 def _parser():

@@ -15,7 +15,7 @@ from alignment.config.aliases import ALIASES
 from alignment.config.checks import show
 from alignment.config.paddlenlp_keys import PADDLENLP_ALIASES, PADDLENLP_KEYS, PADDLENLP_VALUES, Refusal, read_key
 from alignment.config.schema import canonical_key, check_choice, value_type
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 
 @dataclass

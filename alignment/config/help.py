@@ -13,7 +13,7 @@ from typing import Optional
 
 from alignment.config.aliases import ALIASES
 from alignment.config.schema import KEYS, SECTIONS, GRPOConfig, value_type
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 HELP_FLAGS = ("-h", "--help")
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 from alignment.config.checks import check, names_gguf, show
 from alignment.config.schema import GRPOConfig
-from alignment.errors import ConfigError, GGUFImportError, ModelLoadError
+from alignment.basics.errors import ConfigError, GGUFImportError, ModelLoadError
 
 
 def check_model_files(c: GRPOConfig) -> None:
@@ -59,7 +59,7 @@ def check_lengths_fit_model(c: GRPOConfig) -> None:
 def load_reward_functions(c: GRPOConfig) -> None:
     """Loads external_plugins first: they may register the reward functions named."""
     from alignment.rewards import REWARD_MODEL, get_reward
-    from alignment.run.plugins import load_plugins
+    from alignment.basics.plugins import load_plugins
 
     try:
         load_plugins(c.external_plugins)

@@ -23,7 +23,7 @@ from alignment.config.sections.evaluation import check_evaluation, check_logging
 from alignment.config.sections.model_and_data import check_calculation_steps, check_lengths, check_names_a_dataset
 from alignment.config.sections.optimisation import check_lora, check_memory_and_parallelism, check_optimizer_and_schedule
 from alignment.config.sections.rollout import check_sampling
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 INT64 = 2**63  # integers reach numpy and paddle as int64
 DATASET_KEYS = ("train_datasets", "eval_datasets")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import paddle
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # in the order the sentence names them: AMX tiles, then AVX-512 dot products
 

@@ -21,7 +21,7 @@ import logging
 import sys
 from pathlib import Path
 
-from alignment.run.runtime import configure_cpu_runtime, import_paddle
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
 configure_cpu_runtime()  # before paddle and transformers are imported: their notices that say nothing here are quieted
 import_paddle()
@@ -34,10 +34,10 @@ from safetensors.paddle import load_file  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from alignment.errors import GGUFExportError  # noqa: E402
+from alignment.basics.errors import GGUFExportError  # noqa: E402
 from alignment.gguf_model import ARCHITECTURES, BLOCK_NAMES, TOP_LEVEL_NAMES, llama3_rope_factors  # noqa: E402
 from alignment.gguf_tokenizer import CONTROL, IGNORE_MERGES, NORMAL, PRE_TOKENIZERS, UNUSED, USER_DEFINED, build_tokenizer  # noqa: E402
-from alignment.run.output_folders import baked_templates  # noqa: E402
+from alignment.basics.output_folders import baked_templates  # noqa: E402
 
 logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer logs each file it writes at INFO
 
@@ -69,7 +69,7 @@ PROBES = [
 def write_gguf_file(folder: Path, path: Path, outtype: str = "f32", system_prompt: str | None = None) -> dict:
     """folder (Hugging Face layout: config.json, safetensors, tokenizer files) -> path (.gguf), written beside it under
     a hidden name and renamed into place, so an interrupted export leaves no half file; system_prompt, given, is the
-    chat template's default system message (alignment/run/output_folders.py). -> a summary (arch, pre, ...)."""
+    chat template's default system message (alignment/basics/output_folders.py). -> a summary (arch, pre, ...)."""
     folder, path = Path(folder), Path(path)
     config = read_config(folder)
     weights = read_weights(folder)

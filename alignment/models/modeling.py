@@ -13,7 +13,7 @@ from paddleformers.transformers import AutoConfig, AutoModelForCausalLM, AutoTok
 from paddleformers.utils.log import logger as paddleformers_logger
 from safetensors import SafetensorError, safe_open
 
-from alignment.errors import ModelLoadError
+from alignment.basics.errors import ModelLoadError
 from alignment.models.prefix_grouper import grouped_completion_hidden
 from alignment.models.template_limits import bounded_chat_template
 

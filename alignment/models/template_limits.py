@@ -14,7 +14,7 @@ import os
 import threading
 import time
 
-from alignment.errors import ChatTemplateError
+from alignment.basics.errors import ChatTemplateError
 
 TEMPLATE_SECONDS = 10
 TEMPLATE_CHARACTERS = 1 << 20

@@ -14,7 +14,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from alignment.errors import ConfigError, DistributedError
+from alignment.basics.errors import ConfigError, DistributedError
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 from .registry import register_reward
 

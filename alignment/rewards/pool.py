@@ -11,7 +11,7 @@ and one job holds at most `job_workers` workers at once, so a large or slow requ
 others wait for all of it. A job that ends early (its client went away, its time budget ran out) gives
 its unstarted items an error, and the workers still scoring its items are killed and replaced.
 
-Plugins are executed from the text the parent read (alignment/run/plugins.py), in every worker,
+Plugins are executed from the text the parent read (alignment/basics/plugins.py), in every worker,
 replacements included: an edited or deleted plugin file changes nothing while the pool runs.
 
 Messages are pickled: the workers are this process's own children, as this user, on a socket pair it
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from alignment.json_depth import MAX_JSON_DEPTH
+from alignment.basics.json_depth import MAX_JSON_DEPTH
 from alignment.rewards import RewardSettings, ScoreTable, available_rewards, score_completions
 from alignment.rewards.registry import prepare_rewards
-from alignment.run.plugins import PluginSource, load_plugin_sources
+from alignment.basics.plugins import PluginSource, load_plugin_sources
 
 # Large enough that IPC is a small part of the cost (an item scores in ~30 us), small enough that a
 # big request does not hold a worker while other requests wait; huge completions make smaller chunks.

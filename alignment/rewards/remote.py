@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import anyio
 import httpx
 
-from alignment.errors import RewardServerError
+from alignment.basics.errors import RewardServerError
 
 from .scoring import ScoreTable
 from .settings import RewardSettings

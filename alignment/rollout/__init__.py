@@ -39,7 +39,7 @@ def build_engine(settings: EngineSettings, model, eos_token_ids: list, pad_token
 
 
 def generate(engine: RolloutEngine, prompts: list, group_size: int, params: SamplingParams) -> Rollout:
-    """group_size completions of each EncodedPrompt (alignment/run/data.py); a multi-turn engine's environment also
+    """group_size completions of each EncodedPrompt (alignment/basics/data.py); a multi-turn engine's environment also
     sees each prompt's sample."""
     return engine.generate([p.ids for p in prompts], group_size, params, samples=[p.record.reward_sample() for p in prompts])
 

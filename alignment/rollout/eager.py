@@ -14,7 +14,7 @@ import paddle.nn.functional as F
 
 from alignment.algo.logprobs import log_softmax
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 
 
 def left_pad(prompts: list, pad_token_id: int):

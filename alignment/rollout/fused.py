@@ -41,12 +41,12 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.algo.logprobs import token_logprobs
-from alignment.errors import ConfigError, WeightSyncError
+from alignment.basics.errors import ConfigError, WeightSyncError
 from alignment.models.lora import effective_weight
 from alignment.models.modeling import layout_unsupported
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
 from alignment.rollout.eager import left_pad
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 PROBE_LENGTHS = (24, 17)  # two probe rows of different lengths, so the check covers left padding

@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 BUCKET_BYTES = 64 << 20  # weights go in flat buffers of about this size: few collective calls, bounded extra memory
 

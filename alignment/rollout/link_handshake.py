@@ -22,8 +22,8 @@ from multiprocessing.connection import AuthenticationError, Connection, answer_c
 from pathlib import Path
 from typing import Optional
 
-from alignment.errors import ConfigError, RolloutWorkerError, TrainerGone, WireError
-from alignment.key_files import read_key_file
+from alignment.basics.errors import ConfigError, RolloutWorkerError, TrainerGone, WireError
+from alignment.basics.key_files import read_key_file
 from alignment.rollout.link import last_line
 from alignment.rollout.wire import receive_message, send_message
 

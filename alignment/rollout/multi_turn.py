@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.rollout.base import Rollout, SamplingParams, TokenStream
 from alignment.tools import ToolSettings, get_environment, get_tool
 from alignment.tools.environment import Episode

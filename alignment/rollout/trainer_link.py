@@ -14,7 +14,7 @@ from typing import Optional
 import paddle
 import paddle.distributed as dist
 
-from alignment.errors import CheckpointError, RolloutWorkerError, WireError
+from alignment.basics.errors import CheckpointError, RolloutWorkerError, WireError
 from alignment.rollout.link import RunPlan, buckets, last_line, words_after
 from alignment.rollout.link_handshake import LINK_FILE, accept_workers, address_bound_key, one_machine, shared_key, write_private
 from alignment.rollout.wire import load_parts, parts_from_record, pending_bytes, receive_message, send_message

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 from safetensors.numpy import load_file, save
 
-from alignment.errors import WireError
+from alignment.basics.errors import WireError
 from alignment.rollout.base import Rollout
 from alignment.tools.environment import Episode, ToolCall
 

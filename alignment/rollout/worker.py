@@ -15,7 +15,7 @@ import time
 
 import paddle.distributed as dist
 
-from alignment.errors import TrainerGone
+from alignment.basics.errors import TrainerGone
 from alignment.models.modeling import load_tokenizer
 from alignment.rollout import generate
 from alignment.rollout.link import Placement, rollout_order, trained_parameters, worker_share
@@ -23,7 +23,7 @@ from alignment.rollout.wire import RolloutPart
 from alignment.rollout.worker_link import WorkerLink
 from alignment.run.build import load_actor, load_prompts, matmul_compute, rollout_engine, sampling_params
 from alignment.config.schema import GRPOConfig
-from alignment.run.data import PromptSchedule
+from alignment.basics.data import PromptSchedule
 from alignment.run.seeding import seed_phase
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import paddle
 import paddle.distributed as dist
 
-from alignment.errors import TrainerGone
+from alignment.basics.errors import TrainerGone
 from alignment.rollout.link import Placement, RunPlan, buckets, last_line
 from alignment.rollout.link_handshake import LINK_FILE, join_trainer, read_private, shared_key
 from alignment.rollout.wire import RolloutPart, parts_record, receive_message, send_message

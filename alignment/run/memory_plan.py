@@ -11,7 +11,7 @@ from typing import Optional
 
 import paddle
 
-from alignment.errors import MemoryPlanError
+from alignment.basics.errors import MemoryPlanError
 from alignment.models.cpu_bf16 import cpu_bf16_flags
 from alignment.models.memory import (
     FAST_ACTIVATIONS, FLOAT, MemoryEstimate, MemorySettings, ModelShape, TokenBudget, estimate_memory, gigabytes, lora_parameters,

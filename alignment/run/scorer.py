@@ -7,12 +7,12 @@ import warnings
 import weakref
 from typing import Optional
 
-from alignment.key_files import key_from_environment
+from alignment.basics.key_files import key_from_environment
 from alignment.rewards import REWARD_MODEL, ScoreTable, score_completions
 from alignment.rewards.pool import ScoringPool
 from alignment.rewards.remote import RewardServer, score_remote
 from alignment.config.schema import GRPOConfig
-from alignment.run.plugins import plugin_sources
+from alignment.basics.plugins import plugin_sources
 
 API_KEY_VARIABLE = "GRPO_REWARD_SERVER_API_KEY"  # or GRPO_REWARD_SERVER_API_KEY_FILE: a file only its user can read
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alignment.errors import CheckpointError, ConfigError, GGUFImportError
+from alignment.basics.errors import CheckpointError, ConfigError, GGUFImportError
 from alignment.gguf import import_if_changed
 from alignment.parallel.distributed import World
 from alignment.config.checks import names_gguf

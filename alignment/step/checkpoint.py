@@ -43,7 +43,7 @@ from typing import Any, Optional
 
 from safetensors import SafetensorError
 
-from alignment.errors import CheckpointError
+from alignment.basics.errors import CheckpointError
 from alignment.models.lora import has_lora, save_adapter
 from alignment.models.modeling import save_model
 from alignment.step.dashboards import WANDB_RUN_ID

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from alignment.algo.registry import Registry
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 TRAIN_GROUP, EVAL_GROUP = "train", "validation"
 NONE = "none"  # report_to none: no dashboard (metrics.jsonl and completions.jsonl are always written)

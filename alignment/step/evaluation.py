@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 
 from alignment.algo.stats import mean_and_pass_at_k
-from alignment.errors import RewardServerError
+from alignment.basics.errors import RewardServerError
 from alignment.rollout import SamplingParams, generate
 from alignment.rollout.multi_turn import tool_use
 from alignment.run.seeding import seed_phase

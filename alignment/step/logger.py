@@ -15,7 +15,7 @@ import sys
 
 from tqdm import tqdm
 
-from alignment.errors import LogWriteError
+from alignment.basics.errors import LogWriteError
 from alignment.step.dashboards import DashboardSettings, open_boards, record_scalars
 
 METRICS, COMPLETIONS = "metrics.jsonl", "completions.jsonl"

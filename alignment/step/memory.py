@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import paddle
 
-from alignment.errors import OutOfMemoryError
+from alignment.basics.errors import OutOfMemoryError
 from alignment.models.memory import gigabytes
 from alignment.run.memory_plan import available_bytes, resident_bytes
 

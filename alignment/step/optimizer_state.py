@@ -10,7 +10,7 @@ import paddle
 from safetensors import safe_open
 from safetensors.paddle import load_file, save_file
 
-from alignment.errors import CheckpointError
+from alignment.basics.errors import CheckpointError
 from alignment.step.resume import STATE_FILE
 
 OPTIMIZER_FILE = "optimizer.safetensors"

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from alignment.errors import CheckpointError
+from alignment.basics.errors import CheckpointError
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"

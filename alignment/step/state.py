@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from alignment.errors import RolloutWorkerError
+from alignment.basics.errors import RolloutWorkerError
 from alignment.parallel.distributed import World
 from alignment.rollout.link import trained_parameters
 from alignment.rollout.trainer_link import PENDING_FILE, TrainerLink

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from alignment.errors import NonFiniteError, RewardServerError, RewardsFailedError
+from alignment.basics.errors import NonFiniteError, RewardServerError, RewardsFailedError
 from alignment.rollout.link import trained_parameters
-from alignment.run.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels
 from alignment.run.setup import RunSetup
 from alignment.step.advantages import step_advantages
 from alignment.curves import plot_curves

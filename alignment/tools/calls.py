@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from alignment.json_depth import MAX_JSON_DEPTH, json_too_deep
+from alignment.basics.json_depth import MAX_JSON_DEPTH, json_too_deep
 
 CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 # A call's JSON, and arguments written as a JSON string inside it, nest at most MAX_JSON_DEPTH deep (the parser, the

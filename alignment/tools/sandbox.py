@@ -50,7 +50,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from alignment.errors import IsolationError
+from alignment.basics.errors import IsolationError
 
 PACKAGE = Path(__file__).resolve().parents[1]  # alignment/: a plugin tool's process imports the registry from it
 WORKDIR = "/sandbox"  # the private folder's path inside the sandbox
@@ -94,7 +94,7 @@ if job["kind"] == "python":
     del job
     exec(code, {"__name__": "__main__"})
 else:
-    from alignment.run.plugins import PluginSource, load_plugin_sources
+    from alignment.basics.plugins import PluginSource, load_plugin_sources
     from alignment.tools.registry import get_tool
     load_plugin_sources([PluginSource(path, text) for path, text in job["plugins"]])
     tool = get_tool(job["tool"])

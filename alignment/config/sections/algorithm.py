@@ -12,7 +12,7 @@ from alignment.algo.objectives import IMPORTANCE_RATIOS, OBJECTIVES
 from alignment.config.aliases import SURROGATE_SYNONYMS, TRL_LOSS_TYPES
 from alignment.config.checks import check
 from alignment.config.sections import _key
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from typing import Optional
 
 from alignment.config.checks import check
 from alignment.config.sections import _key
-from alignment.errors import ConfigError
-from alignment.run.data import parse_step_range
+from alignment.basics.errors import ConfigError
+from alignment.basics.data import parse_step_range
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Optional
 
 import numpy as np
 
-from alignment.errors import ChatTemplateError, ConfigError, DataError
-from alignment.run.data_files import read_rows
+from alignment.basics.errors import ChatTemplateError, ConfigError, DataError
+from alignment.basics.data_files import read_rows
 
 PROMPT_KEYS = ("src", "question", "messages", "prompt")
 RESPONSE_KEYS = ("tgt", "answer", "solution", "response", "ground_truth", "reward_model.ground_truth")

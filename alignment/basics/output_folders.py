@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from alignment.errors import ExportError
+from alignment.basics.errors import ExportError
 
 TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template.*", "vocab.*", "merges.txt")
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 
 
 def read_key_file(path: str, what: str) -> str:

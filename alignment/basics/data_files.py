@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from alignment.errors import DataError
-from alignment.json_depth import MAX_JSON_DEPTH, json_too_deep
+from alignment.basics.errors import DataError
+from alignment.basics.json_depth import MAX_JSON_DEPTH, json_too_deep
 
 # A longer line is a bad row, read past in 1 MiB pieces, never held whole: a file that is not jsonl (no newlines)
 # must not be read into memory as one line. Rows with long reference solutions or test cases fit well within it.
