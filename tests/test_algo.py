@@ -179,7 +179,7 @@ def test_policy_loss_aggregation_hand_computed(loss_type, expected):
     assert float(loss) == pytest.approx(expected)
     assert sums == {"clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0}
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(logp, LossInputs(logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask)), LossSettings(kl_coeff=0.1))
+        policy_loss(logp, LossInputs(logp, paddle.to_tensor([2.0, -1.0]), weights, paddle.to_tensor(mask)), LossSettings(kl_loss_coeff=0.1))
 
 
 def test_importance_weights_scale_the_policy_term_only():
@@ -188,7 +188,7 @@ def test_importance_weights_scale_the_policy_term_only():
     weights = paddle.to_tensor([[0.5, 0.5]])
     ref = paddle.to_tensor([[-2.0, -1.0]])  # k3: e^-1 - (-1) - 1 = e^-1, and 0
     inputs = LossInputs(logp, paddle.to_tensor([1.0]), weights, mask, importance_weights=paddle.to_tensor([[2.0, 0.5]]), ref_logprobs=ref)
-    loss, sums = policy_loss(logp, inputs, LossSettings(kl_coeff=0.1))
+    loss, sums = policy_loss(logp, inputs, LossSettings(kl_loss_coeff=0.1))
     assert float(loss) == pytest.approx(0.5 * (-2.0 - 0.5) + 0.5 * 0.1 * math.exp(-1), rel=1e-6)
     assert sums["kl"] == pytest.approx(math.exp(-1), rel=1e-6)
 
@@ -202,17 +202,17 @@ def _policy(seed=0):
 # selection (a fixed mask, as the trainer fixes it before the update) and the entropy bonus's coefficient.
 LOSS_VARIANTS = {
     "clip": ({}, "token_truncate", False, 0.0),
-    "gspo": ({"level": "sequence"}, "token_truncate", False, 0.0),
+    "gspo": ({"importance_sampling_level": "sequence"}, "token_truncate", False, 0.0),
     "cispo": ({"surrogate": "cispo"}, "token_truncate", False, 0.0),
-    "gspo_cispo": ({"level": "sequence", "surrogate": "cispo"}, "token_truncate", False, 0.0),
+    "gspo_cispo": ({"importance_sampling_level": "sequence", "surrogate": "cispo"}, "token_truncate", False, 0.0),
     "sequence_mask": ({}, "sequence_mask", False, 0.0),
     "token_mask": ({}, "token_mask", False, 0.0),
-    "sequence_truncate": ({"level": "sequence"}, "sequence_truncate", False, 0.0),
-    "bias_corrected_kl": ({"kl_bias_correction": True}, "token_truncate", False, 0.0),
+    "sequence_truncate": ({"importance_sampling_level": "sequence"}, "sequence_truncate", False, 0.0),
+    "bias_corrected_kl": ({"use_bias_correction_kl": True}, "token_truncate", False, 0.0),
     "entropy_bonus": ({}, "token_truncate", False, 0.02),
     "entropy_selection_and_bonus": ({}, "token_truncate", True, 0.02),
     "sapo": ({"surrogate": "sapo"}, "token_truncate", False, 0.0),
-    "gmpo": ({"surrogate": "gmpo", "clip_low": 0.4, "clip_high": 0.4}, "token_truncate", False, 0.0),
+    "gmpo": ({"surrogate": "gmpo", "clip_range_ratio_low": 0.4, "clip_range_ratio_high": 0.4}, "token_truncate", False, 0.0),
     "off_policy_mask": ({"off_policy_mask_threshold": 0.05}, "token_truncate", False, 0.0),
     "low_var_kl": ({"kl_estimator": "low_var_kl"}, "token_truncate", False, 0.0),
     "k3_straight_through": ({"kl_estimator": "k3+"}, "token_truncate", False, 0.0),
@@ -224,7 +224,8 @@ def _batch_gradient(model, tokens, advantages, mask, micro_batch, kl_coeff, loss
     the rows are split into contiguous slices, each weighted from its own mask and the summed counts, as
     the trainer does across ranks. Clip-higher, dual clip and importance weights are on."""
     extra, mode, select, bonus = LOSS_VARIANTS[variant]
-    settings = LossSettings(**{"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_coeff": kl_coeff, **extra})
+    clips = {"clip_range_ratio_low": 0.2, "clip_range_ratio_high": 0.28, "dual_clip_ratio": 3.0}
+    settings = LossSettings(**{**clips, "kl_loss_coeff": kl_coeff, **extra})
     rows_total = tokens.shape[0]
     rng = np.random.default_rng(1)
     ref = paddle.nn.functional.log_softmax(paddle.to_tensor(rng.normal(size=(6, 5, 11)).astype("float32")), -1)

@@ -66,7 +66,7 @@ def test_at_one_update_per_batch_gspo_gives_the_token_level_gradient(loss_type_w
     for level in ("token", "sequence"):
         logp = paddle.to_tensor(values, stop_gradient=False)
         inputs = LossInputs(logp.detach(), advantages, paddle.to_tensor(weights), paddle.to_tensor(mask_np))
-        loss, _ = policy_loss(logp, inputs, LossSettings(level=level))
+        loss, _ = policy_loss(logp, inputs, LossSettings(importance_sampling_level=level))
         loss.backward()
         grads.append(logp.grad.numpy())
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6, atol=1e-8)
@@ -140,7 +140,7 @@ def test_entropy_selection_touches_the_policy_term_not_the_kl():
     logp = paddle.to_tensor([[-1.0, -1.0]])
     mask, weights = paddle.ones([1, 2]), paddle.to_tensor([[0.5, 0.5]])
     ref = paddle.to_tensor([[-2.0, -2.0]])  # k3 = e^-1 on both tokens
-    settings = LossSettings(kl_coeff=0.1)
+    settings = LossSettings(kl_loss_coeff=0.1)
     selected = paddle.to_tensor([[0.0, 1.0]])  # the second token only; A = 1, ratio 1: policy term -1 per token
     loss, sums = policy_loss(logp, LossInputs(logp, paddle.to_tensor([1.0]), weights, mask, ref_logprobs=ref, selected=selected), settings)
     assert float(loss) == pytest.approx(0.5 * (0.1 * math.exp(-1)) + 0.5 * (-1 + 0.1 * math.exp(-1)), rel=1e-6)
@@ -160,7 +160,7 @@ def test_bias_corrected_kl_is_the_kl_times_the_ratio():
     logp = paddle.to_tensor([[-1.0]], stop_gradient=False)
     old, ref = paddle.to_tensor([[-1.5]]), paddle.to_tensor([[-2.0]])  # ratio e^0.5, k3 = e^-1
     for correction, factor in ((False, 1.0), (True, math.exp(0.5))):
-        settings = LossSettings(kl_coeff=0.1, kl_bias_correction=correction)
+        settings = LossSettings(kl_loss_coeff=0.1, use_bias_correction_kl=correction)
         inputs = LossInputs(old, paddle.to_tensor([0.0]), paddle.ones([1, 1]), paddle.ones([1, 1]), ref_logprobs=ref)
         loss, sums = policy_loss(logp, inputs, settings)
         assert float(loss) == pytest.approx(0.1 * math.exp(-1) * factor, rel=1e-6)
@@ -310,10 +310,10 @@ def test_off_policy_mask_touches_the_policy_term_not_the_kl():
     ref = paddle.to_tensor([[-2.0, -2.0]])  # k3 = e^-1 per token
     inputs = LossInputs(logp.detach(), paddle.to_tensor([-1.0]), paddle.to_tensor([[0.5, 0.5]]), paddle.ones([1, 2]), ref_logprobs=ref,
                         sampling_logprobs=paddle.to_tensor([[0.0, 0.0]]))  # drifted by 1 per token
-    loss, sums = policy_loss(logp, inputs, LossSettings(kl_coeff=0.1, off_policy_mask_threshold=0.5))
+    loss, sums = policy_loss(logp, inputs, LossSettings(kl_loss_coeff=0.1, off_policy_mask_threshold=0.5))
     assert float(loss) == pytest.approx(0.1 * math.exp(-1), rel=1e-6)  # the policy term (+1) is gone, the KL stays
     assert sums["off_policy_masked"] == 2.0
-    loss, sums = policy_loss(logp, inputs, LossSettings(kl_coeff=0.1, off_policy_mask_threshold=1.5))
+    loss, sums = policy_loss(logp, inputs, LossSettings(kl_loss_coeff=0.1, off_policy_mask_threshold=1.5))
     assert float(loss) == pytest.approx(1.0 + 0.1 * math.exp(-1), rel=1e-6) and sums["off_policy_masked"] == 0.0
 
 

@@ -8,9 +8,10 @@ import pytest
 
 from alignment.errors import ConfigError
 from alignment.models.modeling import load_tokenizer
-from alignment.config.schema import GRPOConfig
+from alignment.config.schema import KEYS, GRPOConfig
 from alignment.config.aliases import ALIASES
 from alignment.config.cli import load_config
+from alignment.run.build import step_settings
 
 TINY = "config/tiny/grpo_argument.json"
 
@@ -28,6 +29,19 @@ def test_bundled_tiny_config_loads_and_derives_accumulation():
     assert dataclasses.is_dataclass(config)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.rollout_n = 3
+
+
+def test_each_phase_of_a_step_reads_its_keys_values_from_the_config():
+    """run/build.py's step_settings: every field of a phase's record named as a key holds that key's value."""
+    config = load_config([TINY, "--clip_range_ratio_high", "0.28", "--overlong_filter", "true", "--eval_steps", "3"])
+    settings = step_settings(config)
+    records = [settings.loop, settings.rollout, settings.rollout.scoring, settings.evaluation, settings.advantages,
+               settings.update, settings.update.loss]
+    named = [(record, field.name) for record in records for field in dataclasses.fields(record) if field.name in KEYS]
+    assert len(named) > 50
+    assert all(getattr(record, key) == getattr(config, key) for record, key in named)
+    assert settings.update.loss.clip_range_ratio_high == 0.28 and settings.advantages.overlong_filter
+    assert settings.evaluation.eval_steps == 3 and settings.loop.config_json == config.to_json()
 
 
 @pytest.mark.parametrize(

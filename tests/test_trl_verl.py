@@ -132,12 +132,14 @@ def ours(
 # tests/trl_verl_side.py
 TRL = {
     # delta = our dual_clip_ratio; the importance weights are ours (token_truncate, cap 2), given to TRL as vLLM's
-    "trl_dapo_delta_bias_corrected_kl_is": (LossSettings(0.2, 0.28, 3.0, kl_coeff=0.05, kl_bias_correction=True), "dapo", True, 1.0, 0.0),
-    "trl_grpo_gspo": (LossSettings(3e-4, 4e-4, level="sequence"), "grpo", False, 1.0, 0.0),
-    "trl_dr_grpo_kl": (LossSettings(0.2, 0.2, kl_coeff=0.05), "dr_grpo", False, 1.0, 0.0),
+    "trl_dapo_delta_bias_corrected_kl_is": (
+        LossSettings(0.2, 0.28, 3.0, kl_loss_coeff=0.05, use_bias_correction_kl=True), "dapo", True, 1.0, 0.0
+    ),
+    "trl_grpo_gspo": (LossSettings(3e-4, 4e-4, importance_sampling_level="sequence"), "grpo", False, 1.0, 0.0),
+    "trl_dr_grpo_kl": (LossSettings(0.2, 0.2, kl_loss_coeff=0.05), "dr_grpo", False, 1.0, 0.0),
     # TRL's cispo: the weight min(r, epsilon_high = 5); ours clip(r, 1 - 1, 1 + 4), aggregated as dapo
     "trl_cispo": (LossSettings(1.0, 4.0, surrogate="cispo"), "dapo", False, 1.0, 0.0),
-    "trl_cispo_gspo": (LossSettings(1.0, 4.0, surrogate="cispo", level="sequence"), "dapo", False, 1.0, 0.0),
+    "trl_cispo_gspo": (LossSettings(1.0, 4.0, surrogate="cispo", importance_sampling_level="sequence"), "dapo", False, 1.0, 0.0),
     "trl_dapo_entropy_selection_and_bonus": (LossSettings(0.2, 0.2), "dapo", False, 0.5, 0.05),
     # TRL's loss_type sapo: our surrogate sapo, aggregated per sequence as TRL's is (loss_type grpo)
     "trl_sapo": (LossSettings(surrogate="sapo"), "grpo", False, 1.0, 0.0),
@@ -150,8 +152,8 @@ TRL = {
 TRL_MICRO_BATCH_SIZE = {"trl_bnpo_two_micro_batches": 3}
 VERL = {
     # verl's loss_agg_mode: token-mean is our dapo, seq-mean-token-mean our grpo
-    "verl_gspo_seq_mean_token_mean": (LossSettings(3e-4, 4e-4, level="sequence"), "grpo"),
-    "verl_gspo_token_mean": (LossSettings(3e-4, 4e-4, level="sequence"), "dapo"),
+    "verl_gspo_seq_mean_token_mean": (LossSettings(3e-4, 4e-4, importance_sampling_level="sequence"), "grpo"),
+    "verl_gspo_token_mean": (LossSettings(3e-4, 4e-4, importance_sampling_level="sequence"), "dapo"),
     "verl_cispo_token_mean": (LossSettings(0.2, 0.28, surrogate="cispo"), "dapo"),
     "verl_cispo_seq_mean_token_mean": (LossSettings(0.2, 0.28, surrogate="cispo"), "grpo"),
     "verl_sapo": (LossSettings(surrogate="sapo"), "grpo"),  # verl aggregates sapo per sequence whatever loss_agg_mode says
@@ -179,7 +181,7 @@ def test_losses_and_gradients_equal_trls(sides, case):
 def test_losses_and_gradients_equal_verls(sides, case):
     batch, theirs = sides
     settings, loss_type = VERL[case]
-    got = ours(batch, LossSettings(**{**settings.__dict__, "kl_coeff": 0.0}), loss_type)
+    got = ours(batch, LossSettings(**{**settings.__dict__, "kl_loss_coeff": 0.0}), loss_type)
     assert np.abs(got["grad_logp"]).max() > 1e-3
     np.testing.assert_allclose(got["loss"], theirs[f"{case}/loss"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(got["grad_logp"], theirs[f"{case}/grad_logp"], rtol=1e-4, atol=1e-7)

@@ -31,14 +31,14 @@ class LossInputs:
 
 def policy_loss(logprobs: paddle.Tensor, inputs: LossInputs, settings: LossSettings) -> tuple:
     """Loss of one micro-batch: sum over its tokens of weights x (surrogate x selected x importance weight
-    + kl_coeff x KL [x ratio]), logprobs (B, T) with their gradient. As in TRL, the selection and the importance
+    + kl_loss_coeff x KL [x ratio]), logprobs (B, T) with their gradient. As in TRL, the selection and the importance
     weights touch the policy term only, never the KL. Summing these losses over micro-batches and processes
     gives the global batch's loss however the batch is cut.
 
     Returns (loss, sums): token sums over the mask of the objective's flags, the KL, the selected tokens, which the
     caller divides by the global token count once all micro-batches are in."""
     mask = inputs.mask
-    ratio = importance_ratio(logprobs, inputs.old_logprobs, mask, settings.level)  # (B, T) or (B, 1)
+    ratio = importance_ratio(logprobs, inputs.old_logprobs, mask, settings.importance_sampling_level)  # (B, T) or (B, 1)
     per_token, flags = OBJECTIVES.get(settings.surrogate)(ratio, logprobs, inputs.advantages, mask, settings)
     if settings.off_policy_mask_threshold is not None:
         threshold = settings.off_policy_mask_threshold
@@ -51,14 +51,14 @@ def policy_loss(logprobs: paddle.Tensor, inputs: LossInputs, settings: LossSetti
         sums["selected"] = float((inputs.selected * mask).sum())
     if inputs.importance_weights is not None:
         per_token = per_token * inputs.importance_weights
-    if settings.kl_coeff > 0:
+    if settings.kl_loss_coeff > 0:
         if inputs.ref_logprobs is None and inputs.kl is None:
-            raise ValueError("kl_coeff > 0 needs ref_logprobs (or the exact kl)")
+            raise ValueError("kl_loss_coeff > 0 needs ref_logprobs (or the exact kl)")
         kl = kl_estimate(logprobs, inputs.ref_logprobs, settings.kl_estimator) if inputs.kl is None else inputs.kl
         sums["kl"] = float((kl * mask).sum())
-        if settings.kl_bias_correction:
+        if settings.use_bias_correction_kl:
             kl = kl * ratio
-        per_token = per_token + settings.kl_coeff * kl
+        per_token = per_token + settings.kl_loss_coeff * kl
     return (per_token * inputs.weights).sum(), sums
 
 

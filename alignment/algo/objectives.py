@@ -32,12 +32,12 @@ FLAG_METRICS = {
 @OBJECTIVES.register("clip")
 def clip(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: LossSettings) -> tuple:
     """PPO's clipped ratio x advantage, with clip-higher and the dual clip (flag dual_clipped with dual_clip)."""
-    return clipped_surrogate(ratio, advantages, settings.clip_low, settings.clip_high, settings.dual_clip)
+    return clipped_surrogate(ratio, advantages, settings.clip_range_ratio_low, settings.clip_range_ratio_high, settings.dual_clip_ratio)
 
 
 @OBJECTIVES.register("cispo")
 def cispo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: LossSettings) -> tuple:
-    return cispo_surrogate(ratio, logprobs, advantages, settings.clip_low, settings.clip_high)
+    return cispo_surrogate(ratio, logprobs, advantages, settings.clip_range_ratio_low, settings.clip_range_ratio_high)
 
 
 @OBJECTIVES.register("sapo")
@@ -49,7 +49,7 @@ def sapo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tenso
 def gmpo(ratio: paddle.Tensor, logprobs: paddle.Tensor, advantages: paddle.Tensor, mask: paddle.Tensor, settings: LossSettings) -> tuple:
     """GMPO takes the token ratios (importance_sampling_level token; the config refuses sequence): it makes its own
     per-sequence geometric mean, from log r, after clipping each token's."""
-    return gmpo_surrogate(paddle.log(ratio), mask, advantages, settings.clip_low, settings.clip_high)
+    return gmpo_surrogate(paddle.log(ratio), mask, advantages, settings.clip_range_ratio_low, settings.clip_range_ratio_high)
 
 
 @IMPORTANCE_RATIOS.register("token")

@@ -142,22 +142,6 @@ def sampling_params(config: GRPOConfig) -> SamplingParams:
     )
 
 
-def loss_settings(config: GRPOConfig) -> LossSettings:
-    return LossSettings(
-        clip_low=config.clip_range_ratio_low,
-        clip_high=config.clip_range_ratio_high,
-        dual_clip=config.dual_clip_ratio,
-        level=config.importance_sampling_level,
-        surrogate=config.surrogate,
-        kl_coeff=config.kl_loss_coeff,
-        kl_estimator=config.kl_estimator,
-        kl_bias_correction=config.use_bias_correction_kl,
-        sapo_temperature_pos=config.sapo_temperature_pos,
-        sapo_temperature_neg=config.sapo_temperature_neg,
-        off_policy_mask_threshold=config.off_policy_mask_threshold,
-    )
-
-
 def from_keys(record_type, config: GRPOConfig, **derived):
     """A settings record whose fields are config keys of the same names, filled by name; `derived`: its fields that
     are no key."""
@@ -179,7 +163,7 @@ def advantage_settings(config: GRPOConfig) -> AdvantageSettings:
 
 
 def update_settings(config: GRPOConfig) -> UpdateSettings:
-    return from_keys(UpdateSettings, config, loss=loss_settings(config))
+    return from_keys(UpdateSettings, config, loss=from_keys(LossSettings, config))
 
 
 def step_settings(config: GRPOConfig) -> StepSettings:

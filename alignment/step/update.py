@@ -141,7 +141,7 @@ def update_batch(
         trained, rejection = rejected_tokens(trained, old_logprobs, scored.rollout.logprobs, settings, world)
     selected = high_entropy_tokens(old_entropy, trained, settings.top_entropy_quantile, world) if selecting else None  # (B, T)
     ref_logprobs = None
-    if settings.loss.kl_coeff > 0 and not full_kl_loss(settings):  # the KL in the reward may have needed them first
+    if settings.loss.kl_loss_coeff > 0 and not full_kl_loss(settings):  # the KL in the reward may have needed them first
         ref_logprobs = scored.ref_logprobs
         if ref_logprobs is None:
             ref_logprobs = reference_logprobs(learner, scored, pad_token_id, settings, budget)
@@ -273,7 +273,7 @@ def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, settings: 
 
 
 def full_kl_loss(settings: UpdateSettings) -> bool:  # the KL loss is exact, over the vocabulary, rather than estimated
-    return settings.loss.kl_coeff > 0 and settings.loss.kl_estimator == "full"
+    return settings.loss.kl_loss_coeff > 0 and settings.loss.kl_estimator == "full"
 
 
 def exact_kl(learner: Learner, tokens, hidden: paddle.Tensor, settings: UpdateSettings) -> paddle.Tensor:
