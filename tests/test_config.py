@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from alignment.errors import ConfigError
+from alignment.basics.errors import ConfigError
 from alignment.models.modeling import load_tokenizer
 from alignment.config.schema import KEYS, GRPOConfig
 from alignment.config.aliases import ALIASES

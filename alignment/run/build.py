@@ -22,9 +22,9 @@ from alignment.run.scorer import build_scorer
 from alignment.rollout import EngineSettings, SamplingParams, build_engine
 from alignment.rollout.multi_turn import TurnLimits, TurnSettings, check_template, tool_schemas, with_environment
 from alignment.config.schema import GRPOConfig
-from alignment.run.data import PromptSchedule, encode_prompts, read_prompt_records, select_by_calculation_steps
+from alignment.basics.data import PromptSchedule, encode_prompts, read_prompt_records, select_by_calculation_steps
 from alignment.run.memory_plan import MemoryPlan, plan_memory
-from alignment.run.plugins import plugin_sources
+from alignment.basics.plugins import plugin_sources
 from alignment.run.settings import (
     AdvantageSettings,
     EvaluationSettings,
