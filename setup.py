@@ -29,7 +29,7 @@ INSTALL_REQUIRES = [
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
     "httpx==0.28.1",
-    # GGUF files (llama.cpp, Ollama) in: alignment/gguf.py reads and dequantizes them with llama.cpp's own Python
+    # GGUF files (llama.cpp, Ollama) in: alignment/models/gguf_import.py reads and dequantizes them with llama.cpp's own Python
     # package (numpy only); 0.19.0 is the version its dequantization was checked against ggml's definitions with.
     "gguf==0.19.0",
     # The tools' sandbox (alignment/tools/sandbox.py) compiles its seccomp filter with libseccomp through these ctypes

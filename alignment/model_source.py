@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from alignment.basics.errors import ConfigError, GGUFImportError, ModelLoadError
-from alignment.gguf import import_if_changed
+from alignment.models.gguf_import import import_if_changed
 from alignment.merge_lora import base_model_of
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.models.modeling import load_causal_lm

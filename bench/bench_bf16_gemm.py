@@ -41,7 +41,7 @@ configure_cpu_runtime()
 paddle = import_paddle()
 
 from alignment.rollout.fused import PACKED_ROWS  # noqa: E402
-from alignment.rollout.ops import load_ops  # noqa: E402
+from alignment.kernels.ops import load_ops  # noqa: E402
 
 
 def best_seconds(fn, repeats: int, calls: int = 1) -> float:

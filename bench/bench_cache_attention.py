@@ -36,7 +36,7 @@ import_paddle()
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from alignment.rollout.ops import load_ops  # noqa: E402
+from alignment.kernels.ops import load_ops  # noqa: E402
 
 SHAPES = {  # name: rows, heads, KV heads, head size, cache slots, first query slot
     "smollm2-135m": (64, 9, 3, 64, 195, 130),

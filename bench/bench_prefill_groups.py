@@ -26,7 +26,7 @@ import_paddle()
 from alignment.models.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from alignment.rollout import SamplingParams  # noqa: E402
 from alignment.rollout.fused import FusedEngine  # noqa: E402
-from alignment.rollout.ops import load_ops  # noqa: E402
+from alignment.kernels.ops import load_ops  # noqa: E402
 
 
 def arith_chat_prompts(tokenizer, count: int) -> list:

@@ -48,7 +48,7 @@ from alignment.models.fused_train import groups_prompts, head_kernels, use_train
 from alignment.models.modeling import completion_hidden, make_token_batch, output_head  # noqa: E402
 from alignment.rollout import EngineSettings, build_engine  # noqa: E402
 from alignment.rollout.base import SamplingParams  # noqa: E402
-from alignment.rollout.ops import load_ops  # noqa: E402
+from alignment.kernels.ops import load_ops  # noqa: E402
 
 # What each operator is, by the name its profiler event gets (see event_name). In bf16 the update's projections are
 # grpo_bf16_linear and the head's products grpo_bf16_matmul, so its only paddle matmuls are the attention's (where

@@ -31,7 +31,7 @@ from bench_prefill_groups import arith_chat_prompts  # noqa: E402  (bench/ is on
 from alignment.models.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from alignment.rollout import SamplingParams  # noqa: E402
 from alignment.rollout.fused import FusedEngine  # noqa: E402
-from alignment.rollout.ops import load_ops  # noqa: E402
+from alignment.kernels.ops import load_ops  # noqa: E402
 
 
 def timed(name, function, seconds: collections.Counter, calls: collections.Counter):

@@ -26,7 +26,7 @@ paddle = import_paddle()
 
 import numpy as np  # noqa: E402
 
-from alignment.rollout.ops import load_ops  # noqa: E402
+from alignment.kernels.ops import load_ops  # noqa: E402
 
 
 def causal_padded_mask(rows: int, length: int, rng) -> np.ndarray:

@@ -2,7 +2,7 @@
 
     .venv/bin/python csrc/build.py      (what `make ops` runs)
 
-alignment/rollout/ops.py loads the result and never compiles at run time. The CUDA sources are
+alignment/kernels/ops.py loads the result and never compiles at run time. The CUDA sources are
 compiled only when paddle itself is built with CUDA; the CPU build needs no nvcc.
 """
 

@@ -40,7 +40,7 @@ MUTATIONS = (
     ),
     Mutation(
         "bf16-linear-in-float32",  # a float32 product, which the bf16 error bound also admits
-        "alignment/rollout/ops.py",
+        "alignment/kernels/ops.py",
         (('    return _run("grpo_bf16_linear", x, weight, weight_bf16, bool(weight_grad))',
           '    import paddle\n    return paddle.matmul(x, weight), x.astype("bfloat16")'),),
         ("tests/test_cpu_bf16.py::test_linear_and_its_gradients_against_float64",),
@@ -196,7 +196,7 @@ MUTATIONS = (
     ),
     Mutation(
         "gguf-header-not-walked",  # the gguf package reads a hostile header as it comes (nested arrays: RecursionError)
-        "alignment/gguf_model.py",
+        "alignment/models/gguf_model.py",
         (("    check_header(source)\n    try:\n        return GGUFReader(source)", "    try:\n        return GGUFReader(source)"),),
         ("tests/test_gguf.py::test_a_hostile_header_is_refused_before_the_gguf_package_reads_it[nested arrays]",),
     ),

@@ -95,7 +95,7 @@ def all_cases():
 
 
 def record_cpu_tokens() -> None:
-    from alignment.rollout.ops import load_ops
+    from alignment.kernels.ops import load_ops
     from alignment.basics.runtime import import_paddle
 
     paddle = import_paddle()

@@ -20,7 +20,7 @@ from alignment.algo.logprobs import (
     token_logprobs,
 )
 from alignment.models.modeling import completion_hidden, completion_logits, make_token_batch, output_head
-from alignment.rollout.ops import load_ops
+from alignment.kernels.ops import load_ops
 from alignment.basics.runtime import contiguous_kernels
 
 OPS, WHY_NOT = load_ops()

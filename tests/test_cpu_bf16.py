@@ -25,7 +25,7 @@ from alignment.models.modeling import completion_hidden, completion_logits, make
 from alignment.rollout import SamplingParams
 from alignment.config.schema import GRPOConfig
 from alignment.config.validation import validate
-from alignment.rollout.ops import bf16_primitive_missing
+from alignment.kernels.ops import bf16_primitive_missing
 from alignment.basics.runtime import contiguous_kernels
 
 ops = test_ops.ops  # the fixture of the loaded operators (or a skip); rng comes from conftest.py

@@ -14,7 +14,7 @@ from reward_servers import free_port
 from safetensors.numpy import load_file
 from tiny_models import put_a_nan_in_the_final_norm
 
-from alignment.rollout.ops import load_ops
+from alignment.kernels.ops import load_ops
 from alignment.step.optimizer_state import load_optimizer_state
 
 GLOBAL_PROMPTS = 4

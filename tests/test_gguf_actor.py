@@ -1,6 +1,6 @@
 """actor_model_name_or_path naming a .gguf (alignment/step/trainer.py model_folders): the file is imported once into
 <output_dir>/imported/<file stem> by the main process, the import reused while the file is unchanged (its size and
-modification time, else its SHA-256: alignment/gguf.py import_if_changed) and redone when it changed; a missing or
+modification time, else its SHA-256: alignment/models/gguf_import.py import_if_changed) and redone when it changed; a missing or
 damaged file is one line and exit 2 before any model loads."""
 
 import json
@@ -14,7 +14,7 @@ import pytest
 
 from test_gguf import TINY, Q, write_gguf
 
-from alignment.gguf import import_if_changed
+from alignment.models.gguf_import import import_if_changed
 from alignment.config.cli import load_config
 from run_grpo import main as run_grpo
 

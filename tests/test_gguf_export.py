@@ -1,5 +1,5 @@
 """GGUF out (alignment/models/gguf_export.py, python -m alignment.export CHECKPOINT OUT.gguf --format gguf): a checkpoint of
-the bundled tiny model exported in f32, f16, bf16 and q8_0 and imported back (alignment/gguf.py) gives the weights, config,
+the bundled tiny model exported in f32, f16, bf16 and q8_0 and imported back (alignment/models/gguf_import.py) gives the weights, config,
 special tokens, chat template and tokenization back (f32 exactly, f16 / bf16 / q8_0 as their rounding); a random Llama and
 Qwen3 round-trip through the q/k permutation and the per-head norms; a LoRA checkpoint is merged first. With
 GRPO_LLAMA_CPP_PYTHON (make test-gguf), llama.cpp's greedy continuation of the exported file equals the trainer's, token
@@ -22,7 +22,7 @@ from tiny_models import LLAMA3_ROPE
 
 from alignment.basics.errors import ExportError, GGUFExportError
 from alignment.export import export_gguf
-from alignment.gguf import import_gguf
+from alignment.models.gguf_import import import_gguf
 from alignment.merge_lora import merge_lora
 from alignment.models.gguf_export import PROBES
 from alignment.models.lora import apply_lora, lora_layers

@@ -1,6 +1,6 @@
 """Hugging Face interop: transformers checkpoints load here with transformers' logits, and checkpoints
 exported by `python -m alignment.export` load in transformers with ours; the real SmolLM2-135M-Instruct imported from
-its GGUF (alignment.gguf) has the logits of transformers' own GGUF loader.
+its GGUF (alignment.models.gguf_import) has the logits of transformers' own GGUF loader.
 
 The transformers side runs in another interpreter (tests/hf_side.py under GRPO_TORCH_PYTHON): torch is not
 installed beside paddle. The export command's errors and the loader's missing-weight check need no torch.
@@ -22,7 +22,7 @@ from safetensors.numpy import load_file, save_file
 from tiny_models import qwen2_tied
 
 import alignment.export
-from alignment.gguf import import_gguf
+from alignment.models.gguf_import import import_gguf
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, save_model
 from alignment.step.checkpoint import CheckpointContents, save_checkpoint
 

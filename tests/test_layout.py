@@ -16,12 +16,12 @@ SOURCES = [path for folder in (PACKAGE, ROOT / "reward_server") for path in sort
 LAYERS = [
     ("alignment.step.trainer",),
     ("alignment.rollout.worker", "alignment.chat", "alignment.evaluate", "alignment.model_source", "alignment.export",
-     "alignment.merge_lora", "alignment.curves", "alignment.launch", "reward_server"),
+     "alignment.merge_lora", "alignment.curves", "alignment.launch", "alignment.gguf", "reward_server"),
     ("alignment.step",),  # the step's phases
     ("alignment.run",),  # setting a run up: start, the one builder of its parts
     ("alignment.config",),  # the keys: read, checked against each other and against the files and machine they name
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
-     "alignment.gguf", "alignment.gguf_model", "alignment.gguf_tokenizer", "alignment.gguf_header", "alignment.step.checkpoint",
+     "alignment.kernels", "alignment.step.checkpoint",
      "alignment.step.resume", "alignment.step.optimizer_state", "alignment.step.dashboards"),
     ("alignment.basics",),  # errors, runtime, plugins, output folders, prompts and the files they are read from
 ]
@@ -124,7 +124,7 @@ def test_an_import_for_annotations_only_counts(tmp_path, monkeypatch):
 
 # Thin wrappers of compiled operators, and autograd's forward / backward (and the one call that applies a PyLayer),
 # take the operators' inputs as they are.
-WRAPPERS = {"alignment/rollout/ops.py"}
+WRAPPERS = {"alignment/kernels/ops.py"}
 AUTOGRAD = {"forward", "backward", "chunked_token_logprobs"}
 
 

@@ -21,7 +21,7 @@ from alignment.models.modeling import enable_recompute, load_causal_lm, load_tok
 from alignment.parallel.optim import build_optimizer
 from alignment.run.build import load_actor, optimizer_settings
 from alignment.rollout import EagerEngine, SamplingParams
-from alignment.rollout.ops import load_ops
+from alignment.kernels.ops import load_ops
 from alignment.config.schema import GRPOConfig
 from alignment.basics.data import encode_messages
 from alignment.step.checkpoint import CheckpointContents, save_checkpoint

@@ -17,7 +17,7 @@ from alignment.basics.errors import ConfigError
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.multi_turn import MultiTurnEngine, TemplateMarkup, TurnLimits, check_template, episode_sums
-from alignment.rollout.ops import load_ops
+from alignment.kernels.ops import load_ops
 from alignment.config.schema import GRPOConfig
 from alignment.run.build import update_settings
 from alignment.basics.plugins import load_plugins

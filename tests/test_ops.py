@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from alignment.rollout import ops as ops_module
+from alignment.kernels import ops as ops_module
 from alignment.basics.runtime import import_paddle
 
 paddle = import_paddle()

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 # A learning rate large enough to move the weights well past float noise in 3 steps, a KL term, a sampled
 from alignment.basics.errors import ConfigError
 from alignment.rollout.link import placement, rollout_order, words_after, worker_share
-from alignment.rollout.ops import load_ops
+from alignment.kernels.ops import load_ops
 from alignment.rollout.wire import load_parts
 from alignment.config.cli import load_config
 

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 from test_gguf import smollm2_file
 
-from alignment.gguf import import_gguf
+from alignment.models.gguf_import import import_gguf
 from alignment.models.modeling import load_tokenizer
 from alignment.config.cli import load_config
 from alignment.basics.data import read_prompt_records, select_by_calculation_steps

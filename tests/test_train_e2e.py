@@ -14,7 +14,7 @@ from reward_servers import free_port, reward_server
 from alignment.models.cpu_bf16 import cpu_bf16_flags
 from alignment.rewards import score_completions
 from alignment.rollout.fused import BF16_TOLERANCE, FP32_TOLERANCE
-from alignment.rollout.ops import load_ops
+from alignment.kernels.ops import load_ops
 
 TINY = "config/tiny/grpo_argument.json"
 STEP_KEYS = [

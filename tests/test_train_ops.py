@@ -17,7 +17,7 @@ from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import completion_logits, enable_recompute, load_causal_lm, make_token_batch, save_model
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.rollout.fused import FusedEngine
-from alignment.rollout.ops import load_ops
+from alignment.kernels.ops import load_ops
 from alignment.basics.runtime import contiguous_kernels
 
 ops = test_ops.ops  # its fixture: the loaded operators (or a skip); rng comes from conftest.py

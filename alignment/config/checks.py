@@ -53,7 +53,7 @@ def show(value) -> str:
 
 
 def names_gguf(path: Optional[str]) -> bool:
-    """Whether a model path names a GGUF file (llama.cpp, Ollama), which the trainer imports (alignment/gguf.py):
+    """Whether a model path names a GGUF file (llama.cpp, Ollama), which the trainer imports (alignment/models/gguf_import.py):
     a name ending .gguf, or a file starting with the bytes GGUF (Ollama's blobs are named sha256-<digest>)."""
     if path is None or Path(path).suffix.lower() == ".gguf":
         return path is not None

@@ -205,7 +205,7 @@ def _model_max_positions(path: str):
     from alignment.models.modeling import read_json_object
 
     if names_gguf(path):
-        from alignment.gguf import read_config  # transformers and tokenizers: only where needed
+        from alignment.models.gguf_import import read_config  # transformers and tokenizers: only where needed
 
         try:
             return read_config(path)["max_position_embeddings"]

@@ -28,7 +28,7 @@ from alignment.algo.logprobs import HeadKernels
 from alignment.models.cpu_bf16 import Bf16Matmuls
 from alignment.models.lora import lora_update
 from alignment.models.modeling import layout_unsupported
-from alignment.rollout.ops import bf16_primitive_missing, load_ops
+from alignment.kernels.ops import bf16_primitive_missing, load_ops
 
 
 # The models whose decoder layers the training modules replace: their own list, not the rollout engine's, so that a

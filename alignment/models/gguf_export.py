@@ -1,5 +1,5 @@
 """A model folder (a checkpoint, an export, a GGUF import) -> one GGUF file that llama.cpp and Ollama load, the reverse
-of alignment/gguf.py and what llama.cpp's convert_hf_to_gguf.py writes for the same model:
+of alignment/models/gguf_import.py and what llama.cpp's convert_hf_to_gguf.py writes for the same model:
 
 - the hyperparameters as {arch}.* keys (attention.key_length always with attention.value_length: llama.cpp reads
   a key length without a value length as a model it cannot build);
@@ -35,8 +35,8 @@ from tokenizers import Tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from alignment.basics.errors import GGUFExportError  # noqa: E402
-from alignment.gguf_model import ARCHITECTURES, BLOCK_NAMES, TOP_LEVEL_NAMES, llama3_rope_factors  # noqa: E402
-from alignment.gguf_tokenizer import CONTROL, IGNORE_MERGES, NORMAL, PRE_TOKENIZERS, UNUSED, USER_DEFINED, build_tokenizer  # noqa: E402
+from alignment.models.gguf_model import ARCHITECTURES, BLOCK_NAMES, TOP_LEVEL_NAMES, llama3_rope_factors  # noqa: E402
+from alignment.models.gguf_tokenizer import CONTROL, IGNORE_MERGES, NORMAL, PRE_TOKENIZERS, UNUSED, USER_DEFINED, build_tokenizer  # noqa: E402
 from alignment.basics.output_folders import baked_templates  # noqa: E402
 
 logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer logs each file it writes at INFO
@@ -163,7 +163,7 @@ def gguf_name(name: str) -> str:
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py's LlamaModel.permute: each head's rows (r0 .. r{d/2-1} | r{d/2} .. r{d-1}) interleaved to
-    (r0, r{d/2}, r1, r{d/2+1}, ...); (n_head*d, ...) -> the same shape. alignment.gguf_model.unpermute_rows undoes it."""
+    (r0, r{d/2}, r1, r{d/2+1}, ...); (n_head*d, ...) -> the same shape. alignment.models.gguf_model.unpermute_rows undoes it."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
@@ -232,7 +232,7 @@ def add_tokenizer(writer, folder: Path, config: dict, pre: str | None = None, sy
 
 def tokenizer_metadata(folder: Path, config: dict, tokenizer) -> dict:
     """tokenizer.json + tokenizer_config.json (+ config.json, generation_config.json for ids they leave out) -> the
-    tokenizer.ggml.* values, as alignment.gguf_tokenizer.build_tokenizer reads them (all but tokenizer.ggml.pre)."""
+    tokenizer.ggml.* values, as alignment.models.gguf_tokenizer.build_tokenizer reads them (all but tokenizer.ggml.pre)."""
     if not (folder / "tokenizer.json").is_file():
         raise GGUFExportError(f"{folder}: no tokenizer.json; the GGUF export writes the tokenizer from it")
     spec = json.loads((folder / "tokenizer.json").read_text())

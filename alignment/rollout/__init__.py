@@ -27,7 +27,7 @@ def build_engine(settings: EngineSettings, model, eos_token_ids: list, pad_token
     (cpu_bf16_matmul; the eager engine runs the actor's own modules, bf16 where use_training_ops made them so)."""
     if settings.fused:
         from alignment.rollout.fused import FusedEngine, unsupported_reason
-        from alignment.rollout.ops import load_ops
+        from alignment.kernels.ops import load_ops
 
         ops, why_not = load_ops()
         why_not = why_not or unsupported_reason(model)

@@ -18,7 +18,7 @@ from alignment.models.memory import (
     rows_within,
 )
 from alignment.rollout import cache_dtype_for
-from alignment.rollout.ops import bf16_primitive_missing, load_ops
+from alignment.kernels.ops import bf16_primitive_missing, load_ops
 from alignment.config.schema import GRPOConfig
 
 TARGET_SHARE = 0.6  # the default budget keeps the estimated peak under this share of the limit: room for the estimate's error

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from alignment.basics.errors import CheckpointError, ConfigError, GGUFImportError
-from alignment.gguf import import_if_changed
+from alignment.models.gguf_import import import_if_changed
 from alignment.parallel.distributed import World
 from alignment.config.checks import names_gguf
 from alignment.config.schema import GRPOConfig
@@ -76,7 +76,7 @@ def start_point(config: GRPOConfig, world: World) -> tuple:
 def model_folders(config: GRPOConfig, world: World) -> tuple:
     """-> (the actor's folder, the tokenizer's): actor_model_name_or_path and tokenizer_name_or_path, where a .gguf
     stands for <output_dir>/imported/<file stem>, imported there by the main process unless an import of the file
-    as it is now is there already (alignment/gguf.py). grpo_config.json keeps the path the user gave."""
+    as it is now is there already (alignment/models/gguf_import.py). grpo_config.json keeps the path the user gave."""
     paths = {
         "actor_model_name_or_path": config.actor_model_name_or_path,
         "tokenizer_name_or_path": config.tokenizer_name_or_path or config.actor_model_name_or_path,

@@ -1,4 +1,4 @@
-"""A GGUF's model, read: the file opened (its header walked first: alignment/gguf_header.py), the Hugging Face
+"""A GGUF's model, read: the file opened (its header walked first: alignment/models/gguf_header.py), the Hugging Face
 config.json from its metadata, its tensors checked against that config and turned into Hugging Face weights.
 
 What a GGUF stores differently from the Hugging Face checkpoint it was converted from (llama.cpp's
@@ -20,7 +20,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from alignment.basics.errors import GGUFImportError
-from alignment.gguf_header import check_header
+from alignment.models.gguf_header import check_header
 
 # general.architecture -> (Hugging Face class, model_type, q/k rows permuted by llama.cpp's converter)
 ARCHITECTURES = {
