@@ -20,7 +20,7 @@ INSTALL_REQUIRES = [
     "safetensors>=0.4",
     "numpy>=1.26,<2",
     "visualdl==2.5.3",
-    "matplotlib>=3.8",  # alignment/curves.py draws curves.png (visualdl pulls it in too)
+    "matplotlib>=3.8",  # alignment/storage/curves.py draws curves.png (visualdl pulls it in too)
     "math-verify==0.9.0",
     "tqdm>=4.66",
     "scipy>=1.11",  # alignment/algo/eval_stats.py: the Wilson interval, the t quantile and the exact binomial test
@@ -55,7 +55,7 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "cpu": ["paddlepaddle==3.3.1"],
-        # report_to's other dashboards (alignment/step/dashboards.py); VisualDL, the default, is a requirement above.
+        # report_to's other dashboards (alignment/storage/dashboards.py); VisualDL, the default, is a requirement above.
         # tensorboardX writes TensorBoard's event files without torch or TensorFlow.
         "tensorboard": ["tensorboardX>=2.6"],
         "wandb": ["wandb>=0.19"],

@@ -37,9 +37,9 @@ def main() -> None:
     from bench_rollout import build_model
 
     from alignment.models.modeling import load_causal_lm, load_tokenizer
-    from alignment.step.checkpoint import CheckpointContents, save_checkpoint
-    from alignment.step.optimizer_state import load_training_state
-    from alignment.step.resume import Lineage, damage, read_checkpoint, sha256
+    from alignment.storage.checkpoint import CheckpointContents, save_checkpoint
+    from alignment.storage.optimizer_state import load_training_state
+    from alignment.storage.resume import Lineage, damage, read_checkpoint, sha256
 
     model = build_model(args.shape, seed=0)
     model.train()

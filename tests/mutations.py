@@ -227,13 +227,13 @@ MUTATIONS = (
     ),
     Mutation(
         "checkpoint-file-entries-outside-read",  # trainer_state.json's ../../../../etc/hostname is read and checksummed again
-        "alignment/step/resume.py",
+        "alignment/storage/resume.py",
         (("        if why := _outside(path, name):\n            return why\n", ""),),
         ("tests/test_checkpoint.py::test_a_files_entry_outside_the_checkpoint_is_refused_unread",),
     ),
     Mutation(
         "forged-moments-loaded",  # a moment of another shape or dtype goes into the optimizer: a traceback at its step
-        "alignment/step/optimizer_state.py",
+        "alignment/storage/optimizer_state.py",
         (("        if why := optimizer_state_mismatch(state, named_parameters):", "        if why := None:"),),
         ("tests/test_checkpoint.py::test_forged_optimizer_moments_are_refused_in_one_line",),
     ),

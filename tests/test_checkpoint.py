@@ -8,9 +8,9 @@ from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
 
 from alignment.basics.errors import CheckpointError
 from alignment.models.modeling import load_causal_lm, load_tokenizer
-from alignment.step.checkpoint import CheckpointContents, previous_run_files, remove_previous_run, save_checkpoint
-from alignment.step.optimizer_state import load_training_state
-from alignment.step.resume import Lineage, complete_checkpoints, resolve_resume, settings_changes, sha256
+from alignment.storage.checkpoint import CheckpointContents, previous_run_files, remove_previous_run, save_checkpoint
+from alignment.storage.optimizer_state import load_training_state
+from alignment.storage.resume import Lineage, complete_checkpoints, resolve_resume, settings_changes, sha256
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_optimizer_state_comes_back(tmp_path, parts):
 
 
 def test_the_optimizer_state_is_safetensors_and_json_and_comes_back_bit_for_bit(tmp_path):
-    from alignment.step.optimizer_state import load_optimizer_state, save_optimizer_state
+    from alignment.storage.optimizer_state import load_optimizer_state, save_optimizer_state
 
     state = {
         "linear_0.w_0_moment1_0": paddle.to_tensor([[1.0, -2.5e-38], [3.0, 4.0]]), "step_count": paddle.to_tensor([7], "int64"),
@@ -373,7 +373,7 @@ def test_moments_saved_by_the_models_names_come_back_where_paddle_named_the_para
     """Paddle names parameters by process-wide counters: a model built after another (a resume in the process that
     trained, or a reference model built first) has other names. The checkpoint names the moments as the model does, so
     they come back all the same (before, set_state_dict matched none and the resume went on with no moments)."""
-    from alignment.step.optimizer_state import accumulators_renamed
+    from alignment.storage.optimizer_state import accumulators_renamed
 
     optimizer, named = stepped
     model, tokenizer, _ = parts
@@ -404,7 +404,7 @@ def test_moments_saved_by_the_models_names_come_back_where_paddle_named_the_para
     ids=["shape", "float64", "int64", "missing"],
 )
 def test_forged_optimizer_moments_are_refused_in_one_line(tmp_path, parts, stepped, change, message):
-    from alignment.step.optimizer_state import load_optimizer_state, save_optimizer_state
+    from alignment.storage.optimizer_state import load_optimizer_state, save_optimizer_state
 
     optimizer, parameters = stepped
     model, tokenizer, _ = parts

@@ -85,7 +85,7 @@ def test_two_processes_print_no_distributed_notices_and_keep_flags_a_user_set(tm
 # RunLogger as the trainer drives it: 4 steps, a line every 2, no reference model (kl None), 7.1875 GB at the peak.
 FOUR_STEPS = """
 import sys
-from alignment.step.dashboards import DashboardSettings
+from alignment.storage.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger
 with RunLogger(sys.argv[1], DashboardSettings((), sys.argv[1], sys.argv[1], {}), 2, 4, 0, True) as logger:
     for step in range(1, 5):

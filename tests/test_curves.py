@@ -5,7 +5,7 @@ import sys
 import matplotlib.image
 import pytest
 
-from alignment.curves import extract_series, plot_curves
+from alignment.storage.curves import extract_series, plot_curves
 
 
 def train(step, reward, accuracy, length, kl=None):

@@ -13,7 +13,7 @@ import pytest
 from processes import stop
 from reward_servers import free_port
 
-from alignment.step.dashboards import DashboardSettings
+from alignment.storage.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger
 
 pytestmark = pytest.mark.browser

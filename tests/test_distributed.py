@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from tiny_models import put_a_nan_in_the_final_norm
 
 from alignment.kernels.ops import load_ops
-from alignment.step.optimizer_state import load_optimizer_state
+from alignment.storage.optimizer_state import load_optimizer_state
 
 GLOBAL_PROMPTS = 4
 # A learning rate large enough that 2 steps move the weights well beyond float noise, a KL term, and a

@@ -24,7 +24,7 @@ from alignment.models.lora import apply_lora, lora_layers
 from alignment.models.modeling import load_causal_lm, load_tokenizer
 from alignment.config.schema import GRPOConfig
 from alignment.basics.data import encode_messages
-from alignment.step.checkpoint import CheckpointContents, save_checkpoint
+from alignment.storage.checkpoint import CheckpointContents, save_checkpoint
 
 # What a JSON or Jinja string literal must carry through: both quotes, backslashes (one before an escape letter,
 # one before a non-ASCII letter), a newline and a tab, Jinja's three openers and two closers, a raw block, JSON,

@@ -22,7 +22,7 @@ from reward_servers import foreign_server, free_port, reward_server
 
 from alignment.basics.errors import RewardServerError
 from alignment.rewards.remote import RewardServer, score_remote
-from alignment.step.resume import resolve_resume
+from alignment.storage.resume import resolve_resume
 from alignment.step.termination import resume_command
 
 PLUGINS = "tests/plugins/fault_rewards.py"

@@ -30,7 +30,7 @@ from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model
 from alignment.rollout import EagerEngine, SamplingParams
 from alignment.config.schema import GRPOConfig
 from alignment.basics.data import encode_messages
-from alignment.step.checkpoint import CheckpointContents, save_checkpoint
+from alignment.storage.checkpoint import CheckpointContents, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

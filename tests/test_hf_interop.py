@@ -24,7 +24,7 @@ from tiny_models import qwen2_tied
 import alignment.export
 from alignment.models.gguf_import import import_gguf
 from alignment.models.modeling import load_causal_lm, load_tokenizer, make_token_batch, save_model
-from alignment.step.checkpoint import CheckpointContents, save_checkpoint
+from alignment.storage.checkpoint import CheckpointContents, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "tiny-qwen2"  # a real BPE tokenizer with a ChatML template; 451 tokens

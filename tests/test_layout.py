@@ -21,8 +21,7 @@ LAYERS = [
     ("alignment.run",),  # setting a run up: start, the one builder of its parts
     ("alignment.config",),  # the keys: read, checked against each other and against the files and machine they name
     ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
-     "alignment.kernels", "alignment.step.checkpoint",
-     "alignment.step.resume", "alignment.step.optimizer_state", "alignment.step.dashboards"),
+     "alignment.kernels", "alignment.storage"),
     ("alignment.basics",),  # errors, runtime, plugins, output folders, prompts and the files they are read from
 ]
 

@@ -24,8 +24,8 @@ from alignment.rollout import EagerEngine, SamplingParams
 from alignment.kernels.ops import load_ops
 from alignment.config.schema import GRPOConfig
 from alignment.basics.data import encode_messages
-from alignment.step.checkpoint import CheckpointContents, save_checkpoint
-from alignment.step.optimizer_state import load_training_state
+from alignment.storage.checkpoint import CheckpointContents, save_checkpoint
+from alignment.storage.optimizer_state import load_training_state
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 IDS = paddle.to_tensor([[5, 17, 33, 8, 9, 41, 2, 60], [12, 3, 61, 62, 63, 64, 70, 71]])  # (2, 8)

@@ -19,7 +19,7 @@ from alignment.config.cli import load_config
 from alignment.config.paddlenlp_keys import NO_EFFECT, PADDLENLP_KEYS, REFUSED, SAME, SETS
 from alignment.run.build import advantage_settings
 from alignment.step.advantages import step_advantages
-from alignment.step.dashboards import DashboardSettings
+from alignment.storage.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger
 from alignment.step.records import ScoredBatch
 

@@ -16,7 +16,7 @@ from visualdl import LogReader
 from alignment.basics.errors import ConfigError
 from alignment.config.schema import GRPOConfig
 from alignment.config.cli import load_config
-from alignment.step.dashboards import DashboardSettings
+from alignment.storage.dashboards import DashboardSettings
 from alignment.step.logger import RunLogger
 
 TINY = "config/tiny/grpo_argument.json"

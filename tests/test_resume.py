@@ -90,8 +90,8 @@ def test_a_forged_optimizer_state_stops_the_resume_in_one_line(tmp_path):
     first optimizer step before)."""
     import paddle
 
-    from alignment.step.optimizer_state import load_optimizer_state, save_optimizer_state
-    from alignment.step.resume import sha256
+    from alignment.storage.optimizer_state import load_optimizer_state, save_optimizer_state
+    from alignment.storage.resume import sha256
 
     out = tmp_path / "out"
     run(out, "--max_steps", "1", "--save_steps", "1")

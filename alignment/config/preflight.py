@@ -131,7 +131,7 @@ def check_precision_hardware(c: GRPOConfig) -> None:
 
 
 def check_resume(c: GRPOConfig) -> None:
-    from alignment.step.resume import is_complete_checkpoint
+    from alignment.storage.resume import is_complete_checkpoint
 
     resume = c.resume_from_checkpoint
     check(
@@ -158,7 +158,7 @@ def check_output_folders(c: GRPOConfig) -> None:
 
 
 def check_dashboards_installed(c: GRPOConfig) -> None:
-    from alignment.step.dashboards import NONE, missing_package
+    from alignment.storage.dashboards import NONE, missing_package
 
     for name in c.report_to:
         install = None if name == NONE else missing_package(name)

@@ -18,7 +18,7 @@ from alignment.config.sections.optimisation import Optimisation
 from alignment.config.sections.rollout import Rollout
 from alignment.config.sections.tools import MultiTurn
 from alignment.basics.errors import ConfigError
-from alignment.step.dashboards import NONE, DashboardSettings
+from alignment.storage.dashboards import NONE, DashboardSettings
 
 SECTIONS = (ModelAndData, Rollout, Algorithm, MultiTurn, Optimisation, Evaluation)  # --help's groups, in its order
 

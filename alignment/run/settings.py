@@ -7,7 +7,7 @@ from typing import Optional
 
 from alignment.algo.loss_settings import LossSettings
 from alignment.rewards import RewardSettings
-from alignment.step.dashboards import DashboardSettings
+from alignment.storage.dashboards import DashboardSettings
 
 
 @dataclass(frozen=True)

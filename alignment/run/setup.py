@@ -12,8 +12,8 @@ from alignment.rollout.trainer_link import TrainerLink
 from alignment.run.build import RunData, RunParts, actor_sources, build_parts, read_run_data, step_settings
 from alignment.run.settings import StepSettings
 from alignment.run.start import nothing_to_train, start_point
-from alignment.step.optimizer_state import load_training_state
-from alignment.step.resume import Lineage, ResumePoint
+from alignment.storage.optimizer_state import load_training_state
+from alignment.storage.resume import Lineage, ResumePoint
 
 
 @dataclass(frozen=True)

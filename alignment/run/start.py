@@ -16,8 +16,8 @@ from alignment.models.gguf_import import import_if_changed
 from alignment.parallel.distributed import World
 from alignment.config.checks import names_gguf
 from alignment.config.schema import GRPOConfig
-from alignment.step.checkpoint import previous_run_files, remove_previous_run
-from alignment.step.resume import Lineage, pickled_files, resolve_resume, settings_changes
+from alignment.storage.checkpoint import previous_run_files, remove_previous_run
+from alignment.storage.resume import Lineage, pickled_files, resolve_resume, settings_changes
 
 
 def start_point(config: GRPOConfig, world: World) -> tuple:

@@ -1,5 +1,5 @@
 """Where a run reports: a progress bar and a console line every logging_steps, the scalars on the dashboards of
-report_to (alignment/step/dashboards.py: VisualDL by default), and under output_dir metrics.jsonl (one JSON object
+report_to (alignment/storage/dashboards.py: VisualDL by default), and under output_dir metrics.jsonl (one JSON object
 per step, one per evaluation) and completions.jsonl (a sample of each step's completions with their rewards and
 advantages). Only the main process writes.
 
@@ -16,7 +16,7 @@ import sys
 from tqdm import tqdm
 
 from alignment.basics.errors import LogWriteError
-from alignment.step.dashboards import DashboardSettings, open_boards, record_scalars
+from alignment.storage.dashboards import DashboardSettings, open_boards, record_scalars
 
 METRICS, COMPLETIONS = "metrics.jsonl", "completions.jsonl"
 CONSOLE_KEYS = (

@@ -13,9 +13,9 @@ from alignment.rollout.link import trained_parameters
 from alignment.rollout.trainer_link import PENDING_FILE, TrainerLink
 from alignment.run.build import RunData, RunParts
 from alignment.run.settings import StepSettings
-from alignment.step.checkpoint import CheckpointContents, checkpoint_path, save_checkpoint
-from alignment.step.optimizer_state import accumulators_renamed
-from alignment.step.resume import Lineage
+from alignment.storage.checkpoint import CheckpointContents, checkpoint_path, save_checkpoint
+from alignment.storage.optimizer_state import accumulators_renamed
+from alignment.storage.resume import Lineage
 from alignment.step.logger import RunLogger
 from alignment.step.rollout import Sampler
 

@@ -17,7 +17,7 @@ from alignment.rollout.link import trained_parameters
 from alignment.basics.runtime import contiguous_kernels
 from alignment.run.setup import RunSetup
 from alignment.step.advantages import step_advantages
-from alignment.curves import plot_curves
+from alignment.storage.curves import plot_curves
 from alignment.step.evaluation import evaluate
 from alignment.step.logger import RunLogger
 from alignment.step.memory import MemoryGuard, step_peak_bytes

@@ -7,7 +7,7 @@ from typing import Optional
 
 from alignment.config.checks import check, show
 from alignment.config.sections import _key
-from alignment.step.dashboards import DASHBOARDS, NONE
+from alignment.storage.dashboards import DASHBOARDS, NONE
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ leaves a checkpoint-<step> that looks complete but is not.
 Contents: the model in the Hugging Face layout (config.json, model.safetensors, generation_config.json
 when the source model had one; transformers loads it as is, and `python -m alignment.export` copies it
 without the training state), the tokenizer, grpo_config.json (the resolved config), optimizer.safetensors (AdamW
-moments, and the learning-rate schedule as JSON in its metadata: alignment/step/optimizer_state.py),
+moments, and the learning-rate schedule as JSON in its metadata: alignment/storage/optimizer_state.py),
 trainer_state.json (the step, how far metrics.jsonl and completions.jsonl had been written, the run's lineage, and
-every other file with its size and SHA-256, which a resume verifies: alignment/step/resume.py). A LoRA run stores its
+every other file with its size and SHA-256, which a resume verifies: alignment/storage/resume.py). A LoRA run stores its
 adapter instead of the model, in Hugging Face peft's layout (adapter_config.json, adapter_model.safetensors;
 alignment/models/lora.py), with everything else as above; it resumes on the base model (actor_model_name_or_path)
 with the adapter loaded back, and `python -m alignment.merge_lora` turns it into a model folder. No random-number
@@ -46,9 +46,9 @@ from safetensors import SafetensorError
 from alignment.basics.errors import CheckpointError
 from alignment.models.lora import has_lora, save_adapter
 from alignment.models.modeling import save_model
-from alignment.step.dashboards import WANDB_RUN_ID
-from alignment.step.optimizer_state import OPTIMIZER_FILE, save_optimizer_state
-from alignment.step.resume import CHECKPOINT_RE, STATE_FILE, Lineage, complete_checkpoints, read_checkpoint, sha256
+from alignment.storage.dashboards import WANDB_RUN_ID
+from alignment.storage.optimizer_state import OPTIMIZER_FILE, save_optimizer_state
+from alignment.storage.resume import CHECKPOINT_RE, STATE_FILE, Lineage, complete_checkpoints, read_checkpoint, sha256
 
 LEFTOVER_RE = re.compile(r"^\.checkpoint-\d+\.(tmp|old)$")  # staging and set-aside folders of a save cut short
 # safetensors reports a failed write (disk full, file too large) as its own error, not as OSError

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.paddle import load_file, save_file
 
 from alignment.basics.errors import CheckpointError
-from alignment.step.resume import STATE_FILE
+from alignment.storage.resume import STATE_FILE
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 

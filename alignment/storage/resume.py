@@ -1,6 +1,6 @@
 """Which checkpoint a run continues from: the complete checkpoints of an output_dir, each read and verified, the
 lineages they belong to, and the settings a resume may not change. Checkpoints are written by
-alignment/step/checkpoint.py.
+alignment/storage/checkpoint.py.
 
 Integrity: trainer_state.json lists every other file of the checkpoint with its size and SHA-256
 (`files`). A resume verifies them: `auto` skips a damaged checkpoint (naming it and why) for the newest

@@ -50,7 +50,7 @@ class Board(Protocol):
 
 def record_scalars(record: dict) -> tuple:
     """A metrics.jsonl record -> (step, {tag: value}): its finite numbers, tagged by their group (an evaluation's
-    keys start with eval_, as alignment/curves.py reads them too)."""
+    keys start with eval_, as alignment/storage/curves.py reads them too)."""
     group = EVAL_GROUP if any(key.startswith("eval_") for key in record) else TRAIN_GROUP
     scalars = {
         f"{group}/{key.removeprefix('eval_')}": float(value) for key, value in record.items()
