@@ -36,7 +36,7 @@ def main(argv: list | None = None) -> int:
         config = load_config(argv)
         place = placement(config.rollout_workers)
         if place.is_rollout_worker:  # generates only, for the training process (rank 0)
-            from alignment.rollout.worker import serve_rollouts
+            from alignment.rollout_worker import serve_rollouts
 
             return serve_rollouts(config, place) or 0
         checkpoint = train(set_up_run(config))

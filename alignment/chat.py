@@ -35,7 +35,7 @@ import_paddle()
 import paddle  # noqa: E402
 
 from alignment.basics.errors import DataError, ExportError, ModelLoadError  # noqa: E402
-from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
+from alignment.run.model_source import load_model, model_folder, saved_settings  # noqa: E402
 from alignment.models.modeling import load_tokenizer, stop_token_ids  # noqa: E402
 from alignment.rollout import SamplingParams, build_engine  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas, with_environment  # noqa: E402

@@ -48,7 +48,7 @@ from alignment.algo.eval_stats import mean_interval, paired_difference, pass_at_
 from alignment.algo.instruction_stats import METHODS as INSTRUCTION_METHODS  # noqa: E402
 from alignment.algo.instruction_stats import instruction_summary  # noqa: E402
 from alignment.basics.errors import ConfigError, DataError, ExportError, ModelLoadError, RewardServerError  # noqa: E402
-from alignment.model_source import load_model, model_folder, saved_settings  # noqa: E402
+from alignment.run.model_source import load_model, model_folder, saved_settings  # noqa: E402
 from alignment.models.modeling import load_tokenizer  # noqa: E402
 from alignment.parallel.distributed import World  # noqa: E402
 from alignment.rollout.multi_turn import check_template, tool_schemas  # noqa: E402

@@ -14,7 +14,6 @@ system_prompt becomes the chat template's default system message unless --no_sys
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -28,7 +27,7 @@ import_paddle()
 from alignment.basics.errors import ExportError  # noqa: E402
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter  # noqa: E402
 from alignment.models.modeling import load_causal_lm, save_model  # noqa: E402
-from alignment.config.checks import names_gguf  # noqa: E402
+from alignment.run.model_source import base_model_of  # noqa: E402
 from alignment.basics.output_folders import (  # noqa: E402
     TOKENIZER_FILES,
     add_system_prompt_argument,
@@ -39,16 +38,6 @@ from alignment.basics.output_folders import (  # noqa: E402
     replace_folder,
     run_settings,
 )
-
-
-def base_model_of(checkpoint: Path) -> str:
-    if base := run_settings(checkpoint).get("actor_model_name_or_path"):
-        # a .gguf base: the folder the run imported it into, beside its checkpoints (alignment/run/start.py)
-        return str(checkpoint.parent / "imported" / Path(base).stem) if names_gguf(base) else base
-    adapter_base = json.loads((checkpoint / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if adapter_base:
-        return adapter_base
-    raise ExportError(f"{checkpoint}: neither grpo_config.json nor {ADAPTER_CONFIG} names the base model; pass --base")
 
 
 def run_dtype(checkpoint: Path) -> str:

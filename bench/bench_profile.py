@@ -123,7 +123,7 @@ def operator_seconds(trace: Path) -> dict:
 
 
 def build(model_dir: str, bf16: bool):
-    from alignment.model_source import load_model
+    from alignment.run.model_source import load_model
 
     model = load_model(Path(model_dir))
     why_not = use_training_ops(model, bf16=bf16)

@@ -168,7 +168,7 @@ MUTATIONS = (
     ),
     Mutation(
         "rollout-process-imports-the-trainer",  # the layering the house plan forbids
-        "alignment/rollout/worker.py",
+        "alignment/rollout_worker.py",
         (("from alignment.rollout import generate\n",
           "from alignment.rollout import generate\nfrom alignment.step.trainer import train  # noqa: F401\n"),),
         ("tests/test_layout.py::test_the_rollout_process_does_not_import_the_trainer",
@@ -176,7 +176,7 @@ MUTATIONS = (
     ),
     Mutation(
         "model-folder-settings-trusted",  # a checkpoint's grpo_config.json may import plugins and name a reward server again
-        "alignment/model_source.py",
+        "alignment/run/model_source.py",
         (("        if key in USERS_ONLY or looser or names_file:", "        if looser or names_file:"),),
         ("tests/test_model_folders_are_data.py::test_evaluate_neither_imports_a_checkpoints_plugin_nor_sends_to_its_server",
          "tests/test_model_folders_are_data.py::test_chat_does_not_import_a_checkpoints_plugin"),

@@ -110,7 +110,7 @@ def test_a_gguf_actor_trains_and_is_imported_once(tmp_path):
 
 
 def test_a_lora_checkpoint_of_a_gguf_run_finds_its_base_in_the_imported_folder(tmp_path):
-    from alignment.merge_lora import base_model_of
+    from alignment.run.model_source import base_model_of
 
     checkpoint = tmp_path / "out" / "checkpoint-3"
     checkpoint.mkdir(parents=True)

@@ -12,16 +12,16 @@ PACKAGE = ROOT / "alignment"
 # What the checks read: the trainer's package, and the reward server (a program of its own over alignment.rewards)
 SOURCES = [path for folder in (PACKAGE, ROOT / "reward_server") for path in sorted(folder.rglob("*.py"))]
 
-# Layers from the top down: a module may import its own layer's modules and those below, never above.
+# Layers from the top down, each a set of whole folders: a module may import its own layer's modules and those below,
+# never above. The top layer is the commands: the modules directly in alignment/ (chat, evaluate, export, gguf, merge_lora,
+# curves, launch, the rollout worker's loop) and the reward server.
 LAYERS = [
-    ("alignment.step.trainer",),
-    ("alignment.rollout.worker", "alignment.chat", "alignment.evaluate", "alignment.model_source", "alignment.export",
-     "alignment.merge_lora", "alignment.curves", "alignment.launch", "alignment.gguf", "reward_server"),
-    ("alignment.step",),  # the step's phases
-    ("alignment.run",),  # setting a run up: start, the one builder of its parts
+    ("alignment", "reward_server"),  # the commands
+    ("alignment.step",),  # the loop and the step's phases
+    ("alignment.run",),  # setting a run up: start, the one builder of its parts; the model a command is given
     ("alignment.config",),  # the keys: read, checked against each other and against the files and machine they name
-    ("alignment.rollout", "alignment.models", "alignment.rewards", "alignment.tools", "alignment.algo", "alignment.parallel",
-     "alignment.kernels", "alignment.storage"),
+    ("alignment.rollout", "alignment.rewards", "alignment.tools", "alignment.storage"),  # generating, scoring, what a run keeps
+    ("alignment.algo", "alignment.kernels", "alignment.models", "alignment.parallel"),  # the math, operators, models, processes
     ("alignment.basics",),  # errors, runtime, plugins, output folders, prompts and the files they are read from
 ]
 
@@ -53,11 +53,20 @@ def imports(name: str) -> set:
 
 
 def layer_of(name: str) -> int:
-    """The most specific prefix wins: alignment.basics.data sits below the rest of alignment.run."""
+    """The layer of the module's folder: the longest prefix wins, so alignment.run.build is in run/'s layer and
+    alignment.chat, directly in alignment/, in the commands'."""
     matches = [(len(prefix), index) for index, prefixes in enumerate(LAYERS) for prefix in prefixes
                if name == prefix or name.startswith(prefix + ".")]
     assert matches, f"{name} is in no layer: add it to LAYERS in tests/test_layout.py"
     return max(matches)[1]
+
+
+def test_the_layers_are_whole_folders():
+    """Each entry of LAYERS names a folder, never a single module, and each folder of alignment/ is named: a new
+    folder is placed on purpose, not left to the commands' layer."""
+    named = {prefix for prefixes in LAYERS for prefix in prefixes}
+    assert [prefix for prefix in named if not (ROOT / prefix.replace(".", "/")).is_dir()] == []
+    assert {f"alignment.{path.parent.name}" for path in PACKAGE.glob("*/*.py")} - named == set()
 
 
 def test_every_module_imports_only_its_layer_and_those_below():
@@ -95,7 +104,7 @@ def closure(name: str) -> set:
 
 
 def test_the_rollout_process_does_not_import_the_trainer():
-    assert "alignment.step.trainer" not in closure("alignment.rollout.worker")
+    assert "alignment.step.trainer" not in closure("alignment.rollout_worker")
 
 
 def test_the_step_and_the_algorithms_read_their_settings_not_the_config():
@@ -111,6 +120,7 @@ def test_the_layers_are_seen_to_work():
     """The checks above would pass on an empty graph: the import reader must find what the trainer plainly imports."""
     assert {"alignment.step.update", "alignment.run.build", "alignment.basics.errors"} <= closure("alignment.step.trainer")
     assert layer_of("alignment.run.build") < layer_of("alignment.basics.data")
+    assert layer_of("alignment.rollout_worker") == layer_of("reward_server.app") < layer_of("alignment.step.trainer")
     assert {"reward_server.app", "reward_server.body", "alignment.rewards.pool"} <= closure("reward_server.reward_server")
 
 

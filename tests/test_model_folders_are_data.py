@@ -143,7 +143,7 @@ def test_chat_does_not_import_a_checkpoints_plugin(tmp_path, listener):
 
 
 def test_a_checkpoints_limits_may_tighten_never_loosen(tmp_path, capsys):
-    from alignment.model_source import saved_settings
+    from alignment.run.model_source import saved_settings
 
     folder = tmp_path / "checkpoint-1"
     folder.mkdir()
@@ -162,7 +162,7 @@ def test_a_reward_model_comes_from_the_users_config_only(tmp_path, capsys):
     """reward_model_name_or_path names a folder the checkpoint's writer chose, whose weights the loader would read as
     pickle where it holds no safetensors: ignored, and the reward_model function with it, unless the user's --config
     names the reward model."""
-    from alignment.model_source import saved_settings
+    from alignment.run.model_source import saved_settings
 
     folder = tmp_path / "checkpoint-1"
     folder.mkdir()

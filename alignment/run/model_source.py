@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from alignment.basics.errors import ConfigError, GGUFImportError, ModelLoadError
+from alignment.basics.errors import ConfigError, ExportError, GGUFImportError, ModelLoadError
 from alignment.models.gguf_import import import_if_changed
-from alignment.merge_lora import base_model_of
 from alignment.models.lora import ADAPTER_CONFIG, merge_adapter
 from alignment.models.modeling import load_causal_lm
 from alignment.config.checks import names_gguf
@@ -65,6 +64,17 @@ def model_folder(path: str, gguf_cache: Optional[Path] = None) -> Path:
         what = "no such folder" if not folder.exists() else "no config.json there"
         raise ModelLoadError(f"{folder} is not a model folder ({what}) nor a LoRA checkpoint")
     return folder
+
+
+def base_model_of(checkpoint: Path) -> str:
+    """The model a LoRA checkpoint's adapter was trained on (python -m alignment.merge_lora's default --base)."""
+    if base := run_settings(checkpoint).get("actor_model_name_or_path"):
+        # a .gguf base: the folder the run imported it into, beside its checkpoints (alignment/run/start.py)
+        return str(checkpoint.parent / "imported" / Path(base).stem) if names_gguf(base) else base
+    adapter_base = json.loads((checkpoint / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if adapter_base:
+        return adapter_base
+    raise ExportError(f"{checkpoint}: neither grpo_config.json nor {ADAPTER_CONFIG} names the base model; pass --base")
 
 
 def saved_settings(folder: Path, config_file: Optional[str] = None) -> tuple:
