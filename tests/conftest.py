@@ -84,6 +84,17 @@ def gsm8k_dir() -> Path:
     return GSM8K_DIR
 
 
+@pytest.fixture(scope="module")
+def ops():
+    """The compiled operators (alignment/kernels/ops.py), or a skip naming why they did not load."""
+    from alignment.kernels.ops import load_ops  # here, not at the top: paddle loads after configure_cpu_runtime
+
+    loaded, reason = load_ops()
+    if loaded is None:
+        pytest.skip(reason)
+    return loaded
+
+
 @pytest.fixture
 def chromium(tmp_path):
     binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import paddle
 import pytest
-import test_ops
+from float_references import bf16_round
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 from alignment.algo.logprobs import chunked_token_logprobs, token_logprobs
@@ -28,8 +28,6 @@ from alignment.config.validation import validate
 from alignment.kernels.ops import bf16_primitive_missing
 from alignment.basics.runtime import contiguous_kernels
 
-ops = test_ops.ops  # the fixture of the loaded operators (or a skip); rng comes from conftest.py
-bf16_round = test_ops.bf16_round
 BF16_PRODUCT = 1.01 * 2.0**-7
 
 

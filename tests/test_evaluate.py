@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_gguf import smollm2_file
+from model_files import smollm2_file
 
 from alignment.algo.instruction_stats import clustered_ratio_interval
 from alignment.evaluate import main

@@ -14,7 +14,7 @@ from pathlib import Path
 import gguf
 import paddle
 import pytest
-from test_gguf import TINY, smollm2_file
+from model_files import TINY, smollm2_file
 from transformers import AutoTokenizer
 
 import alignment.export

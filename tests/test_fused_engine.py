@@ -6,7 +6,7 @@ import numpy as np
 import paddle
 import pytest
 from paddleformers.transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, qwen2_tied
+from tiny_models import PAD, PROMPTS, SHAPE, VOCAB, llama3_tied, llama_untied, qwen2_tied, qwen3_tied, qwen3_untied
 
 from alignment.algo.logprobs import token_logprobs
 from alignment.models.fused_train import use_training_ops, weights_changed
@@ -20,24 +20,6 @@ pytestmark = pytest.mark.skipif(OPS is None, reason=f"fused operators not availa
 if OPS is not None:
     from alignment.basics.errors import WeightSyncError
     from alignment.rollout.fused import FusedEngine
-
-
-def qwen3(tied: bool, head_dim: int):
-    """Qwen3: per-head q/k RMSNorms (made not all ones, so they count), no q/k/v bias."""
-    paddle.seed(13 if tied else 14)
-    model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=tied, head_dim=head_dim, **SHAPE))
-    for layer in model.model.layers:
-        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
-            norm.weight.set_value(norm.weight + paddle.randn(norm.weight.shape) * 0.3)
-    return model
-
-
-def qwen3_tied():
-    return qwen3(tied=True, head_dim=32)  # a head size that is not hidden / heads, as the real Qwen3s have
-
-
-def qwen3_untied():
-    return qwen3(tied=False, head_dim=SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
 
 
 @pytest.fixture(

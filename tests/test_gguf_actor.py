@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from test_gguf import TINY, Q, write_gguf
+from model_files import TINY
+from test_gguf import Q, write_gguf
 
 from alignment.models.gguf_import import import_if_changed
 from alignment.config.cli import load_config

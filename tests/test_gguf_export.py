@@ -17,7 +17,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from safetensors.numpy import load_file
-from test_gguf import TINY, random_model, smollm2  # noqa: F401  (smollm2: a fixture)
+from model_files import TINY
+from test_gguf import random_model, smollm2  # noqa: F401  (smollm2: a fixture)
 from tiny_models import LLAMA3_ROPE
 
 from alignment.basics.errors import ExportError, GGUFExportError

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
-import test_ops
 from tiny_models import PAD, PROMPTS, VOCAB, llama_untied, qwen2_tied
 
 from alignment.models.fused_train import use_training_ops
@@ -31,7 +30,6 @@ from alignment.step.records import ScoredBatch
 from alignment.step.update import Learner, update_policy
 
 REPO = Path(__file__).resolve().parents[1]
-ops = test_ops.ops  # its fixture: the loaded operators (or a skip)
 
 
 @pytest.mark.parametrize(

@@ -13,47 +13,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from float_references import bf16_round, close, rope_tables
 
-from alignment.kernels import ops as ops_module
 from alignment.basics.runtime import import_paddle
+from alignment.kernels import ops as ops_module
 
 paddle = import_paddle()
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def ops():
-    loaded, reason = ops_module.load_ops()
-    if loaded is None:
-        pytest.skip(reason)
-    return loaded
 
 
 def t(a, dtype=None):
     return paddle.to_tensor(np.ascontiguousarray(a), dtype=dtype)
 
 
-def close(actual, expected, rng, what, rtol=1e-5, atol=1e-5):
-    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=f"{what} (seed {rng.seed})")
-
-
-def bf16_round(a: np.ndarray) -> np.ndarray:
-    """float32 -> the nearest bf16 value (ties to even), as float64: the reference conversion."""
-    bits = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
-
-
 def as_cache(a: np.ndarray, dtype: str):
     """A float32 array as a cache tensor of dtype (bfloat16: a's values rounded)."""
     return t(a) if dtype == "float32" else t(a).astype("bfloat16")
-
-
-def rope_tables(P, D):
-    inv_freq = 1.0 / (10000.0 ** (np.arange(0, D, 2, dtype=np.float64) / D))
-    freqs = np.outer(np.arange(P, dtype=np.float64), inv_freq)
-    emb = np.concatenate([freqs, freqs], axis=-1)  # (P, D), the halves equal as in HF
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
 
 def rotate_ref(x, cos, sin):

@@ -20,7 +20,7 @@ from alignment.run.build import update_settings
 from alignment.basics.runtime import contiguous_kernels
 from alignment.step.update import policy_logprobs
 
-ops, build = test_train_ops.ops, test_train_ops.build  # its fixtures: the loaded operators, the five tiny model builders
+build = test_train_ops.build  # its fixture: the five tiny model builders; ops (the loaded operators) is conftest.py's
 
 
 @pytest.mark.parametrize(

@@ -7,14 +7,12 @@ import shutil
 import numpy as np
 import paddle
 import pytest
-from paddleformers.transformers import Qwen2Config, Qwen2ForSequenceClassification
 from safetensors.numpy import load_file, save_file
-from tiny_models import SHAPE
+from tiny_models import save_with_tokenizer, tiny_classifier
 
 from alignment.rewards.reward_model import RewardModel
 
 TOKENIZER = "data/tiny-qwen2"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 SAMPLES = [
     {"prompt": "Mia has 12 apples and buys 7 more. How many now?", "answer": "19"},
     {"prompt": "2 + 2?", "answer": "4"},
@@ -27,24 +25,6 @@ COMPLETIONS = [
 ]
 
 
-def tiny_classifier(num_labels: int = 1) -> Qwen2ForSequenceClassification:
-    paddle.seed(5)
-    config = Qwen2Config(**(SHAPE | {"vocab_size": 451}), num_labels=num_labels, pad_token_id=0)
-    model = Qwen2ForSequenceClassification(config)
-    for layer in model.model.layers:  # Qwen2 initialises its q/k/v biases to zero; make them count
-        for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-            projection.bias.set_value(paddle.randn(projection.bias.shape) * 0.1)
-    return model
-
-
-def save(model, folder, chat_template: bool = True):
-    model.save_pretrained(str(folder), save_checkpoint_format="unified_checkpoint")
-    for name in TOKENIZER_FILES:
-        if chat_template or name != "chat_template.jinja":
-            shutil.copy(f"{TOKENIZER}/{name}", folder / name)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def classifier():
     model = tiny_classifier()
@@ -54,7 +34,7 @@ def classifier():
 
 @pytest.fixture(scope="module")
 def folder(classifier, tmp_path_factory):
-    return save(classifier, tmp_path_factory.mktemp("rm"))
+    return save_with_tokenizer(classifier, tmp_path_factory.mktemp("rm"))
 
 
 def one_at_a_time(classifier, sequences) -> np.ndarray:
@@ -92,7 +72,7 @@ def test_batching_and_padding_do_not_change_scores(folder):
 
 
 def test_without_a_chat_template_it_scores_prompt_plus_completion(classifier, tmp_path):
-    folder = save(classifier, tmp_path, chat_template=False)
+    folder = save_with_tokenizer(classifier, tmp_path, chat_template=False)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     assert "chat_template" not in config
     model = RewardModel.load(str(folder))
@@ -108,7 +88,7 @@ def test_bad_folders_and_inputs_give_clear_errors(folder, tmp_path):
         RewardModel.load(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match=r"holds a Qwen2ForCausalLM, not a \*ForSequenceClassification model"):
         RewardModel.load(TOKENIZER)
-    two_labels = save(tiny_classifier(num_labels=2), tmp_path / "two")
+    two_labels = save_with_tokenizer(tiny_classifier(num_labels=2), tmp_path / "two")
     with pytest.raises(ValueError, match=r"has num_labels=2; a reward model gives one score \(num_labels=1\)"):
         RewardModel.load(str(two_labels))
     headless = tmp_path / "headless"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from test_gguf import smollm2_file
+from model_files import smollm2_file
 
 from alignment.models.gguf_import import import_gguf
 from alignment.models.modeling import load_tokenizer

@@ -6,10 +6,8 @@ GRPO_TEST_SEED=<seed>."""
 import numpy as np
 import paddle
 import pytest
-import test_ops
-from test_fused_engine import qwen3_tied, qwen3_untied
-from test_ops import close, rope_tables
-from tiny_models import PAD, PROMPTS, llama3_tied, llama_untied, qwen2_tied
+from float_references import bf16_round, close, rope_tables
+from tiny_models import PAD, PROMPTS, llama3_tied, llama_untied, qwen2_tied, qwen3_tied, qwen3_untied
 
 from alignment.algo.logprobs import token_logprobs
 from alignment.models.fused_train import TrainingAttention, TrainingMLP, TrainingRMSNorm, use_training_ops
@@ -20,7 +18,6 @@ from alignment.rollout.fused import FusedEngine
 from alignment.kernels.ops import load_ops
 from alignment.basics.runtime import contiguous_kernels
 
-ops = test_ops.ops  # its fixture: the loaded operators (or a skip); rng comes from conftest.py
 MASKED = float(np.finfo(np.float32).min)  # what paddleformers' additive mask holds where a key is hidden
 
 
@@ -188,8 +185,8 @@ def test_attention_with_bf16_products_against_float64(ops, rng, B, KVH, G, T, ca
         for fp32, bf16 in zip(results[False], results[True]):
             np.testing.assert_array_equal(bf16, fp32)
         return
-    rq, rdo = [test_ops.bf16_round(a).reshape(B, KVH, G, T, D) for a in (q.numpy(), upstream)]
-    rk, rv = test_ops.bf16_round(k.numpy()), test_ops.bf16_round(v.numpy())  # (B, KVH, S, D), shared by the group's heads
+    rq, rdo = [bf16_round(a).reshape(B, KVH, G, T, D) for a in (q.numpy(), upstream)]
+    rk, rv = bf16_round(k.numpy()), bf16_round(v.numpy())  # (B, KVH, S, D), shared by the group's heads
     scores = scale * np.einsum("bhgtd,bhsd->bhgts", rq, rk) + mask_np[:, :, None].astype(np.float64)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)

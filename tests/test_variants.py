@@ -336,11 +336,11 @@ def test_a_missing_plugin_file_is_a_config_error(tmp_path):
 
 
 def test_reward_model_scores_in_the_run_equal_scoring_it_directly(tmp_path):
-    from test_reward_model import save, tiny_classifier
+    from tiny_models import save_with_tokenizer, tiny_classifier
 
     from alignment.rewards.reward_model import RewardModel
 
-    folder = save(tiny_classifier(), tmp_path / "rm")
+    folder = save_with_tokenizer(tiny_classifier(), tmp_path / "rm")
     metrics, completions = _short_run(
         tmp_path,
         "--reward_functions", "accuracy", "reward_model",
