@@ -6,7 +6,7 @@
 # make test-slow: those slow runs (30 tests, about 21 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
 # make test-gpu: on a GPU machine with PyTorch and nvcc (no paddle, no .venv): the CUDA kernels against torch, the CUDA
-#             sampler against the CPU kernel row for row, compute-sanitizer (tests/test_cuda_kernels.py); skips without.
+#             sampler against the CPU kernel row for row, compute-sanitizer (tests/kernels/test_cuda_kernels.py); skips without.
 # make test-all: what CI runs (.ci/run): every environment a test can need (.venv, .venv-torch, .venv-llamacpp, Chromium, bubblewrap),
 #             then the docs and the whole suite, the slow runs and the tools recipe included, where a skip fails.
 # make train-tools: the same environment -> the tiny tool-calling model learns to use its calculator (output/tiny_tools).
@@ -89,7 +89,7 @@ train-smollm2: $(INSTALLED) $(OPS) $(SMOLLM2)/config.json
 		run_grpo.py config/smollm2/grpo_$(RECIPE).json --output_dir $(OUTPUT) --overwrite_output_dir $(SMOLLM2_DATA_$(RECIPE)) $(ARGS)
 
 # make lint: ruff (ruff.toml: pyflakes, pycodestyle, lines of at most 140 characters); make test and make test-all run it
-# first. The layering (which folder may import which) is a test: tests/test_layout.py.
+# first. The layering (which folder may import which) is a test: tests/project/test_layout.py.
 lint: $(INSTALLED)
 	$(PY) -m ruff check --quiet
 
@@ -109,7 +109,7 @@ test-slow: $(INSTALLED) $(OPS) bubblewrap
 
 # The GPU machine's own python3 (with torch); nvcc builds csrc/gpu_harness into build/gpu_harness. docs/testing.md.
 test-gpu:
-	$(PYTHON) -m pytest -m gpu tests/test_cuda_kernels.py
+	$(PYTHON) -m pytest -m gpu tests/kernels/test_cuda_kernels.py
 
 # bubblewrap isolates each python and plugin tool call (alignment/tools/sandbox.py): Debian's package, installed where
 # make runs as root; elsewhere a note, and the tests that run those tools skip saying why.
@@ -124,7 +124,7 @@ bubblewrap:
 # apart from .venv (torch is never installed beside paddle; llama-cpp-python compiles llama.cpp from source).
 # gguf and accelerate are what transformers' GGUF loader needs. .venv-NAME/.packages holds the list the
 # environment was made with; a changed list installs again into the same environment.
-# trl, and verl without its own dependencies (it asks for transformers 5, vLLM's stack, wandb): tests/test_trl_verl.py
+# trl, and verl without its own dependencies (it asks for transformers 5, vLLM's stack, wandb): tests/references/test_trl_verl.py
 # imports only its loss, advantage and rollout-correction functions, which need ray, tensordict, codetiming and hydra.
 SIDE_PACKAGES_torch := torch==2.13.0 transformers==4.57.6 gguf==0.19.0 accelerate==1.15.0 trl==1.16.0 \
 	ray==2.60.0 tensordict==0.10.0 codetiming==1.4.0 hydra-core==1.3.8
@@ -145,13 +145,13 @@ FORCE:
 .PRECIOUS: .venv-%/.packages
 
 # make test-hf: the Hugging Face interop tests against transformers in PyTorch, and the loss variants against TRL's and
-# verl's code; tests/hf_side.py and tests/trl_verl_side.py run in .venv-torch.
+# verl's code; tests/helpers/hf_side.py and tests/helpers/trl_verl_side.py run in .venv-torch.
 test-hf: $(INSTALLED) $(OPS) .venv-torch/.installed
 	GRPO_TORCH_PYTHON=$(abspath .venv-torch)/bin/python $(PYTEST) -m hf
 
 # make test-tools-recipe: the tools recipe's learning test (two runs of config/tiny_tools, about 15 minutes).
 test-tools-recipe: $(INSTALLED) $(OPS)
-	GRPO_TOOLS_RECIPE=1 $(PY) -m pytest tests/test_multi_turn_run.py -k recipe
+	GRPO_TOOLS_RECIPE=1 $(PY) -m pytest tests/e2e/test_multi_turn_run.py -k recipe
 
 # Rebuild the bundled task and tiny model (deterministic; the model takes about 35 minutes on 2 cores).
 data: $(INSTALLED)
@@ -162,12 +162,12 @@ data: $(INSTALLED)
 	$(PY) data/make_tiny_model.py
 	$(PY) data/make_tiny_tools_model.py
 
-# make test-gguf: the GGUF import and export checked against llama.cpp itself; tests/test_gguf.py runs its side
+# make test-gguf: the GGUF import and export checked against llama.cpp itself; tests/models/test_gguf.py runs its side
 # in .venv-llamacpp.
 test-gguf: $(INSTALLED) $(OPS) .venv-llamacpp/.installed
-	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PYTEST) tests/test_gguf.py tests/test_gguf_export.py
+	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PYTEST) tests/models/test_gguf.py tests/models/test_gguf_export.py
 
-# Chromium for the dashboard's page test (tests/test_dashboard.py): Debian's package, which installing needs root.
+# Chromium for the dashboard's page test (tests/storage/test_dashboard.py): Debian's package, which installing needs root.
 chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || { \
 		[ "$$(id -u)" = 0 ] || { echo "make: the dashboard's page test needs Chromium: apt-get install chromium, as root"; exit 1; }; \
@@ -176,9 +176,9 @@ chromium:
 		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; }
 
 # make test-mutations: each test that claims something ran or held, run on a copy of the tree broken to make the claim
-# false, where it must fail (tests/mutations.py; about 10 minutes).
+# false, where it must fail (tests/helpers/mutations.py; about 10 minutes).
 test-mutations: $(INSTALLED) $(OPS)
-	$(PY) tests/mutations.py
+	$(PY) tests/helpers/mutations.py
 
 # make test-all: every environment set up, the docs built, then the whole suite in one run in which a skip is a failure
 # (GRPO_REQUIRE_ALL; only a skip for an instruction set the CPU lacks is allowed, and listed at the end). GRPO_TEST_SEED

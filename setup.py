@@ -63,7 +63,7 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.3",
             "pytest-xdist==3.8.0",  # the make targets run the suite in one worker per core, up to four (TEST_WORKERS)
-            "absl-py==2.5.1",  # IFBench's reference test cases (tests/test_instructions.py) are absl parameterized tests
+            "absl-py==2.5.1",  # IFBench's reference test cases (tests/rewards/test_instructions.py) are absl parameterized tests
             "ruff==0.17.6",  # make lint (the first step of make test): one version, so a new rule cannot fail CI unannounced
             # fuzzing the reward server from its OpenAPI schema, and checking that schema
             "schemathesis==4.32.5",

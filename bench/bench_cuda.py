@@ -1,5 +1,5 @@
 """The CUDA rollout kernels timed with CUDA events on a GPU machine (PyTorch + nvcc, no paddle), through the harness
-of tests/cuda_harness.py. Prints JSON.
+of tests/helpers/cuda_harness.py. Prints JSON.
 
     python3 bench/bench_cuda.py [--repeats 50]
 

@@ -172,7 +172,7 @@ def llama_cpp_missing(python: str) -> str | None:
 
 def export_ggufs(shape: str, seed: int, types: list, folder: Path) -> dict:
     """build_model(shape, seed) -> {type: folder/<shape>-<type>.gguf}: saved as a Hugging Face folder with
-    GGUF_TOKENIZER's files (as tests/test_gguf_export.py exports random models), then the project's exporter."""
+    GGUF_TOKENIZER's files (as tests/models/test_gguf_export.py exports random models), then the project's exporter."""
     from alignment.models.gguf_export import write_gguf_file
     from alignment.models.modeling import save_model
 

@@ -7,7 +7,7 @@ Rows are in IFEval's layout ({"key", "prompt", "instruction_id_list", "kwargs"})
 ifeval_loose, ifeval_all and ifeval_all_loose (alignment/rewards/instructions.py) with IFEval's own verifiers.
 
 The requests and the wording of every constraint are written here for this project (covered by its license): nothing
-is taken from IFEval's or IFBench's prompts, whose evaluation they must stay apart from (tests/test_instruction_data.py
+is taken from IFEval's or IFBench's prompts, whose evaluation they must stay apart from (tests/rewards/test_instruction_data.py
 checks that no 13-word sequence is shared with either). The constraint types are IFEval's, less
 language:response_language (a 135M English model writes no other language) and detectable_format:constrained_response
 (its fixed yes/no/maybe answers fit no writing request here); their arguments are drawn over ranges, and pairs

@@ -9,14 +9,14 @@ configure_cpu_runtime()  # before anything imports paddle, as run_grpo.py does
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from headless_chromium import Chromium  # noqa: E402
+from helpers.headless_chromium import Chromium  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 
 # make test-all (what CI runs) sets up every environment a test can need, so there a skip is a failure: a reference
 # check that silently stopped running. The skips it allows are for what no CI machine has: an instruction set this CPU
-# lacks (a reason that starts with CPU_SKIP) and a CUDA GPU (GPU_SKIP: tests/test_cuda_kernels.py, make test-gpu).
+# lacks (a reason that starts with CPU_SKIP) and a CUDA GPU (GPU_SKIP: tests/kernels/test_cuda_kernels.py, make test-gpu).
 REQUIRE_ALL = os.environ.get("GRPO_REQUIRE_ALL") == "1"
 CPU_SKIP = "this CPU lacks"
 GPU_SKIP = "no CUDA GPU here"

@@ -8,7 +8,7 @@ What each default buys is measured in docs/performance.md ("CPU runtime defaults
   step copying strided views (bench/RESULTS.md, "Contiguous against stride kernels"; bench/bench_kernels.py).
   They are switched on only around the model's compute (`contiguous_kernels`), never globally: paddleformers'
   save_pretrained writes corrupt weights and its flex-checkpoint loader fails when stride kernels are off
-  (tests/test_runtime.py).
+  (tests/basics/test_runtime.py).
 - glibc's malloc keeps freed memory for the next allocation (`_keep_freed_memory`): by default it hands every block
   over 32 MB back to the kernel when freed and takes fresh pages, zeroed one page fault at a time, for the next,
   and a policy update allocates and frees hundreds of such activations and gradients (bench/RESULTS.md, "The CPU's
@@ -18,7 +18,7 @@ What each default buys is measured in docs/performance.md ("CPU runtime defaults
   taken as that default; set GRPO_CPU_THREADS to force a count.
 Values the user already exported are kept.
 
-The console of a run shows the run (tests/test_console.py): paddle's and paddleformers' notices that say
+The console of a run shows the run (tests/commands/test_console.py): paddle's and paddleformers' notices that say
 nothing about it are filtered at their source here (see `_quiet_libraries`).
 """
 

@@ -32,7 +32,7 @@ from alignment.kernels.ops import bf16_primitive_missing, load_ops
 
 
 # The models whose decoder layers the training modules replace: their own list, not the rollout engine's, so that a
-# model type the fused engine learns to run does not switch these on untested (tests/test_train_ops.py checks it). The
+# model type the fused engine learns to run does not switch these on untested (tests/models/test_train_ops.py checks it). The
 # message keeps the words users have seen since both shared one list.
 TRAINING_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 

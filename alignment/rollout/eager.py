@@ -3,7 +3,7 @@
 It drives paddleformers' Qwen2/Llama forward directly rather than `model.generate`, because
 paddleformers 1.0.0's generate returns only a summed score per sequence (GRPO needs each token's
 log-prob) and, with left padding, its padded rows' greedy tokens diverge from the same prompt run
-alone (tests/test_rollout.py holds the engine to that equality).
+alone (tests/rollout/test_rollout.py holds the engine to that equality).
 """
 
 from typing import Optional

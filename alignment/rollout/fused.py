@@ -53,7 +53,7 @@ PROBE_LENGTHS = (24, 17)  # two probe rows of different lengths, so the check co
 COMPACT_FRACTION = 8  # compact once at least 1/8 of the active rows have finished
 FP32_TOLERANCE = 1e-4  # the default weight_sync_tolerance with float32 matmuls and cache
 # ... and with bf16 matmuls or cache: bf16 rounding moves a freshly synced engine's probe log-probs far less than this
-# (tests/test_cpu_bf16.py checks it), a wrong operator or layout by whole nats.
+# (tests/models/test_cpu_bf16.py checks it), a wrong operator or layout by whole nats.
 BF16_TOLERANCE = 0.25
 
 

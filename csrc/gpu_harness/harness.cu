@@ -1,7 +1,7 @@
 // The CUDA kernels of grpo_kernels.cuh and the CPU sampling kernel of grpo_sampling.h behind a C interface on raw
-// pointers, for tests/gpu (ctypes over torch tensors) and bench/bench_cuda.py, on a GPU machine without paddle:
+// pointers, for tests/kernels/test_cuda_kernels.py (ctypes over torch tensors) and bench/bench_cuda.py, on a GPU machine without paddle:
 //     nvcc -O3 -arch=sm_90 -shared -Xcompiler -fPIC -Icsrc csrc/gpu_harness/harness.cu -o libgrpo_harness.so
-// (tests/gpu/harness.py builds it). dtype 0 = float32, 1 = bfloat16. Each call returns the CUDA error code of the
+// (tests/helpers/cuda_harness.py builds it). dtype 0 = float32, 1 = bfloat16. Each call returns the CUDA error code of the
 // launch (0 = none).
 #include "grpo_kernels.cuh"
 

@@ -1,5 +1,5 @@
 // Every kernel of grpo_kernels.cuh once or more at small shapes, every path of the sampler included, for
-// compute-sanitizer (tests/test_cuda_kernels.py runs it under memcheck and racecheck):
+// compute-sanitizer (tests/kernels/test_cuda_kernels.py runs it under memcheck and racecheck):
 //     nvcc -O3 -arch=sm_90 -lineinfo -Icsrc csrc/gpu_harness/sanitize.cu -o sanitize && compute-sanitizer ./sanitize
 // Exits 1 on a CUDA error; the sanitizer's own exit code reports what it found.
 #include <cstdio>

@@ -1,4 +1,4 @@
-"""Reward plugins for tests/test_faults.py: a slow reward for the reward server, and rewards that end or
+"""Reward plugins for tests/e2e/test_faults.py: a slow reward for the reward server, and rewards that end or
 stall rank 1 of a multi-process run in the middle of training, as an out-of-memory kill, a crash or a
 hang would.
 

@@ -1,4 +1,4 @@
-"""A reward plugin for tests/test_reward_server.py, loaded by the server's workers and by the tests themselves.
+"""A reward plugin for tests/reward_server/test_reward_server.py, loaded by the server's workers and by the tests themselves.
 
 The marker rewards misbehave only on completions that ask for it, so one batch can mix good and bad items.
 """

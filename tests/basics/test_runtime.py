@@ -1,0 +1,96 @@
+import numpy as np
+import paddle
+from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
+
+from alignment.algo.logprobs import token_logprobs
+from alignment.models.modeling import completion_logits, load_causal_lm, make_token_batch, save_model
+from alignment.basics.runtime import contiguous_kernels
+
+
+def small_model():
+    paddle.seed(5)
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def stride_kernels_on() -> bool:
+    return paddle.get_flags(["FLAGS_use_stride_kernel"])["FLAGS_use_stride_kernel"]
+
+
+def test_contiguous_kernels_are_scoped():
+    before = stride_kernels_on()
+    with contiguous_kernels():
+        assert not stride_kernels_on()
+    assert stride_kernels_on() == before
+
+
+def test_gradient_with_contiguous_kernels_equals_the_default():
+    model = small_model()
+    batch = make_token_batch([[3, 4, 5], [6, 7]], np.array([[8, 9, 10], [11, 12, 0]]), np.array([[1, 1, 1], [1, 1, 0]], np.float32), 0)
+
+    def gradient():
+        token_logprobs(completion_logits(model, batch), batch.completion_ids).sum().backward()
+        grads = [p.grad.numpy().copy() for p in model.parameters()]
+        model.clear_gradients()
+        return grads
+
+    default = gradient()
+    with contiguous_kernels():
+        contiguous = gradient()
+    for a, b in zip(default, contiguous):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_saved_model_reloads_with_identical_logits_even_under_contiguous_kernels(tmp_path):
+    # paddleformers' default (flex-checkpoint) save_pretrained writes corrupt weights under contiguous
+    # kernels; save_model's format does not, and this holds it to an exact round trip.
+    model = small_model()
+    model.eval()
+    with contiguous_kernels():
+        save_model(model, str(tmp_path))
+    reloaded = load_causal_lm(str(tmp_path))
+    reloaded.eval()
+    ids = paddle.to_tensor([[1, 2, 3, 4, 5, 6]])
+    np.testing.assert_array_equal(model(ids)[0].numpy(), reloaded(ids)[0].numpy())
+
+
+# A child that frees and re-allocates a 256 MB block, writing every page each time, and prints the page faults the
+# second allocation cost (the first one's pages were fresh either way).
+REFAULT_PROBE = """
+import ctypes, resource, sys
+sys.path.insert(0, {repo!r})
+from alignment.basics.runtime import configure_cpu_runtime
+configure_cpu_runtime()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 256 << 20
+block = libc.malloc(size)
+ctypes.memset(block, 1, size)
+libc.free(block)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+ctypes.memset(libc.malloc(size), 1, size)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def refaults(environment: dict) -> int:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = REFAULT_PROBE.format(repo=str(Path(__file__).resolve().parents[2]))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", probe], env={**env, **environment}, capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def test_freed_memory_is_reused_without_page_faults_unless_the_user_set_malloc():
+    """configure_cpu_runtime keeps glibc's freed blocks for the next allocation (_keep_freed_memory): 256 MB freed and
+    taken again costs no fresh page (a page is 4 KB: 65,536 faults otherwise); a MALLOC_*_ variable the user exported
+    leaves glibc's default, which maps and faults the whole block again."""
+    assert refaults({}) < 1000
+    assert refaults({"MALLOC_ARENA_MAX_": "8"}) > 60000
