@@ -1,18 +1,10 @@
 import numpy as np
 import paddle
-from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
+from helpers.tiny_models import small_qwen2
 
 from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, load_causal_lm, make_token_batch, save_model
 from alignment.basics.runtime import contiguous_kernels
-
-
-def small_model():
-    paddle.seed(5)
-    config = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    )
-    return Qwen2ForCausalLM(config)
 
 
 def stride_kernels_on() -> bool:
@@ -27,7 +19,7 @@ def test_contiguous_kernels_are_scoped():
 
 
 def test_gradient_with_contiguous_kernels_equals_the_default():
-    model = small_model()
+    model = small_qwen2(vocab_size=64, seed=5)
     batch = make_token_batch([[3, 4, 5], [6, 7]], np.array([[8, 9, 10], [11, 12, 0]]), np.array([[1, 1, 1], [1, 1, 0]], np.float32), 0)
 
     def gradient():
@@ -46,7 +38,7 @@ def test_gradient_with_contiguous_kernels_equals_the_default():
 def test_saved_model_reloads_with_identical_logits_even_under_contiguous_kernels(tmp_path):
     # paddleformers' default (flex-checkpoint) save_pretrained writes corrupt weights under contiguous
     # kernels; save_model's format does not, and this holds it to an exact round trip.
-    model = small_model()
+    model = small_qwen2(vocab_size=64, seed=5)
     model.eval()
     with contiguous_kernels():
         save_model(model, str(tmp_path))

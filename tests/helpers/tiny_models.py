@@ -1,6 +1,6 @@
-"""Small random Qwen2, Llama and Qwen3 models for engine tests: grouped KV heads, tied and untied embeddings; a small
-random Qwen2 reward model (a sequence classifier) saved with the bundled tokenizer; and a model folder gone bad, for
-the NaN tests."""
+"""Small random Qwen2, Llama and Qwen3 models for engine tests: grouped KV heads, tied and untied embeddings; a
+smaller Qwen2 for the trainer's phases and checkpoints; a small random Qwen2 reward model (a sequence classifier) saved
+with the bundled tokenizer; and a model folder gone bad, for the NaN tests."""
 
 import shutil
 from pathlib import Path
@@ -47,6 +47,15 @@ def llama3_tied():
     paddle.seed(15)
     # a copy: the config adds keys to it
     return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_scaling=dict(LLAMA3_ROPE), **SHAPE))
+
+
+# half the width of SHAPE, q/k/v biases left at zero: the trainer's phases, checkpoints and kernels' scoping
+SMALL = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+
+def small_qwen2(vocab_size: int, seed: int, layers: int = 2):
+    paddle.seed(seed)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab_size, num_hidden_layers=layers, **SMALL))
 
 
 def qwen3(tied: bool, head_dim: int):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import paddle
 import pytest
-from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
+from helpers.tiny_models import small_qwen2
 
 from alignment.algo.advantages import group_advantages
 from alignment.algo.logprobs import token_logprobs
@@ -39,17 +39,7 @@ def flat_for_mia(completion, sample):
 @pytest.fixture(scope="module")
 def setup():
     tokenizer = load_tokenizer("data/tiny-qwen2")
-    paddle.seed(4)
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    model = small_qwen2(vocab_size=len(tokenizer), seed=4)
     prompts = []
     for question in QUESTIONS:
         messages = [{"role": "user", "content": question}]

@@ -4,7 +4,8 @@ import re
 import numpy as np
 import paddle
 import pytest
-from paddleformers.transformers import Qwen2Config, Qwen2ForCausalLM
+from helpers.tiny_models import small_qwen2
+from paddleformers.transformers import Qwen2ForCausalLM
 
 from alignment.basics.errors import CheckpointError
 from alignment.models.modeling import load_causal_lm, load_tokenizer
@@ -15,10 +16,7 @@ from alignment.storage.resume import Lineage, complete_checkpoints, resolve_resu
 
 @pytest.fixture(scope="module")
 def parts():
-    paddle.seed(0)
-    model = Qwen2ForCausalLM(
-        Qwen2Config(vocab_size=451, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
-    )
+    model = small_qwen2(vocab_size=451, seed=0, layers=1)
     optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
     return model, load_tokenizer("data/tiny-qwen2"), optimizer
 
