@@ -219,7 +219,7 @@ def test_rollout_correction_equals_verls(sides, level, kind):
 
 
 # verl's names -> ours: kl and mse are k1 and k2; verl's k3 clamps as its low_var_kl does (ours is TRL's and the GRPO
-# paper's, unclamped: tests/algo/test_algo_variants.py), so verl's k3 and k3+ are our low_var_kl and low_var_kl+
+# paper's, unclamped: tests/algo/test_kl.py), so verl's k3 and k3+ are our low_var_kl and low_var_kl+
 VERL_KL_NAMES = {"kl": "k1", "mse": "k2", "k3": "low_var_kl", "k3+": "low_var_kl+"}
 
 
