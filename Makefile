@@ -162,10 +162,10 @@ data: $(INSTALLED)
 	$(PY) data/make_tiny_model.py
 	$(PY) data/make_tiny_tools_model.py
 
-# make test-gguf: the GGUF import and export checked against llama.cpp itself; tests/models/test_gguf.py runs its side
-# in .venv-llamacpp.
+# make test-gguf: the GGUF import and export checked against llama.cpp itself; tests/references/test_llama_cpp.py runs
+# its side in .venv-llamacpp.
 test-gguf: $(INSTALLED) $(OPS) .venv-llamacpp/.installed
-	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PYTEST) tests/models/test_gguf.py tests/models/test_gguf_export.py
+	GRPO_LLAMA_CPP_PYTHON=$(abspath .venv-llamacpp)/bin/python $(PYTEST) tests/references/test_llama_cpp.py
 
 # Chromium for the dashboard's page test (tests/storage/test_dashboard.py): Debian's package, which installing needs root.
 chromium:

