@@ -1,7 +1,7 @@
 # make train: a fresh machine (Python 3.11, pip, gcc) -> .venv with the pinned dependencies -> the bundled run
 #             into output/tiny, started afresh each time (OUTPUT=folder: another folder; ARGS="--key value": other keys).
 # make test:  the same environment -> ruff (make lint), the documentation site built in strict mode (make docs), then the
-#             test suite without the end-to-end runs marked slow (under 20 minutes on 2 cores).
+#             test suite without the end-to-end runs marked slow (about 11 minutes of pytest on 2 cores).
 # make docs:  the same environment (mkdocs is in the test extra) -> the documentation site (mkdocs.yml, docs/) in build/site.
 # make test-slow: those slow runs (30 tests, about 21 minutes).
 # make test-hf: the checks against transformers, TRL and verl in PyTorch (a separate .venv-torch).
