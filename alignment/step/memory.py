@@ -40,6 +40,7 @@ class MemoryGuard:
     def __init__(self, limit: Optional[int], describe: Callable[[], str]):
         self.limit, self.describe = limit, describe
         self.reading: Optional[str] = None
+        self.stopped: Optional[OutOfMemoryError] = None  # what the guard raised in the main thread
         self._stop = threading.Event()
         self._previous_handler = None
 
@@ -50,10 +51,13 @@ class MemoryGuard:
         threading.Thread(target=self._watch, name="memory-guard", daemon=True).start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, traceback) -> None:
         self._stop.set()
         if self._previous_handler is not None:
             signal.signal(signal.SIGUSR1, self._previous_handler)
+        if self.stopped is not None and exc is not None and exc is not self.stopped:
+            # raised inside a PyLayer's backward, paddle hands the guard's error on as an OSError holding its text
+            raise self.stopped from None
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
@@ -70,4 +74,7 @@ class MemoryGuard:
         if self.reading is None or self._stop.is_set():
             return
         self._stop.set()
-        raise OutOfMemoryError(f"out of memory: {self.reading}; the run stopped before the kernel would kill it; {self.describe()}")
+        self.stopped = OutOfMemoryError(
+            f"out of memory: {self.reading}; the run stopped before the kernel would kill it; {self.describe()}"
+        )
+        raise self.stopped

@@ -336,6 +336,51 @@ def test_the_guard_interrupts_the_main_thread_before_the_limit():
     assert "peak under the limit: True" in done.stdout
 
 
+GUARD_IN_BACKWARD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    import numpy as np
+    import paddle
+    from alignment.basics.errors import OutOfMemoryError
+    from alignment.run.memory_plan import resident_bytes
+    from alignment.step.memory import RESERVE, MemoryGuard
+    held = []
+
+    class Grow(paddle.autograd.PyLayer):  # as the chunked log-probs' backward: Python code run by paddle's autograd
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, grad):
+            for _ in range(200):  # up to 2 GB, 10 MB at a time
+                held.append(np.ones(10 * 2**20, np.uint8))
+                time.sleep(0.01)
+            return grad
+
+    x = paddle.ones([2])
+    x.stop_gradient = False
+    limit = resident_bytes() + RESERVE + 200 * 2**20
+    try:
+        with MemoryGuard(limit, lambda: "test"):
+            Grow.apply(x).sum().backward()
+    except OutOfMemoryError as error:
+        print(f"stopped: {{error}}")
+    """
+)
+
+
+def test_the_guards_stop_inside_a_pylayers_backward_is_its_own_error_not_paddles_wrapping():
+    """paddle hands an exception raised inside a PyLayer's backward on as an OSError holding its text; the run must still
+    stop with the guard's one line (the chunked log-probs' backward is where a run's update most often grows)."""
+    done = subprocess.run([sys.executable, "-c", GUARD_IN_BACKWARD.format(repo=str(REPO))], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"^stopped: out of memory: resident memory .* the run stopped before the kernel would kill it; test$",
+                     done.stdout, re.MULTILINE), done.stdout
+
+
 def test_verl_names_and_bad_values():
     config = load_config(
         ["config/tiny/grpo_argument.json", "--ppo_max_token_len_per_gpu", "4096", "--log_prob_max_token_len_per_gpu", "8192"]
