@@ -80,12 +80,7 @@ def rollout_engine(config: GRPOConfig, model, tokenizer, bf16: bool):
 
 
 def optimizer_settings(config: GRPOConfig) -> OptimizerSettings:
-    return OptimizerSettings(
-        learning_rate=config.learning_rate, min_learning_rate=config.min_learning_rate, lr_scheduler_type=config.lr_scheduler_type,
-        warmup_steps=config.warmup_steps, warmup_ratio=config.warmup_ratio, adam_beta1=config.adam_beta1, adam_beta2=config.adam_beta2,
-        adam_epsilon=config.adam_epsilon, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-        multi_precision=config.bf16 or config.fp16,
-    )
+    return from_keys(OptimizerSettings, config, multi_precision=config.bf16 or config.fp16)
 
 
 def engine_settings(config: GRPOConfig) -> EngineSettings:
