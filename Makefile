@@ -26,9 +26,9 @@ SMOLLM2 := models/SmolLM2-135M-Instruct
 SHELL := /bin/bash
 # The suite runs in TEST_WORKERS processes (pytest-xdist), one per core up to four (each holds paddle and starts the
 # end-to-end runs, about 2 GB at its peak); a test file's tests stay in one worker, so a run that several of them check
-# is made once; files with the longest runs are handed out first (tests/conftest.py). TEST_WORKERS=0 runs it in this one process.
+# is made once. TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: lint docs venv train train-tools train-smollm2 test test-slow test-gpu test-tools-recipe test-hf test-gguf test-all test-mutations chromium bubblewrap data ops FORCE
 

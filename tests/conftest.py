@@ -58,20 +58,6 @@ def pytest_terminal_summary(terminalreporter):
             )
 
 
-@pytest.hookimpl(trylast=True)  # after -m has deselected, so only the tests that will run are counted
-def pytest_collection_modifyitems(items):
-    """The order in which xdist hands out whole files (--dist loadfile --no-loadscope-reorder, the Makefile's PYTEST):
-    files with the most end-to-end runs (marked slow, 20 s to 5 minutes each) first, then files with the most tests.
-    The files handed out last are then short, so no worker idles while another finishes a long run. A file's tests
-    keep their order."""
-    per_file: dict[str, list[int]] = {}
-    for item in items:
-        counts = per_file.setdefault(item.nodeid.split("::")[0], [0, 0])
-        counts[0] += item.get_closest_marker("slow") is not None
-        counts[1] += 1
-    items.sort(key=lambda item: [-count for count in per_file[item.nodeid.split("::")[0]]])
-
-
 class SeededRng(np.random.Generator):
     """A numpy Generator that remembers the run's seed, for failure messages: `seed` is TEST_SEED, and the draws
     depend on it and on the test's id, so each test gets its own stream and a replay gets the same one."""
