@@ -45,6 +45,10 @@ def dr_grpo_weights(mask: np.ndarray, counts: np.ndarray, cut: BatchCut) -> np.n
     return mask / (max(sequences, 1.0) * cut.max_dec_len)
 
 
+# The loss types whose weights depend on which rows share a micro-batch: the update keeps their rows in the batch's order.
+CUT_DEPENDENT = frozenset({"bnpo"})
+
+
 @LOSS_AGGREGATIONS.register("bnpo")
 def bnpo_weights(mask: np.ndarray, counts: np.ndarray, cut: BatchCut) -> np.ndarray:
     """TRL's and ms-swift's bnpo: the token mean over each micro-batch's loss tokens (the "local batch"), then the mean

@@ -216,7 +216,8 @@ def rows_within(
 class TokenBudget:
     """How the update and the log-prob passes cut a batch into micro-batches: at most most_rows rows
     (per_device_train_batch_size) and at most `update` (or `logprobs`) padded tokens, rows x (prompt width + completion
-    width), in whole groups of group_size rows where the prefix grouper runs; 0: no token budget."""
+    width), a multiple of group_size rows where the prefix grouper runs (whole groups where the rows keep their order);
+    0: no token budget."""
 
     update: int
     logprobs: int

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import numpy as np
 import paddle
 
-from alignment.algo.aggregation import aggregation_counts, loss_token_weights
+from alignment.algo.aggregation import CUT_DEPENDENT, aggregation_counts, loss_token_weights
 from alignment.algo.corrections import (
     off_policy_diagnostics,
     off_policy_sums,
@@ -31,6 +31,7 @@ from alignment.parallel.optim import sum_gradients
 from alignment.run.seeding import seed_phase
 from alignment.run.settings import UpdateSettings
 from alignment.step.metrics import finite_or_none
+from alignment.step.micro_batches import MicroBatch, completion_widths, longest_first
 from alignment.step.records import ScoredBatch, loss_mask
 
 
@@ -63,21 +64,22 @@ class UpdateBatch:
     selected: Optional[np.ndarray]  # the entropy selection's tokens; None: every loss token
     global_tokens: float  # loss tokens over all processes (after rejection sampling)
     micro_batch_rows: int  # rows per micro-batch: per_device_train_batch_size, or fewer under the token budget
+    widths: np.ndarray  # (B,) each completion's columns (alignment/step/micro_batches.py)
     rejection: Optional[np.ndarray] = None  # rejection sampling's global [tokens, rejected, sequences, rejected]; None: off
 
     @property
     def effective(self) -> np.ndarray:  # the tokens the policy term trains on
         return self.trained if self.selected is None else self.selected
 
-    def tokens(self, rows: np.ndarray):
-        return token_batch(self.scored, rows, self.pad_token_id)
+    def tokens(self, micro: MicroBatch):
+        return token_batch(self.scored, micro, self.pad_token_id)
 
 
 @dataclass(frozen=True)
 class MiniBatch:
     """One optimizer step's rows, with what was summed over all processes for them."""
 
-    rows: np.ndarray  # (m,) rows of the batch
+    rows: np.ndarray  # (m,) rows of the batch, in the order they are cut into micro-batches
     counts: np.ndarray  # aggregation_counts over all processes: loss tokens, live sequences, sequences
     weights: np.ndarray  # (m, T) loss_token_weights
     effective_tokens: float  # the policy term's tokens over all processes, the entropy bonus's divisor (0 without it)
@@ -150,7 +152,7 @@ def update_batch(
     micro_batch_rows = budget.rows(min(settings.mini_batch_size, len(trained)), row_tokens(scored))
     return UpdateBatch(
         scored, pad_token_id, settings.loss, trained, old_logprobs, ref_logprobs, selected, global_tokens, micro_batch_rows,
-        rejection,
+        completion_widths(scored.rollout.completion_mask), rejection,
     )
 
 
@@ -172,13 +174,17 @@ def rejected_tokens(trained: np.ndarray, old_logprobs: np.ndarray, rollout_logpr
 
 def fixed_logprobs(model, scored: ScoredBatch, pad_token_id: int, settings: UpdateSettings, budget: TokenBudget) -> tuple:
     """(B, T) log-probs and entropies, numpy, of a model that does not change during the update, in micro-batches under
-    the log-prob token budget."""
-    rows_total = len(scored.rollout.prompt_ids)
-    micro = budget.rows(rows_total, row_tokens(scored), logprobs=True)
+    the log-prob token budget, longest completions first; 0 after each completion."""
+    widths = completion_widths(scored.rollout.completion_mask)
+    order = longest_first(np.arange(len(widths)), widths)
+    step = budget.rows(len(order), row_tokens(scored), logprobs=True)
+    logprobs, entropy = (np.zeros(scored.rollout.completion_mask.shape, dtype=np.float32) for _ in range(2))
     with paddle.no_grad():
-        parts = [policy_logprobs(model, token_batch(scored, np.arange(start, min(start + micro, rows_total)), pad_token_id), settings)
-                 for start in range(0, rows_total, micro)]
-    return np.concatenate([p[0].numpy() for p in parts]), np.concatenate([p[1].numpy() for p in parts])
+        for start in range(0, len(order), step):
+            micro = MicroBatch.of(order[start : start + step], widths)
+            values = policy_logprobs(model, token_batch(scored, micro, pad_token_id), settings)
+            logprobs[micro.rows, : micro.width], entropy[micro.rows, : micro.width] = (v.numpy() for v in values)
+    return logprobs, entropy
 
 
 def row_tokens(scored: ScoredBatch) -> int:
@@ -186,13 +192,15 @@ def row_tokens(scored: ScoredBatch) -> int:
     return max(len(p) for p in scored.rollout.prompt_ids) + scored.rollout.completion_ids.shape[1]
 
 
-def token_batch(scored: ScoredBatch, rows: np.ndarray, pad_token_id: int):
+def token_batch(scored: ScoredBatch, micro: MicroBatch, pad_token_id: int):
     rollout = scored.rollout
-    prompts = [rollout.prompt_ids[r] for r in rows]
-    return make_token_batch(prompts, rollout.completion_ids[rows], rollout.completion_mask[rows], pad_token_id)
+    prompts = [rollout.prompt_ids[r] for r in micro.rows]
+    return make_token_batch(prompts, micro.take(rollout.completion_ids), micro.take(rollout.completion_mask), pad_token_id)
 
 
 def mini_batch(batch: UpdateBatch, rows: np.ndarray, iteration: int, settings: UpdateSettings, world: World) -> MiniBatch:
+    if settings.loss_type not in CUT_DEPENDENT:
+        rows = longest_first(rows, batch.widths)
     counts = world.sum(aggregation_counts(batch.trained[rows]))
     weights = loss_token_weights(  # (m, T)
         batch.trained[rows], settings.loss_type, settings.max_dec_len, counts, batch.micro_batch_rows, world.size
@@ -221,44 +229,45 @@ def train_mini_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, sett
 
 def backward_micro_batch(learner: Learner, batch: UpdateBatch, mini: MiniBatch, start: int, settings: UpdateSettings, tally: Tally) -> None:
     """The loss of the micro-batch of mini.rows from `start`, its gradient accumulated and its sums added to tally."""
-    chunk = mini.rows[start : start + batch.micro_batch_rows]
-    mask = paddle.to_tensor(batch.trained[chunk].astype(np.float32))
-    tokens = batch.tokens(chunk)
+    micro = MicroBatch.of(mini.rows[start : start + batch.micro_batch_rows], batch.widths)
+    chunk, take = micro.rows, micro.take
+    mask = paddle.to_tensor(take(batch.trained).astype(np.float32))
+    tokens = batch.tokens(micro)
     hidden = policy_hidden(learner.model, tokens, settings)  # (b, T, H)
     # (b, T) each, from the final hidden states a chunk of tokens at a time: the (b, T, V) logits never exist
     logprobs, entropy = policy_logprobs(learner.model, tokens, settings, entropy_grad=settings.entropy_coeff > 0, hidden=hidden)
-    old = logprobs.detach() if batch.old_logprobs is None else paddle.to_tensor(batch.old_logprobs[chunk])
-    importance = rollout_weights(batch, chunk, old, mask, settings, tally if mini.iteration == 0 else None)
+    old = logprobs.detach() if batch.old_logprobs is None else paddle.to_tensor(take(batch.old_logprobs))
+    importance = rollout_weights(batch, micro, old, mask, settings, tally if mini.iteration == 0 else None)
     inputs = LossInputs(
         old_logprobs=old,
         advantages=paddle.to_tensor(batch.scored.advantages[chunk]),
-        weights=paddle.to_tensor(mini.weights[start : start + batch.micro_batch_rows]),
+        weights=paddle.to_tensor(mini.weights[start : start + len(chunk), : micro.width]),
         mask=mask,
         importance_weights=importance,
-        ref_logprobs=None if batch.ref_logprobs is None else paddle.to_tensor(batch.ref_logprobs[chunk]),
-        selected=None if batch.selected is None else paddle.to_tensor(batch.selected[chunk]),
-        sampling_logprobs=None if batch.loss.off_policy_mask_threshold is None else paddle.to_tensor(batch.scored.rollout.logprobs[chunk]),
+        ref_logprobs=None if batch.ref_logprobs is None else paddle.to_tensor(take(batch.ref_logprobs)),
+        selected=None if batch.selected is None else paddle.to_tensor(take(batch.selected)),
+        sampling_logprobs=None if batch.loss.off_policy_mask_threshold is None else paddle.to_tensor(take(batch.scored.rollout.logprobs)),
         kl=exact_kl(learner, tokens, hidden, settings) if full_kl_loss(settings) else None,
     )
     loss, sums = policy_loss(logprobs, inputs, batch.loss)
     if settings.entropy_coeff:
-        loss = loss + entropy_bonus(entropy, batch.effective[chunk], mini.effective_tokens, settings.entropy_coeff)
+        loss = loss + entropy_bonus(entropy, take(batch.effective), mini.effective_tokens, settings.entropy_coeff)
     if mini.counts[0] > 0:
         loss.backward()
     if not math.isfinite(float(loss)) and tally.nonfinite is None:  # which input made it so, for the message
-        tally.nonfinite = nonfinite_input(logprobs, None if batch.ref_logprobs is None else batch.ref_logprobs[chunk], importance)
+        tally.nonfinite = nonfinite_input(logprobs, None if batch.ref_logprobs is None else take(batch.ref_logprobs), importance)
     tally.totals["entropy"] += float((entropy * mask).sum())
     tally.totals["loss"] += float(loss)
     for key, value in sums.items():
         tally.totals[key] += value
 
 
-def rollout_weights(batch: UpdateBatch, chunk: np.ndarray, old, mask, settings: UpdateSettings, tally: Optional[Tally]):
+def rollout_weights(batch: UpdateBatch, micro: MicroBatch, old, mask, settings: UpdateSettings, tally: Optional[Tally]):
     """-> (b, T) the rollout correction's weights pi_old / pi_rollout, or None without it; counted into tally where
     given (the first iteration only: the weights depend only on the batch)."""
     if not settings.importance_sampling_correction:
         return None
-    rollout_logprobs = paddle.to_tensor(batch.scored.rollout.logprobs[chunk])  # (b, T) the engine's
+    rollout_logprobs = paddle.to_tensor(micro.take(batch.scored.rollout.logprobs))  # (b, T) the engine's
     importance, outside = rollout_correction(
         old, rollout_logprobs, mask, settings.importance_sampling_mode, settings.importance_sampling_cap, settings.importance_sampling_min
     )
