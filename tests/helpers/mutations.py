@@ -64,6 +64,13 @@ MUTATIONS = (
         ("tests/e2e/test_smollm2_recipes.py::test_recipe_trains_and_saves_a_step_of_the_real_model[arith]",),
     ),
     Mutation(
+        "micro-batches-at-the-batch-width",  # every micro-batch padded to the batch's longest completion, as before
+        "alignment/step/micro_batches.py",
+        (("        return cls(rows, max(int(widths[rows].max(initial=0)), 1))",
+          "        return cls(rows, max(int(widths.max(initial=0)), 1))"),),
+        ("tests/step/test_micro_batches.py::test_micro_batches_cut_to_their_longest_completion_give_the_update_of_one_whole_batch[dapo]",),
+    ),
+    Mutation(
         "weight-sync-check-skipped",  # the fused engine refreshes its weights but checks nothing
         "alignment/rollout/fused.py",
         (("bf16=self.bf16)  # (V, Hd) weight\n        return self._check_probe()",
