@@ -10,7 +10,6 @@ import pytest
 from helpers.tiny_models import small_qwen2
 
 import alignment.step.update as update
-from alignment.algo.advantages import group_advantages
 from alignment.basics.data import EncodedPrompt, PromptRecord
 from alignment.config.cli import load_config
 from alignment.models.modeling import load_tokenizer
