@@ -8,7 +8,8 @@ One rollout of the config's model on its first per_device_prompt_batch_size trai
 each, up to --completion new tokens, the config's temperature, ending at eos as in training), with the fused engine,
 float32, is generated once and saved; then each tree (a checkout, for example `git worktree add /tmp/before <commit>`)
 runs the config's policy update (update_policy: its micro-batches of per_device_train_batch_size rows, the training
-operators, AdamW) on that same batch, in its own process, --repeats times after one warm-up, the trees taking turns.
+operators, AdamW) on that same batch, in a process of its own that times one update after a warm-up one; --repeats
+such processes per tree, the trees taking turns.
 Prints the rollout's lengths, then one JSON object per tree (the median seconds of an update and the tokens its
 micro-batches padded to, as that tree cuts them), then the ratios to the first tree."""
 
@@ -61,8 +62,8 @@ def generate(config_file: str, completion: int, saved: Path) -> dict:
             "cut_at_the_limit": int((lengths >= completion).sum())}
 
 
-def time_updates(config_file: str, saved: Path, repeats: int) -> dict:
-    """In the tree first on sys.path: the seconds of each update after one warm-up, and the micro-batches' padded tokens."""
+def time_updates(config_file: str, saved: Path) -> dict:
+    """In the tree first on sys.path: the seconds of one update after a warm-up one, and its micro-batches' padded tokens."""
     from alignment.basics.runtime import configure_cpu_runtime, import_paddle
 
     configure_cpu_runtime()
@@ -92,7 +93,7 @@ def time_updates(config_file: str, saved: Path, repeats: int) -> dict:
     update.make_token_batch = lambda *args: padded.append(args[1].size + len(args[0]) * max(map(len, args[0]))) or real_token_batch(*args)
     learner = update.Learner(model, None, import_paddle().optimizer.AdamW(1e-7, parameters=model.parameters()))
     seconds = []
-    for _ in range(repeats + 1):
+    for _ in range(2):
         padded.clear()
         began = time.perf_counter()
         update.update_policy(learner, scored, update_settings(config), World(0, 1), 0, step=1)
@@ -109,7 +110,7 @@ def main() -> None:
     parser.add_argument("--time-in", help=argparse.SUPPRESS)  # internal: the saved batch to time in this process's tree
     args = parser.parse_args()
     if args.time_in:
-        print(json.dumps(time_updates(args.config, Path(args.time_in), 1)))
+        print(json.dumps(time_updates(args.config, Path(args.time_in))))
         return
     trees = [str(Path(tree).resolve()) for tree in args.trees.split(",")]
     with tempfile.TemporaryDirectory() as folder:

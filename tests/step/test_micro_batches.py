@@ -23,6 +23,7 @@ from alignment.step.scoring import score_rollout
 from alignment.step.update import Learner, update_policy
 
 LENGTHS = [9, 2, 5, 1, 7, 3, 9, 4]  # completion tokens of the 8 rows (2 prompts x 4)
+MAKE_TOKEN_BATCH = update.make_token_batch  # the real one, which the tests wrap to record shapes
 
 
 @register_reward("test_length_parity", "test only: 1.0 for a completion of an even number of characters, else 0.0")
@@ -80,7 +81,7 @@ def setup():
     return tokenizer, model, prompts, rollout
 
 
-def _update(setup, micro_batch_rows: int, loss_type: str, monkeypatch=None) -> tuple:
+def _update(setup, micro_batch_rows: int, loss_type: str, monkeypatch) -> tuple:
     """-> (the parameters' change after one SGD step, the (rows, completion columns) of each micro-batch's forward)."""
     tokenizer, model, prompts, rollout = setup
     config = load_config([
@@ -90,10 +91,8 @@ def _update(setup, micro_batch_rows: int, loss_type: str, monkeypatch=None) -> t
     ])
     scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, scoring_settings(config))
     scored.advantages = np.linspace(-1.5, 1.5, 8, dtype=np.float32)  # every row with its own advantage
-    shapes = []
-    real_token_batch = update.make_token_batch
-    if monkeypatch is not None:  # records each micro-batch's shape and runs the real function
-        monkeypatch.setattr(update, "make_token_batch", lambda *args: shapes.append(args[1].shape) or real_token_batch(*args))
+    shapes = []  # each micro-batch's (rows, completion columns), recorded on the way to the real function
+    monkeypatch.setattr(update, "make_token_batch", lambda *args: shapes.append(args[1].shape) or MAKE_TOKEN_BATCH(*args))
     policy = copy.deepcopy(model)
     before = [p.numpy().copy() for p in policy.parameters()]
     learner = Learner(policy, None, paddle.optimizer.SGD(0.5, parameters=policy.parameters()))
