@@ -50,6 +50,7 @@ ALIASES = {
     "kl_coef": "kl_in_reward_coeff",  # verl's algorithm.kl_ctrl.kl_coef
     "rollout_rs": "rejection_sampling",  # verl
     "rollout_rs_threshold": "rejection_sampling_threshold",  # verl
+    "bypass_mode": "use_rollout_logprobs",  # verl's algorithm.rollout_correction.bypass_mode
     "entropy_coef": "entropy_coeff",  # TRL
     "vllm_importance_sampling_cap": "importance_sampling_cap",  # TRL, deprecated there
     "delta": "dual_clip_ratio",  # TRL's two-sided GRPO clipping (INTELLECT-2): the same bound for A < 0

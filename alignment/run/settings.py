@@ -76,6 +76,7 @@ class UpdateSettings:
     entropy_coeff: float
     rejection_sampling: Optional[str]
     rejection_sampling_threshold: Optional[str]
+    use_rollout_logprobs: bool
     importance_sampling_correction: bool
     importance_sampling_mode: str
     importance_sampling_cap: float

@@ -106,8 +106,9 @@ def update_policy(
 
     The old policy's log-probs are the current ones (ratio 1 in value: the usual GRPO gradient A grad log pi)
     when the batch gets a single optimizer step; otherwise they are computed once, before the first step,
-    as are the reference model's. Each mini-batch's loss is normalised over the mini-batch's loss tokens or
-    sequences in all processes (loss_type), so the gradient does not depend on the micro-batch size."""
+    as are the reference model's. With use_rollout_logprobs they are the rollout engine's in every case.
+    Each mini-batch's loss is normalised over the mini-batch's loss tokens or sequences in all processes
+    (loss_type), so the gradient does not depend on the micro-batch size."""
     learner.model.train()
     budget = budget or TokenBudget(0, 0, settings.per_device_train_batch_size)
     batch = update_batch(learner, scored, settings, world, pad_token_id, budget)
@@ -130,14 +131,16 @@ def update_batch(
     learner: Learner, scored: ScoredBatch, settings: UpdateSettings, world: World, pad_token_id: int, budget: TokenBudget
 ) -> UpdateBatch:
     """The fixed inputs, in the model's training mode: the old log-probs and entropies where more than one optimizer step,
-    the entropy selection or rejection sampling needs them, the reference model's with a KL term; rejection sampling's
-    rejected tokens leave the loss mask."""
+    the entropy selection or rejection sampling needs them (with use_rollout_logprobs, the rollout engine's log-probs
+    instead, and no pass), the reference model's with a KL term; rejection sampling's rejected tokens leave the loss mask."""
     trained = loss_mask(scored, settings.overlong_filter)  # (B, T)
     several_updates = settings.num_iterations > 1 or settings.mini_batch_size < len(trained)
     selecting = settings.top_entropy_quantile < 1  # the entropy selection is fixed before any update
     rejecting = settings.rejection_sampling is not None
     old_logprobs = old_entropy = rejection = None
-    if several_updates or selecting or rejecting:
+    if settings.use_rollout_logprobs:  # validation refused it beside selecting and rejecting
+        old_logprobs = scored.rollout.logprobs
+    elif several_updates or selecting or rejecting:
         old_logprobs, old_entropy = fixed_logprobs(learner.model, scored, pad_token_id, settings, budget)
     if rejecting:
         trained, rejection = rejected_tokens(trained, old_logprobs, scored.rollout.logprobs, settings, world)
@@ -148,7 +151,7 @@ def update_batch(
         if ref_logprobs is None:
             ref_logprobs = reference_logprobs(learner, scored, pad_token_id, settings, budget)
     global_tokens = float(world.sum(np.array([trained.sum()]))[0])
-    old_logprobs = old_logprobs if several_updates else None
+    old_logprobs = old_logprobs if several_updates or settings.use_rollout_logprobs else None
     micro_batch_rows = budget.rows(min(settings.mini_batch_size, len(trained)), row_tokens(scored))
     return UpdateBatch(
         scored, pad_token_id, settings.loss, trained, old_logprobs, ref_logprobs, selected, global_tokens, micro_batch_rows,

@@ -198,6 +198,8 @@ def test_wrong_types_name_the_key(tmp_path, values, message):
         ),
         ({"top_entropy_quantile": 1.5}, ["top_entropy_quantile = 1.5", "[0, 1]"]),
         ({"entropy_coeff": -0.1}, ["entropy_coeff = -0.1"]),
+        ({"bypass_mode": True, "rejection_sampling": "token_k1"}, ["use_rollout_logprobs", "rejection_sampling needs"]),
+        ({"use_rollout_logprobs": True, "top_entropy_quantile": 0.2}, ["use_rollout_logprobs", "top_entropy_quantile < 1 needs"]),
         ({"importance_sampling_min": 1.0}, ["importance_sampling_min = 1.0", "[0, 1)"]),
         ({"clip_range_ratio_low": 1.0}, ["clip_range_ratio_low = 1.0", "(0, 1)"]),
     ],

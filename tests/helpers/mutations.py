@@ -71,6 +71,12 @@ MUTATIONS = (
         ("tests/step/test_micro_batches.py::test_micro_batches_cut_to_their_longest_completion_give_the_update_of_one_whole_batch[dapo]",),
     ),
     Mutation(
+        "rollout-logprobs-recomputed",  # use_rollout_logprobs read but the trainer's pass run as before
+        "alignment/step/update.py",
+        (("    if settings.use_rollout_logprobs:  # validation", "    if False:  # validation"),),
+        ("tests/step/test_rollout_logprobs.py::test_the_ratio_is_taken_against_the_engines_logprobs",),
+    ),
+    Mutation(
         "weight-sync-check-skipped",  # the fused engine refreshes its weights but checks nothing
         "alignment/rollout/fused.py",
         (("bf16=self.bf16)  # (V, Hd) weight\n        return self._check_probe()",

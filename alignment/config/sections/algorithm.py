@@ -100,6 +100,14 @@ class Algorithm:
         "Sequences per process per optimizer step; default: the whole step's sequences (one optimizer step per iteration).",
     )
     shuffle_minibatch: bool = _key(False, "Shuffle the sequences (seeded per step and iteration) before cutting mini-batches.")
+    use_rollout_logprobs: bool = _key(
+        False,
+        "The old policy's log-probs in the clipped ratio are the rollout engine's, as it sampled, so the trainer's extra pass that "
+        "recomputes them before several optimizer steps (num_iterations > 1 or mini_batch_size below the step's sequences) is "
+        "skipped: one forward pass over the batch less a step. The ratio then also holds the engine's numerical gap to the trainer "
+        "(importance_sampling_correction's weights are 1). Not with rejection_sampling or top_entropy_quantile < 1, which need the "
+        "trainer's pass (slime's --use-rollout-logprobs, verl's rollout_correction bypass_mode).",
+    )
     importance_sampling_correction: bool = _key(
         True,
         "Weight each token's policy loss by pi_old / pi_rollout, the rollout engine's numerical gap to the trainer, as "
@@ -308,6 +316,11 @@ def check_policy_update(c: Algorithm) -> None:
     )
     check(0 <= c.top_entropy_quantile <= 1, f"top_entropy_quantile = {c.top_entropy_quantile}: must lie in [0, 1] (1.0: every token)")
     check(c.entropy_coeff >= 0, f"entropy_coeff = {c.entropy_coeff}: must be >= 0 (0: no entropy bonus)")
+    check(
+        not (c.use_rollout_logprobs and (c.rejection_sampling or c.top_entropy_quantile < 1)),
+        f"use_rollout_logprobs skips the trainer's pass over the batch that "
+        f"{'rejection_sampling' if c.rejection_sampling else 'top_entropy_quantile < 1'} needs: give one of the two",
+    )
 
 
 def check_advantages_and_penalties(c: Algorithm) -> None:
