@@ -1,6 +1,7 @@
 """Small random Qwen2, Llama and Qwen3 models for engine tests: grouped KV heads, tied and untied embeddings; a
 smaller Qwen2 for the trainer's phases and checkpoints; a small random Qwen2 reward model (a sequence classifier) saved
-with the bundled tokenizer; and a model folder gone bad, for the NaN tests."""
+with the bundled tokenizer; a model folder gone bad, for the NaN tests; and two prompts' sampled groups, for the update's
+tests."""
 
 import shutil
 from pathlib import Path
@@ -12,6 +13,10 @@ from paddleformers.transformers import (
     LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen3Config, Qwen3ForCausalLM,
 )
 from safetensors.numpy import load_file, save_file
+
+from alignment.basics.data import EncodedPrompt, PromptRecord
+from alignment.models.modeling import load_tokenizer
+from alignment.rollout import EagerEngine, SamplingParams
 
 PAD, VOCAB = 0, 97
 SHAPE = dict(
@@ -56,6 +61,23 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_ke
 def small_qwen2(vocab_size: int, seed: int, layers: int = 2):
     paddle.seed(seed)
     return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab_size, num_hidden_layers=layers, **SMALL))
+
+
+def two_sampled_groups(model_seed: int, sample_seed: int, max_new_tokens: int) -> tuple:
+    """Two word problems in the bundled tokenizer's chat template, four completions of each sampled (temperature 1) by a
+    small random Qwen2 on the eager engine -> (tokenizer, model, EncodedPrompts, Rollout of 8 rows)."""
+    tokenizer = load_tokenizer("data/tiny-qwen2")
+    model = small_qwen2(vocab_size=len(tokenizer), seed=model_seed)
+    prompts = []
+    for question in ("Mia has 3 apples.", "Leo has 4 coins. He finds 3 more."):
+        messages = [{"role": "user", "content": question}]
+        ids = tuple(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        prompts.append(EncodedPrompt(PromptRecord(tuple(messages), "7"), ids))
+    paddle.seed(sample_seed)
+    rollout = EagerEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(
+        [p.ids for p in prompts], 4, SamplingParams(max_new_tokens=max_new_tokens)
+    )
+    return tokenizer, model, prompts, rollout
 
 
 def qwen3(tied: bool, head_dim: int):

@@ -7,15 +7,12 @@ import dataclasses
 import numpy as np
 import paddle
 import pytest
-from helpers.tiny_models import small_qwen2
+from helpers.tiny_models import two_sampled_groups
 
 import alignment.step.update as update
-from alignment.basics.data import EncodedPrompt, PromptRecord
 from alignment.config.cli import load_config
-from alignment.models.modeling import load_tokenizer
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
-from alignment.rollout import EagerEngine, SamplingParams
 from alignment.run.build import scoring_settings, update_settings
 from alignment.run.scorer import build_scorer
 from alignment.step.micro_batches import MicroBatch, completion_widths, longest_first
@@ -59,17 +56,7 @@ def test_a_micro_batch_takes_its_rows_up_to_its_longest_completion():
 
 @pytest.fixture(scope="module")
 def setup():
-    tokenizer = load_tokenizer("data/tiny-qwen2")
-    model = small_qwen2(vocab_size=len(tokenizer), seed=4)
-    prompts = []
-    for question in ("Mia has 3 apples.", "Leo has 4 coins. He finds 3 more."):
-        messages = [{"role": "user", "content": question}]
-        ids = tuple(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-        prompts.append(EncodedPrompt(PromptRecord(tuple(messages), "7"), ids))
-    paddle.seed(5)
-    rollout = EagerEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(
-        [p.ids for p in prompts], 4, SamplingParams(max_new_tokens=9)
-    )
+    tokenizer, model, prompts, rollout = two_sampled_groups(model_seed=4, sample_seed=5, max_new_tokens=9)
     keep = (np.arange(9)[None, :] < np.array(LENGTHS)[:, None]).astype(np.float32)  # completions that ended early
     rollout = dataclasses.replace(
         rollout,

@@ -7,15 +7,12 @@ import dataclasses
 import numpy as np
 import paddle
 import pytest
-from helpers.tiny_models import small_qwen2
+from helpers.tiny_models import two_sampled_groups
 
 import alignment.step.update as update
-from alignment.basics.data import EncodedPrompt, PromptRecord
 from alignment.config.cli import load_config
-from alignment.models.modeling import load_tokenizer
 from alignment.parallel.distributed import World
 from alignment.rewards import register_reward
-from alignment.rollout import EagerEngine, SamplingParams
 from alignment.run.build import scoring_settings, update_settings
 from alignment.run.scorer import build_scorer
 from alignment.step.scoring import score_rollout
@@ -32,18 +29,7 @@ def length_parity(completion, sample):
 
 @pytest.fixture(scope="module")
 def setup():
-    tokenizer = load_tokenizer("data/tiny-qwen2")
-    model = small_qwen2(vocab_size=len(tokenizer), seed=6)
-    prompts = []
-    for question in ("Mia has 3 apples.", "Leo has 4 coins. He finds 3 more."):
-        messages = [{"role": "user", "content": question}]
-        ids = tuple(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-        prompts.append(EncodedPrompt(PromptRecord(tuple(messages), "7"), ids))
-    paddle.seed(7)
-    rollout = EagerEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(
-        [p.ids for p in prompts], 4, SamplingParams(max_new_tokens=6)  # temperature 1, as config/tiny's
-    )
-    return tokenizer, model, prompts, rollout
+    return two_sampled_groups(model_seed=6, sample_seed=7, max_new_tokens=6)  # temperature 1, as config/tiny's
 
 
 def _update(setup, rollout, advantages: np.ndarray, monkeypatch, *keys: str) -> tuple:
