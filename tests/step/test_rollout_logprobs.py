@@ -12,19 +12,12 @@ from helpers.tiny_models import two_sampled_groups
 import alignment.step.update as update
 from alignment.config.cli import load_config
 from alignment.parallel.distributed import World
-from alignment.rewards import register_reward
-from alignment.run.build import scoring_settings, update_settings
-from alignment.run.scorer import build_scorer
-from alignment.step.scoring import score_rollout
+from alignment.run.build import update_settings
+from alignment.step.records import ScoredBatch
 from alignment.step.update import Learner, update_policy
 
 FIXED_LOGPROBS = update.fixed_logprobs  # the real pass, which the tests wrap to count its calls
 ADVANTAGES = np.linspace(-1.5, 1.5, 8, dtype=np.float32)  # the first prompt's four rows negative, the second's positive
-
-
-@register_reward("test_rollout_logprobs_parity", "test only: 1.0 for a completion of an even number of characters, else 0.0")
-def length_parity(completion, sample):
-    return float(len(completion) % 2 == 0)
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +30,12 @@ def _update(setup, rollout, advantages: np.ndarray, monkeypatch, *keys: str) -> 
     -> (the parameters' change, how many times the trainer's old log-prob pass ran)."""
     tokenizer, model, prompts, _ = setup
     config = load_config([
-        "config/tiny/grpo_argument.json", "--reward_functions", "test_rollout_logprobs_parity", "--reward_function_weights", "1",
-        "--rollout_n", "4", "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "2", "--mini_batch_size", "4",
-        "--loss_type", "grpo", "--importance_sampling_correction", "false", *keys,
+        "config/tiny/grpo_argument.json", "--rollout_n", "4", "--per_device_prompt_batch_size", "2",
+        "--per_device_train_batch_size", "2", "--mini_batch_size", "4", "--loss_type", "grpo",
+        "--importance_sampling_correction", "false", *keys,
     ])
-    scored = score_rollout(prompts, rollout, build_scorer(config), tokenizer, scoring_settings(config))
-    scored.advantages = advantages
+    rows = len(advantages)  # the advantages given, so no rewards are scored
+    scored = ScoredBatch(prompts, rollout, [""] * rows, np.zeros(rows), {}, [None] * rows, np.zeros(rows, bool), advantages)
     passes = []
     monkeypatch.setattr(update, "fixed_logprobs", lambda *args: passes.append(1) or FIXED_LOGPROBS(*args))
     policy = copy.deepcopy(model)
