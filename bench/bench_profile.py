@@ -3,14 +3,18 @@ profiler.
 
     .venv/bin/python bench/bench_profile.py [--model models/SmolLM2-135M-Instruct] [--phases rollout,update]
         [--prompts 8] [--rollout_n 8] [--prompt 64] [--completion 128] [--precisions bf16,fp32] [--repeats 2]
+        [--token_budget 0|auto|N]
 
 bench/bench_step.py's SmolLM2 workload (8 prompts x 8 completions, a 64-token prompt and exactly 128 completion
 tokens, one micro-batch), with random prompt ids, as the trainer runs it with use_fusemt and use_fused_train_ops:
 - rollout: the fused engine (alignment/rollout/fused.py; packed bf16 copies of the weights with bf16) generates the 64
   completions at temperature 1 (min_new_tokens = max_new_tokens: eos never ends a row);
-- update: one micro-batch's forward (the decoder layers with each shared prompt run once, alignment/models/
+- update: each micro-batch's forward (the decoder layers with each shared prompt run once, alignment/models/
   prefix_grouper.py, then the log-prob head 512 tokens at a time), a GRPO-style loss (sum of log-prob x advantage
-  over the tokens), its backward, and one AdamW step.
+  over the tokens), its backward, then one AdamW step. The micro-batches are cut as the trainer cuts them
+  (alignment/run/memory_plan.py) with per_device_train_batch_size = all rows and --token_budget as
+  micro_batch_token_budget: 0 (the default) one micro-batch, auto the trainer's default (derived from the memory
+  estimate, so that long completions profile without running out of memory), or a number of padded tokens.
 Each phase runs once to warm up, --repeats times timed without the profiler (seconds_per_<phase>), then --repeats
 times under paddle.profiler (CPU events), each operator's own time (its events less those inside them) summed into:
 - matmul: the projections' and the head's products (grpo_bf16_linear and its grad, grpo_bf16_matmul; the fused
@@ -26,6 +30,7 @@ and the ten largest operators.
 """
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -139,20 +144,44 @@ def rollout_phase(model, bf16: bool, prompts: list, rollout_n: int, completion: 
     return lambda: engine.generate(prompts, rollout_n, params)
 
 
-def update_phase(model, prompts: list, rollout_n: int, completion: int, rng):
+def micro_batch_rows(args, precision: str) -> tuple:
+    """-> (rows per micro-batch, the trainer's memory line) for all the step's rows, cut as the trainer cuts them with
+    per_device_train_batch_size = all rows and micro_batch_token_budget = --token_budget (auto: the derived default)."""
+    from alignment.config.schema import GRPOConfig
+    from alignment.config.validation import validate
+    from alignment.run.memory_plan import plan_memory
+
+    rows = args.prompts * args.rollout_n
+    config = validate(dataclasses.replace(
+        GRPOConfig(), actor_model_name_or_path=args.model, per_device_prompt_batch_size=args.prompts, rollout_n=args.rollout_n,
+        per_device_train_batch_size=rows, max_dec_len=args.completion, use_fusemt=True, use_fused_train_ops=True,
+        cpu_bf16_matmul="on" if precision == "bf16" else "off",
+        micro_batch_token_budget=None if args.token_budget == "auto" else int(args.token_budget),
+    ))
+    plan = plan_memory(config, args.model, args.prompt, world_size=1)
+    return plan.budget.rows(rows, args.prompt + args.completion), plan.line
+
+
+def update_phase(model, prompts: list, rollout_n: int, completion: int, micro_rows: int, rng):
     model.train()
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-6, parameters=model.parameters())
     rows = [p for p in prompts for _ in range(rollout_n)]
-    vocab = model.config.vocab_size
-    batch = make_token_batch(rows, rng.integers(3, vocab, size=(len(rows), completion)), np.ones((len(rows), completion), np.float32), 0)
-    advantages = paddle.to_tensor(rng.standard_normal((len(rows), 1)).astype(np.float32))
+    vocab, tokens = model.config.vocab_size, len(rows) * completion
+    completions = rng.integers(3, vocab, size=(len(rows), completion))
+    advantages = rng.standard_normal((len(rows), 1)).astype(np.float32)
+    micro_batches = []  # (token batch, [rows, 1] advantages) per micro-batch, each a run of whole rows
+    for at in range(0, len(rows), micro_rows):
+        part = slice(at, at + micro_rows)
+        mask = np.ones(completions[part].shape, np.float32)
+        micro_batches.append((make_token_batch(rows[part], completions[part], mask, 0), paddle.to_tensor(advantages[part])))
 
     def one_update():
-        hidden = completion_hidden(model, batch, groups_prompts(model, recompute=False))
-        weight, bias = output_head(model)
-        logprobs, _ = chunked_token_logprobs(hidden, weight, bias, batch.completion_ids, 1.0, 512, head_kernels(model))
-        loss = -(logprobs * advantages).sum() / logprobs.numel()
-        loss.backward()
+        for batch, batch_advantages in micro_batches:
+            hidden = completion_hidden(model, batch, groups_prompts(model, recompute=False))
+            weight, bias = output_head(model)
+            logprobs, _ = chunked_token_logprobs(hidden, weight, bias, batch.completion_ids, 1.0, 512, head_kernels(model))
+            loss = -(logprobs * batch_advantages).sum() / tokens  # the mean over the whole batch's tokens
+            loss.backward()
         optimizer.step()
         optimizer.clear_grad()
         weights_changed(model)
@@ -180,7 +209,7 @@ def profile(run, repeats: int) -> tuple:
         return wall, {name: seconds / repeats for name, seconds in operator_seconds(trace).items()}
 
 
-def report(phase: str, precision: str, wall: float, totals: dict, args) -> dict:
+def report(phase: str, precision: str, wall: float, totals: dict, args, micro_rows: int) -> dict:
     by_category = defaultdict(float)
     for name, seconds in totals.items():
         by_category[category(name, phase)] += seconds
@@ -192,6 +221,7 @@ def report(phase: str, precision: str, wall: float, totals: dict, args) -> dict:
         "outside_operators_seconds": round(wall - sum(by_category.values()), 2),
         "top_operators": {name: round(seconds, 3) for name, seconds in top},
         "prompts": args.prompts, "rollout_n": args.rollout_n, "prompt": args.prompt, "completion": args.completion, "model": args.model,
+        **({"micro_batch_rows": micro_rows, "token_budget": args.token_budget} if phase == "update" else {}),
     }
 
 
@@ -205,6 +235,7 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=128)
     parser.add_argument("--precisions", default="bf16,fp32")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--token_budget", default="0", help="the update's micro_batch_token_budget: 0 (one micro-batch), auto, or N")
     args = parser.parse_args()
     phases, precisions = args.phases.split(","), args.precisions.split(",")
     if set(phases) - {"rollout", "update"} or set(precisions) - {"bf16", "fp32"}:
@@ -218,12 +249,15 @@ def main() -> None:
         model = build(args.model, precision == "bf16")
         prompts = [rng.integers(3, model.config.vocab_size, size=args.prompt).tolist() for _ in range(args.prompts)]
         for phase in phases:
+            micro_rows = None
             if phase == "rollout":
                 run = rollout_phase(model, precision == "bf16", prompts, args.rollout_n, args.completion)
             else:
-                run = update_phase(model, prompts, args.rollout_n, args.completion, rng)
+                micro_rows, memory_line = micro_batch_rows(args, precision)
+                print(f"bench_profile: {memory_line}", file=sys.stderr)
+                run = update_phase(model, prompts, args.rollout_n, args.completion, micro_rows, rng)
             wall, totals = profile(run, args.repeats)
-            print(json.dumps(report(phase, precision, wall, totals, args)), flush=True)
+            print(json.dumps(report(phase, precision, wall, totals, args, micro_rows)), flush=True)
 
 
 if __name__ == "__main__":
