@@ -29,6 +29,15 @@ REQUESTS = [
     "Write a letter to your neighbour about {topic}.", "Tell me what you know about {topic}.",
     "Write a product description for {product}.", "Write a customer review of {product}.",
     "Write an advertisement for {product}.", "Explain how to choose {product}.", "Write a thank-you note for a gift: {product}.",
+    "Write a song with two verses about {topic}.", "Write a limerick about {topic}.", "Write a funny rap about {topic}.",
+    "Write a riddle whose answer is {topic}.", "Write a joke about {topic}.", "Write a dialogue between two friends about {topic}.",
+    "Write a news report about {topic}.", "Write a short lesson plan for teaching {topic}.", "What are the pros and cons of {topic}?",
+    "Can you help me write a social media post about {topic}?", "I am giving a talk on {topic} tomorrow. Write its opening.",
+    "My cousin knows nothing about {topic}. How would you explain it to her?", "Write a cover letter for a job that involves {topic}.",
+    "Write a travel itinerary for a weekend built around {topic}.", "Summarise what a newcomer should know about {topic}.",
+    "Pretend you are a tour guide and talk about {topic}.", "Write a startup pitch for a company devoted to {topic}.",
+    "Write a complaint letter about {product}.", "Compare {product} with a cheaper alternative.",
+    "Write a story in which a child loses {product}.", "I am selling {product} online. Write the listing for me.",
 ]
 TOPICS = [
     "learning to cook", "city gardens", "the history of bicycles", "ocean tides", "honey bees", "public libraries",
@@ -52,11 +61,14 @@ WORDS = [
     "market", "pencil", "thunder", "island", "basket", "mirror", "planet", "harbor", "ticket", "meadow", "engine", "castle",
 ]
 ENDINGS = ["Have a great day.", "That is all for now.", "Thanks for reading.", "See you soon.", "Let me know what you think."]
-RELATIONS = {"less than": "fewer than", "at least": "at least"}  # IFEval's relation -> how the request says it
+# IFEval's relation -> the ways a request says it
+RELATIONS = {"less than": ("fewer than", "less than", "under"), "at least": ("at least", "no fewer than", "a minimum of")}
 
 
-def _relation(rng: random.Random) -> str:
-    return rng.choice(tuple(RELATIONS))
+def _relation(rng: random.Random) -> tuple:
+    """(IFEval's relation, one wording of it)."""
+    relation = rng.choice(tuple(RELATIONS))
+    return relation, rng.choice(RELATIONS[relation])
 
 
 def _ordinal(n: int) -> str:
@@ -67,121 +79,166 @@ def _words(rng: random.Random, count: int) -> list:
     return rng.sample(WORDS, count)
 
 
-# instruction id -> draw(rng, request) -> (the constraint's wording, its kwargs as IFEval's verifier takes them)
+def _plural(count: int) -> str:
+    return "s" * (count != 1)
+
+
+# instruction id -> draw(rng, request) -> (the constraint's wording, its kwargs as IFEval's verifier takes them). Each
+# constraint has several wordings, so that training teaches the constraint rather than one sentence that states it.
 def _keywords_existence(rng, request):
     words = _words(rng, rng.randint(1, 2))
-    return f"Be sure to use the word{'s' * (len(words) > 1)} {' and '.join(words)}.", {"keywords": words}
+    listed, quoted, s = " and ".join(words), "' and '".join(words), _plural(len(words))
+    return rng.choice((f"Be sure to use the word{s} {listed}.", f"Include the keyword{s} '{quoted}' somewhere.",
+                       f"Your answer has to mention {listed}.", f"Work the word{s} {listed} into the text.")), {"keywords": words}
 
 
 def _keywords_frequency(rng, request):
-    word, times, relation = rng.choice(WORDS), rng.randint(1, 3), _relation(rng)
-    return f"The word '{word}' should appear {RELATIONS[relation]} {times} time{'s' * (times > 1)}.", \
+    word, times, (relation, said) = rng.choice(WORDS), rng.randint(1, 3), _relation(rng)
+    s = _plural(times)
+    return rng.choice((f"The word '{word}' should appear {said} {times} time{s}.", f"Use the word {word} {said} {times} time{s}.",
+                       f"Mention '{word}' {said} {times} time{s} in total.")), \
         {"keyword": word, "frequency": times, "relation": relation}
 
 
 def _forbidden_words(rng, request):
     words = _words(rng, rng.randint(1, 2))
-    return f"Never write the word{'s' * (len(words) > 1)} {' or '.join(words)}.", {"forbidden_words": words}
+    s = _plural(len(words))
+    return rng.choice((f"Never write the word{s} {' or '.join(words)}.", f"Avoid the word{s} {' or '.join(words)}.",
+                       f"Do not include the keyword{s} {' and '.join(words)} in your answer.",
+                       f"The word{s} {' and '.join(words)} must not appear anywhere.")), {"forbidden_words": words}
 
 
 def _letter_frequency(rng, request):
-    letter, times, relation = rng.choice("abdgkmpuwyz"), rng.randint(2, 8), _relation(rng)
-    return f"Let the letter '{letter}' appear {RELATIONS[relation]} {times} times.", \
+    letter, times, (relation, said) = rng.choice("abdgkmpuwyz"), rng.randint(2, 8), _relation(rng)
+    return rng.choice((f"Let the letter '{letter}' appear {said} {times} times.", f"Use the letter {letter} {said} {times} times.",
+                       f"The letter {letter} should occur {said} {times} times in your reply.")), \
         {"letter": letter, "let_frequency": times, "let_relation": relation}
 
 
 def _number_sentences(rng, request):
-    count, relation = rng.randint(2, 8), _relation(rng)
-    return f"Keep it to {RELATIONS[relation]} {count} sentences.", {"num_sentences": count, "relation": relation}
+    count, (relation, said) = rng.randint(2, 8), _relation(rng)
+    return rng.choice((f"Keep it to {said} {count} sentences.", f"Write {said} {count} sentences.",
+                       f"Your whole answer should have {said} {count} sentences.")), {"num_sentences": count, "relation": relation}
 
 
 def _number_paragraphs(rng, request):
     count = rng.randint(2, 4)
-    return f"Write {count} paragraphs and put a line with only *** between one paragraph and the next.", {"num_paragraphs": count}
+    return rng.choice((f"Write {count} paragraphs and put a line with only *** between one paragraph and the next.",
+                       f"There should be exactly {count} paragraphs, divided from each other by the markdown divider ***.",
+                       f"Use {count} paragraphs; separate them with ***.")), {"num_paragraphs": count}
 
 
 def _number_words(rng, request):
-    count, relation = rng.choice((30, 50, 80, 100, 120, 150)), _relation(rng)
-    return f"Your reply must be {RELATIONS[relation]} {count} words long.", {"num_words": count, "relation": relation}
+    count, (relation, said) = rng.choice((30, 50, 80, 100, 120, 150)), _relation(rng)
+    return rng.choice((f"Your reply must be {said} {count} words long.", f"Answer in {said} {count} words.",
+                       f"Make it {said} {count} words.", f"The word count should be {said} {count}.")), \
+        {"num_words": count, "relation": relation}
 
 
 def _nth_paragraph_first_word(rng, request):
     count = rng.randint(2, 4)
     nth, word = rng.randint(1, count), rng.choice(WORDS)
-    return (f"Write {count} paragraphs, separated by blank lines; the {_ordinal(nth)} paragraph has to start with the word {word}.",
-            {"num_paragraphs": count, "nth_paragraph": nth, "first_word": word})
+    return rng.choice((f"Write {count} paragraphs, separated by blank lines; the {_ordinal(nth)} paragraph has to start with {word}.",
+                       f"Use {count} paragraphs with two new lines between them, and begin paragraph {nth} with the word '{word}'.",
+                       f"Give {count} paragraphs split by empty lines. Paragraph number {nth} must open with {word}.")), \
+        {"num_paragraphs": count, "nth_paragraph": nth, "first_word": word}
 
 
 def _number_placeholders(rng, request):
     count = rng.randint(1, 3)
-    return f"Leave {count} blank{'s' * (count > 1)} for the reader to fill in, written in square brackets like [date].", \
-        {"num_placeholders": count}
+    s = _plural(count)
+    return rng.choice((f"Leave {count} blank{s} for the reader to fill in, written in square brackets like [date].",
+                       f"Include {count} placeholder{s} in square brackets, such as [name].",
+                       f"Put {count} bracketed placeholder{s} like [address] in the text.")), {"num_placeholders": count}
 
 
 def _postscript(rng, request):
     marker = rng.choice(("P.S.", "P.P.S"))
-    return f"After the main text, add a short note that begins with {marker}", {"postscript_marker": marker}
+    return rng.choice((f"After the main text, add a short note that begins with {marker}", f"End with a postscript starting with {marker}",
+                       f"Add a {marker} at the end.")), {"postscript_marker": marker}
 
 
 def _bullet_lists(rng, request):
     count = rng.randint(2, 5)
-    return f"Reply with {count} bullet points and nothing else, each line starting with '* '.", {"num_bullets": count}
+    return rng.choice((f"Reply with {count} bullet points and nothing else, each line starting with '* '.",
+                       f"Your answer must contain exactly {count} bullet points in markdown, like: * point one",
+                       f"Format it as a list of exactly {count} markdown bullets (use * for each).")), {"num_bullets": count}
 
 
 def _highlighted_sections(rng, request):
     count = rng.randint(1, 3)
-    return f"Mark {count} important phrase{'s' * (count > 1)} in bold-style markdown between single asterisks, like *this*.", \
-        {"num_highlights": count}
+    s = _plural(count)
+    return rng.choice((f"Mark {count} important phrase{s} in bold-style markdown between single asterisks, like *this*.",
+                       f"Highlight {count} part{s} of your answer with markdown, for example *an important part*.",
+                       f"Use markdown to highlight {count} section{s}, such as *key idea*.")), {"num_highlights": count}
 
 
 def _multiple_sections(rng, request):
     marker, count = rng.choice(("Section", "SECTION")), rng.randint(2, 3)
-    return f"Organise the reply in {count} parts headed '{marker} 1', '{marker} 2' and so on.", \
+    return rng.choice((f"Organise the reply in {count} parts headed '{marker} 1', '{marker} 2' and so on.",
+                       f"Split your answer into {count} sections. Start each with {marker} X, where X is its number.",
+                       f"Your response needs {count} sections, marked {marker} 1, {marker} 2, and so on.")), \
         {"section_spliter": marker, "num_sections": count}
 
 
 def _json_format(rng, request):
-    return "Give the whole reply as valid JSON, optionally inside a ```json code block.", {}
+    return rng.choice(("Give the whole reply as valid JSON, optionally inside a ```json code block.",
+                       "Wrap your entire output in JSON format.", "Format the complete answer as a JSON object.")), {}
 
 
 def _title(rng, request):
-    return "Start with a title placed in double angle brackets, such as <<A Fine Day>>.", {}
+    return rng.choice(("Start with a title placed in double angle brackets, such as <<A Fine Day>>.",
+                       "Give it a title wrapped in double angular brackets, like <<my title>>.",
+                       "Include a title in the form <<title>>.")), {}
 
 
 def _two_responses(rng, request):
-    return "Write two different versions and separate them with a line of six asterisks: ******", {}
+    return rng.choice(("Write two different versions and separate them with a line of six asterisks: ******",
+                       "Give me two different answers, separated by 6 asterisk symbols (******).",
+                       "Provide two alternative replies and put ****** between them.")), {}
 
 
 def _repeat_prompt(rng, request):
-    return ("Begin by copying my first sentence exactly as written, then answer it.",
-            {"prompt_to_repeat": request})
+    return rng.choice(("Begin by copying my request exactly as written, then answer it.",
+                       "First repeat my request word for word without change, then give your answer.",
+                       "Start your reply with my request repeated exactly, and only then respond to it.")), \
+        {"prompt_to_repeat": request}
 
 
 def _end_checker(rng, request):
     ending = rng.choice(ENDINGS)
-    return f"The very last words of your reply must be: {ending}", {"end_phrase": ending}
+    return rng.choice((f"The very last words of your reply must be: {ending}", f"Finish your response with the exact phrase '{ending}'",
+                       f"End it with \"{ending}\" and say nothing after that.")), {"end_phrase": ending}
 
 
 def _capital_word_frequency(rng, request):
-    count, relation = rng.randint(1, 4), _relation(rng)
-    return f"Use words written in all capital letters, like WOW, {RELATIONS[relation]} {count} time{'s' * (count > 1)}.", \
+    count, (relation, said) = rng.randint(1, 4), _relation(rng)
+    s = _plural(count)
+    return rng.choice((f"Use words written in all capital letters, like WOW, {said} {count} time{s}.",
+                       f"Words in all caps should appear {said} {count} time{s}.",
+                       f"Write {said} {count} word{s} entirely in capital letters for emphasis.")), \
         {"capital_frequency": count, "capital_relation": relation}
 
 
 def _english_capital(rng, request):
-    return "Write the reply in English using capital letters only.", {}
+    return rng.choice(("Write the reply in English using capital letters only.", "Your whole answer must be in English and in ALL CAPS.",
+                       "Respond only in uppercase English letters.")), {}
 
 
 def _english_lowercase(rng, request):
-    return "Use only lowercase letters in the reply, with no capitals at all.", {}
+    return rng.choice(("Use only lowercase letters in the reply, with no capitals at all.",
+                       "Your entire answer should be in English and all lowercase.",
+                       "Write everything in small letters; capital letters are not allowed.")), {}
 
 
 def _no_comma(rng, request):
-    return "Do not put a single comma in your reply.", {}
+    return rng.choice(("Do not put a single comma in your reply.", "Do not use any commas.", "Avoid commas entirely.",
+                       "Write it without using any commas.", "Commas are not allowed in your answer.")), {}
 
 
 def _quotation(rng, request):
-    return "Put the entire reply between double quotation marks.", {}
+    return rng.choice(("Put the entire reply between double quotation marks.", "Wrap your whole response in double quotes.",
+                       "Enclose everything you write in double quotation marks.")), {}
 
 
 CONSTRAINTS = {
