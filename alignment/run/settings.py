@@ -97,6 +97,7 @@ class LoopSettings:
     dashboards: DashboardSettings  # report_to's dashboards
     log_completions_per_step: int
     max_consecutive_skips: int
+    max_train_minutes: float  # 0: no limit
     save_steps: int
     save_total_limit: Optional[int]
     config_json: str  # the config as grpo_config.json and every checkpoint hold it (GRPOConfig.to_json)

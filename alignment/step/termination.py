@@ -1,9 +1,10 @@
-"""Stopping cleanly on SIGTERM and Ctrl-C."""
+"""Stopping cleanly on SIGTERM, Ctrl-C and a time limit."""
 
 import os
 import shlex
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -13,11 +14,16 @@ from alignment.parallel.distributed import World
 class TerminationRequest:
     """SIGTERM (a scheduler's preemption, `kill`, the launcher stopping its workers) and a first Ctrl-C only
     set a flag: the step under way finishes, every process agrees at its end, and the run saves and stops
-    cleanly. A second Ctrl-C stops at once (KeyboardInterrupt), losing the steps since the last save."""
+    cleanly. A second Ctrl-C stops at once (KeyboardInterrupt), losing the steps since the last save.
+    max_train_minutes (0: none) is counted from entering the block."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+    def __init__(self, max_train_minutes: float):
+        self.max_train_minutes = max_train_minutes
+
     def __enter__(self):
+        self.started = time.monotonic()
         self.requested = None  # the name of the first signal
         self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
         return self
@@ -36,6 +42,12 @@ class TerminationRequest:
 
     def agreed(self, world: World) -> bool:
         return bool(world.max(np.array([float(self.requested is not None)]))[0])  # every rank stops after the same step
+
+    def out_of_time(self, world: World) -> bool:
+        if not self.max_train_minutes:
+            return False
+        over = time.monotonic() - self.started >= 60 * self.max_train_minutes
+        return bool(world.max(np.array([float(over)]))[0])  # one rank's clock decides for all: they stop after the same step
 
 
 def resume_command() -> str:

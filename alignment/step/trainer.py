@@ -47,7 +47,7 @@ def train(setup: RunSetup) -> Path:
     step = first_step
     guard = MemoryGuard(parts.memory.limit, lambda: out_of_memory_advice(run, progress, step))
     step_peak_bytes()  # each step's peak from here on
-    with TerminationRequest() as terminate, logger, guard:
+    with TerminationRequest(loop.max_train_minutes) as terminate, logger, guard:
         if data.eval_prompts and settings.evaluation.eval_on_start and first_step == 0:
             results, failure = evaluate(sampler, settings.evaluation, data.eval_prompts, 0)
             if failure:
@@ -185,7 +185,8 @@ def finish_step(run: Run, progress: Progress, step: int, terminate: TerminationR
     if link:
         with saved_if_rollout_stops(run, progress, step):
             link.collect_ahead(step)  # one step off: the next step's rollout, generated while this one trained
-    last = step == run.data.total_steps
+    out_of_time = step < run.data.total_steps and terminate.out_of_time(run.world)
+    last = step == run.data.total_steps or out_of_time  # evaluated and saved
     eval_steps, save_steps = settings.evaluation.eval_steps, settings.loop.save_steps
     if run.data.eval_prompts and (last or (eval_steps and step % eval_steps == 0)):
         if link:
@@ -196,15 +197,16 @@ def finish_step(run: Run, progress: Progress, step: int, terminate: TerminationR
         run.logger.log_eval(step, results)
     if last or (save_steps and step % save_steps == 0):
         progress.checkpoint = save(run, progress, step)
-    stopping = terminate.agreed(run.world)
+    stopping = out_of_time or terminate.agreed(run.world)
     if stopping and (progress.checkpoint is None or progress.checkpoint.name != f"checkpoint-{step}"):
         progress.checkpoint = save(run, progress, step)
     if link:
         with saved_if_rollout_stops(run, progress, step):
             link.send_word(step, trained_parameters(run.parts.model), stopping)  # go with the new weights, or stop
     if stopping:
+        stopped_by = f"max_train_minutes ({settings.loop.max_train_minutes:g})" if out_of_time else terminate.requested or "another process"
         run.logger.print(
-            f"stopped by {terminate.requested or 'another process'} after step {step} (saved in {progress.checkpoint}); "
+            f"stopped by {stopped_by} after step {step} (saved in {progress.checkpoint}); "
             f"resume with: {resume_command()}"
         )
     return not stopping

@@ -200,10 +200,10 @@ def test_help_with_the_start_of_a_title_word_or_a_near_spelling_prints_that_grou
 @pytest.mark.parametrize(
     "word, heads",
     [
-        ("learning_rate", ["Optimisation (1 of 31 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),
-        ("lr", ["Optimisation (1 of 31 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),  # an alias
-        ("learning_rte", ["Optimisation (1 of 31 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),  # a letter off
-        ("min_learning", ["Optimisation (1 of 31 keys):", "  --min_learning_rate FLOAT  (default: 0.0; alias: --min_lr)"]),
+        ("learning_rate", ["Optimisation (1 of 32 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),
+        ("lr", ["Optimisation (1 of 32 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),  # an alias
+        ("learning_rte", ["Optimisation (1 of 32 keys):", "  --learning_rate FLOAT  (default: 1e-06; alias: --lr)"]),  # a letter off
+        ("min_learning", ["Optimisation (1 of 32 keys):", "  --min_learning_rate FLOAT  (default: 0.0; alias: --min_lr)"]),
         ("num_generation", [
             "Rollout (1 of 16 keys):", "  --rollout_n INT  (default: 8; aliases: --num_generations, --num_return_sequences)",
         ]),

@@ -263,6 +263,29 @@ def test_sigterm_saves_and_exits_cleanly_and_resume_continues(tmp_path, stop):
     assert_resumes_to_the_end(out, finished, 8)
 
 
+def test_max_train_minutes_ends_the_run_after_the_step_that_passes_it_evaluated_and_saved(tmp_path):
+    out = tmp_path / "out"
+    evaluation = ["--eval_datasets", "data/arith/test.jsonl", "--per_device_eval_batch_size", "8", "--max_evaluate_steps", "1",
+                  "--eval_rollout_n", "0", "--eval_on_start", "false", "--eval_steps", "0"]
+    done = run(out, "--max_steps", "8", "--max_train_minutes", "0.0001", *evaluation)  # 6 ms: step 1 ends past it
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert rows_of(out) == [(1, False), (1, True)]  # the step, then its evaluation
+    assert f"stopped by max_train_minutes (0.0001) after step 1 (saved in {out}/checkpoint-1); resume with: " in output
+    assert "--max_train_minutes 0.0001" in output and "--resume_from_checkpoint auto\n" in output
+    assert_complete(out / "checkpoint-1", 1)
+
+    resumed = run(out, "--max_steps", "3", "--max_train_minutes", "0", *evaluation, "--resume_from_checkpoint", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]  # the limit is no key of what a step trains on: no refusal
+    assert rows_of(out) == [(1, False), (1, True), (2, False), (3, False), (3, True)]
+    assert_complete(out / "checkpoint-3", 3)
+
+
+def rows_of(out: Path) -> list:
+    """metrics.jsonl -> [(step, whether the row is an evaluation)]"""
+    return [(row["step"], "eval_accuracy" in row) for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
 def test_the_resume_command_is_the_launch_command_with_resume_auto_in_place_of_any_resume(monkeypatch):
     launched = ".venv/bin/python -m alignment.launch --log_dir 'my logs' run_grpo.py c.json --resume_from_checkpoint out/ckpt-2 --lr 1"
     monkeypatch.setenv("GRPO_LAUNCH_COMMAND", launched)

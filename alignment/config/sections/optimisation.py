@@ -30,6 +30,12 @@ class Optimisation:
     )
     max_steps: int = _key(-1, "Optimizer steps to run; -1: num_train_epochs over train_datasets.")
     num_train_epochs: float = _key(1.0, "Passes over the training prompts when max_steps is -1.")
+    max_train_minutes: float = _key(
+        0.0,
+        "Stop after the first step that ends this many minutes after the training loop began (0: no limit): that step evaluates and "
+        "saves as a last one does, and the console prints the command that resumes the run, which gets as many minutes again. A time "
+        "budget that holds on slower and faster CPUs alike, or inside a scheduler's time limit.",
+    )
     seed: int = _key(42, "Seed for data order, sampling and initialisation.")
     use_prefix_grouper: bool = _key(
         True,
@@ -124,6 +130,7 @@ def check_optimizer_and_schedule(c: Optimisation) -> None:
         c.max_steps > 0 or (c.max_steps == -1 and c.num_train_epochs > 0),
         "set max_steps > 0, or max_steps = -1 with num_train_epochs > 0",
     )
+    check(c.max_train_minutes >= 0, f"max_train_minutes = {c.max_train_minutes}: must be >= 0 (0: no limit)")
     check(c.seed >= 0, f"seed = {c.seed}: must be >= 0")
     check(c.max_consecutive_skips >= 1, f"max_consecutive_skips = {c.max_consecutive_skips}: must be at least 1")
     check(c.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens = {c.logprob_chunk_tokens}: must be at least 1")
