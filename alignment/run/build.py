@@ -215,6 +215,21 @@ def read_run_data(config: GRPOConfig, world: World) -> RunData:
     return RunData(actor_folder, tokenizer_folder, tokenizer, train_prompts, eval_prompts, schedule, total_steps, truncated, dropped)
 
 
+def reference_model(config: GRPOConfig, actor_folder: str, bf16: bool):
+    """The frozen model of the KL term, or None: without a KL term, and with LoRA (the reference is then the actor with its
+    adapters off). It runs the policy's operators and matmuls (use_fused_train_ops, bf16 where the policy's are), so that
+    at equal weights its log-probs are the policy's, and its pass costs what the policy's forward does."""
+    if not (config.kl_loss_coeff > 0 or config.use_kl_in_reward) or config.lora:
+        return None
+    model = load_causal_lm(actor_folder, model_dtype(config))
+    model.eval()
+    for parameter in model.parameters():
+        parameter.stop_gradient = True
+    if config.use_fused_train_ops:
+        use_training_ops(model, bf16)  # where it cannot, the policy could not either (the same architecture): paddle's kernels
+    return model
+
+
 def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple, generates: bool) -> RunParts:
     """sources: actor_sources(); generates: whether this process needs a rollout engine. The memory plan comes first: a
     run that cannot fit is refused before any model loads."""
@@ -226,13 +241,7 @@ def build_parts(config: GRPOConfig, data: RunData, world: World, sources: tuple,
     compute, why_not = model_compute(config, model)
     if why_not:
         warnings.warn(f"use_fused_train_ops: training with paddle's own kernels ({why_not})")
-    ref_model = None
-    needs_reference = config.kl_loss_coeff > 0 or config.use_kl_in_reward
-    if needs_reference and not config.lora:  # no reference model without a KL term; with LoRA it is the actor without adapters
-        ref_model = load_causal_lm(data.actor_folder, model_dtype(config))
-        ref_model.eval()
-        for parameter in ref_model.parameters():
-            parameter.stop_gradient = True
+    ref_model = reference_model(config, data.actor_folder, compute.bf16)
     engine = rollout_engine(config, model, data.tokenizer, compute.bf16) if generates else None
     scorer = build_scorer(config)
     optimizer, scheduler = build_optimizer(model, optimizer_settings(config), data.total_steps, world)
