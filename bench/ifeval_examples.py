@@ -68,6 +68,9 @@ def overlap_table(by_problem: dict, models: list, training: str, size: int) -> N
           + " | ".join(f"{m}, prompt loose" for m in models) + " | last against the first |")
     print("|---|---|" + "---|" * len(models) + "---|")
     for name, rows in ((f"sharing one {size}-word sequence or more", shares), ("sharing none", ~shares)):
+        if not rows.any():
+            print(f"| {name} | 0 |" + " |" * len(models) + " |")
+            continue
         cells = " | ".join(f"{loose[m][rows].sum()} ({100 * loose[m][rows].mean():.1f}%)" for m in models)
         pair = paired_difference(loose[models[0]][rows], loose[models[-1]][rows])
         print(f"| {name} | {int(rows.sum())} | {cells} | {100 * pair['difference']:+.1f} points, "

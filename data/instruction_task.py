@@ -8,7 +8,7 @@ ifeval_loose, ifeval_all and ifeval_all_loose (alignment/rewards/instructions.py
 
 The requests and the wording of every constraint are written here for this project (covered by its license): nothing
 is taken from IFEval's or IFBench's prompts, whose evaluation they must stay apart from (tests/rewards/test_instruction_data.py
-checks that no 13-word sequence is shared with either). The constraint types are IFEval's, less
+checks that no 8-word sequence is shared with either). The constraint types are IFEval's, less
 language:response_language (a 135M English model writes no other language) and detectable_format:constrained_response
 (its fixed yes/no/maybe answers fit no writing request here); their arguments are drawn over ranges, and pairs
 that IFEval's registry marks as contradicting each other (lowercase with capitals, JSON with bullet points...) are
@@ -23,7 +23,7 @@ from pathlib import Path
 REQUESTS = [
     "Write a short story about {topic}.", "Write a poem about {topic}.", "Describe {topic} to someone who has never seen it.",
     "Explain why {topic} matters to people.", "Give advice to a beginner interested in {topic}.",
-    "Write a short email to a friend about {topic}.", "Write a blog post about {topic}.", "Share some facts about {topic}.",
+    "Write a short email to a friend about {topic}.", "Write a blog entry on {topic}.", "Share some facts about {topic}.",
     "Write a short essay on {topic}.", "Explain {topic} to a ten year old.", "Write a motivational note about {topic}.",
     "Write a diary entry about a day spent on {topic}.", "Write a speech for a school assembly about {topic}.",
     "Write a letter to your neighbour about {topic}.", "Tell me what you know about {topic}.",
@@ -154,14 +154,14 @@ def _number_placeholders(rng, request):
 
 def _postscript(rng, request):
     marker = rng.choice(("P.S.", "P.P.S"))
-    return rng.choice((f"After the main text, add a short note that begins with {marker}", f"End with a postscript starting with {marker}",
-                       f"Add a {marker} at the end.")), {"postscript_marker": marker}
+    return rng.choice((f"After the main text, add a short note that begins with {marker}",
+                       f"Close with a postscript that opens with {marker}", f"Add a {marker} at the end.")), {"postscript_marker": marker}
 
 
 def _bullet_lists(rng, request):
     count = rng.randint(2, 5)
     return rng.choice((f"Reply with {count} bullet points and nothing else, each line starting with '* '.",
-                       f"Your answer must contain exactly {count} bullet points in markdown, like: * point one",
+                       f"Give exactly {count} bullet points, each a markdown line beginning with an asterisk.",
                        f"Format it as a list of exactly {count} markdown bullets (use * for each).")), {"num_bullets": count}
 
 
@@ -188,7 +188,7 @@ def _json_format(rng, request):
 
 def _title(rng, request):
     return rng.choice(("Start with a title placed in double angle brackets, such as <<A Fine Day>>.",
-                       "Give it a title wrapped in double angular brackets, like <<my title>>.",
+                       "Head your reply with a title set between << and >>, for example <<Morning Walk>>.",
                        "Include a title in the form <<title>>.")), {}
 
 
@@ -200,14 +200,14 @@ def _two_responses(rng, request):
 
 def _repeat_prompt(rng, request):
     return rng.choice(("Begin by copying my request exactly as written, then answer it.",
-                       "First repeat my request word for word without change, then give your answer.",
+                       "Say my request back to me verbatim before you answer it.",
                        "Start your reply with my request repeated exactly, and only then respond to it.")), \
         {"prompt_to_repeat": request}
 
 
 def _end_checker(rng, request):
     ending = rng.choice(ENDINGS)
-    return rng.choice((f"The very last words of your reply must be: {ending}", f"Finish your response with the exact phrase '{ending}'",
+    return rng.choice((f"The very last words of your reply must be: {ending}", f"Close your reply with exactly these words: '{ending}'",
                        f"End it with \"{ending}\" and say nothing after that.")), {"end_phrase": ending}
 
 

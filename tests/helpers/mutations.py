@@ -54,8 +54,20 @@ MUTATIONS = (
     Mutation(
         "reference-model-not-loaded",  # none loads, so the actor (without adapters, as with LoRA) stands in for it
         "alignment/run/build.py",
-        (("if needs_reference and not config.lora:", "if False:"),),
+        (("    if not (config.kl_loss_coeff > 0 or config.use_kl_in_reward) or config.lora:\n", "    if True:\n"),),
         ("tests/e2e/test_train_e2e.py::test_kl_penalty_loads_a_reference_model",),
+    ),
+    Mutation(
+        "reference-on-paddle-kernels",  # the KL term's reference keeps paddle's fp32 kernels: other log-probs at equal weights
+        "alignment/run/build.py",
+        (("        use_training_ops(model, bf16)  # where", "        pass  # where"),),
+        ("tests/run/test_reference_model.py::test_the_reference_runs_the_policys_operators_and_gives_its_logits_at_equal_weights",),
+    ),
+    Mutation(
+        "time-limit-ignored",  # max_train_minutes never ends a run
+        "alignment/step/trainer.py",
+        (("    out_of_time = step < run.data.total_steps and terminate.out_of_time(run.world)\n", "    out_of_time = False\n"),),
+        ("tests/e2e/test_faults.py::test_max_train_minutes_ends_the_run_after_the_step_that_passes_it_evaluated_and_saved",),
     ),
     Mutation(
         "weights-not-changed",  # the optimizer never steps
