@@ -33,6 +33,12 @@ class GRPOConfig(*reversed(SECTIONS)):  # a dataclass collects its bases' fields
         boards = tuple(name for name in self.report_to if name != NONE)
         return DashboardSettings(boards, self.resolved_logging_dir, self.output_dir, json.loads(self.to_json()))
 
+    @property
+    def loads_reference_model(self) -> bool:
+        """Whether a frozen reference model is loaded: for a KL term (kl_loss_coeff > 0 or use_kl_in_reward), but not with
+        LoRA, whose reference is the actor with its adapters off."""
+        return (self.kl_loss_coeff > 0 or self.use_kl_in_reward) and not self.lora
+
     def reward_settings(self):
         from alignment.rewards import RewardSettings
 

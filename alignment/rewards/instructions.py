@@ -14,6 +14,7 @@ or loose. The sentence tokenizer and stop words come from NLTK data installed wi
 """
 
 import functools
+import re
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -164,3 +165,45 @@ def ifeval_all(completion: str, sample: Mapping[str, Any]) -> float:
                  "else 0.0", check_sample=check_row, prepare=verifiers)
 def ifeval_all_loose(completion: str, sample: Mapping[str, Any]) -> float:
     return float(_share(followed(completion, sample), loose=True) == 1.0)
+
+
+# --- Shaping and a guard, for training: a 135M model never writes a whole answer in one case by chance, so the
+# binary verdict gives GRPO nothing to compare; and a format one instruction asks for (the whole answer in quotes)
+# spreads to every answer unless something says it was not asked for (issue 53's seventh run quoted 424 of 541).
+
+# instruction id -> the letters of a response that break it (none would follow it)
+WRONG_LETTERS = {
+    "change_case:english_lowercase": str.isupper,
+    "change_case:english_capital": str.islower,
+}
+
+# instruction id -> whether a response carries the format it asks for (patterns as IFEval's verifiers read them)
+FORMAT_MARKS = {
+    "startend:quotation": lambda text: len(text) > 1 and text[0] == text[-1] == '"',
+    "detectable_format:title": lambda text: re.search(r"<<[^\n]+>>", text) is not None,
+    "detectable_content:postscript": lambda text: re.search(r"^\s*p\.\s?(p\.\s?)?s\.", text, re.IGNORECASE | re.MULTILINE) is not None,
+    "detectable_format:json_format": lambda text: re.match(r"(```(json)?\s*)?\{", text, re.IGNORECASE) is not None,
+}
+
+
+def partial_credit(instruction_id: str, completion: str) -> float:
+    """An unfollowed instruction's credit: 0.5 / (1 + its wrong letters / 10) for the case instructions, else 0 (also for an
+    answer without a letter: a blank one would otherwise earn the most)."""
+    wrong_letter = WRONG_LETTERS.get(instruction_id)
+    if wrong_letter is None or not any(map(str.isalpha, completion)):
+        return 0.0
+    return 0.5 / (1 + sum(map(wrong_letter, completion)) / 10)
+
+
+@register_reward("ifeval_graded", "IFEval/IFBench rows: as ifeval (strict), with an unfollowed all-lowercase or all-capitals instruction "
+                 "counting 0.5 / (1 + letters in the wrong case / 10) instead of 0", check_sample=check_row, prepare=verifiers)
+def ifeval_graded(completion: str, sample: Mapping[str, Any]) -> float:
+    credits = [1.0 if v.strict else partial_credit(v.instruction_id, completion) for v in followed(completion, sample)]
+    return sum(credits) / len(credits)
+
+
+@register_reward("unasked_format", "-1.0 if the completion carries a format an IFEval instruction asks for (the whole answer in double "
+                 "quotes, a <<title>>, a P.S., a JSON object) that its row does not ask for, else 0.0")
+def unasked_format(completion: str, sample: Mapping[str, Any]) -> float:
+    asked, text = set(sample.get("instruction_id_list") or ()), completion.strip()
+    return -1.0 if any(carries(text) for instruction_id, carries in FORMAT_MARKS.items() if instruction_id not in asked) else 0.0

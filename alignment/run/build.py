@@ -219,7 +219,7 @@ def reference_model(config: GRPOConfig, actor_folder: str, bf16: bool):
     """The frozen model of the KL term, or None: without a KL term, and with LoRA (the reference is then the actor with its
     adapters off). It runs the policy's operators and matmuls (use_fused_train_ops, bf16 where the policy's are), so that
     at equal weights its log-probs are the policy's, and its pass costs what the policy's forward does."""
-    if not (config.kl_loss_coeff > 0 or config.use_kl_in_reward) or config.lora:
+    if not config.loads_reference_model:
         return None
     model = load_causal_lm(actor_folder, model_dtype(config))
     model.eval()

@@ -72,7 +72,7 @@ def memory_settings(config: GRPOConfig, shape: ModelShape, prompt_width: int, wo
         training_ops=config.use_fused_train_ops,
         prefix_grouper=prefix_grouped(config),
         recompute=config.recompute,
-        reference_model=(config.kl_loss_coeff > 0 or config.use_kl_in_reward) and not config.lora,
+        reference_model=config.loads_reference_model,
         lora_parameters=lora_parameters(shape, config.lora_rank, config.target_modules) if config.lora else None,
         optimizer_share=1.0 / sharding if config.sharding else 1.0,
         logprob_chunk_tokens=config.logprob_chunk_tokens,

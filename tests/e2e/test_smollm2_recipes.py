@@ -46,10 +46,11 @@ def test_recipe_validates_against_the_imported_model(recipe, smollm2):
     assert config.use_fusemt and config.use_fused_train_ops and config.kl_loss_coeff == 0.0
     system = SYSTEM_PROMPTS[recipe]
     assert config.system_prompt == (system and Path(f"config/smollm2/{system}_system_prompt.txt").read_text())
-    if recipe == "ifeval":  # the instruction rewards (the share followed, all followed), a floor on substance, no loops,
-        # answers that end within the budget; correctness as IFEval's prompt-level loose accuracy
-        assert config.reward_functions == ["ifeval", "ifeval_all", "substance", "repetition", "soft_overlong"]
-        assert config.accuracy_function == "ifeval_all_loose" and config.reward_function_weights == [1.0] * 5
+    if recipe == "ifeval":  # the instruction rewards (the share followed with credit for a letter's case, all followed), a
+        # floor on substance, no loops, no format nobody asked for, answers that end within the budget; correctness as
+        # IFEval's prompt-level loose accuracy
+        assert config.reward_functions == ["ifeval_graded", "ifeval_all", "substance", "repetition", "unasked_format", "soft_overlong"]
+        assert config.accuracy_function == "ifeval_all_loose" and config.reward_function_weights == [1.0] * 6
         assert config.substance_min_words == 20 and (config.soft_max_length, config.soft_cache_length) == (256, 64)
     if recipe == "gsm8k_short":  # SmolLM2's ChatML, a one-step and a two-step worked exchange, each ending "The answer is N."
         assert config.calculation_steps == "1-2"

@@ -54,7 +54,7 @@ MUTATIONS = (
     Mutation(
         "reference-model-not-loaded",  # none loads, so the actor (without adapters, as with LoRA) stands in for it
         "alignment/run/build.py",
-        (("    if not (config.kl_loss_coeff > 0 or config.use_kl_in_reward) or config.lora:\n", "    if True:\n"),),
+        (("    if not config.loads_reference_model:\n", "    if True:\n"),),
         ("tests/e2e/test_train_e2e.py::test_kl_penalty_loads_a_reference_model",),
     ),
     Mutation(

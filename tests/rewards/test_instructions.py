@@ -156,6 +156,57 @@ def test_ifevals_repeat_prompt_reads_the_rows_prompt():
     assert get_reward("ifeval").fn("Hi!", sample) == 0.0
 
 
+# --- the training shaping (ifeval_graded) and guard (unasked_format) ---------------------------------------------------
+CAPITALS = ("change_case:english_capital", {})
+QUOTED = ("startend:quotation", {})
+POSTSCRIPT = ("detectable_content:postscript", {"postscript_marker": "P.S."})
+JSON = ("detectable_format:json_format", {})
+
+GRADED_TABLE = [
+    (row(LOWERCASE), "all in lower case here", 1.0),  # followed: full credit, as ifeval
+    (row(LOWERCASE), "One capital here", 0.5 / 1.1),  # one wrong letter
+    (row(LOWERCASE), "HELLO WORLD in ten capitals", 0.5 / 2),
+    (row(CAPITALS), "SHOUTED bUT ONE", 0.5 / 1.1),
+    (row(CAPITALS), "THIS ANSWER IS WRITTEN IN CAPITAL LETTERS FROM START TO END.", 1.0),
+    (row(CAPITALS), "ALL IN CAPITALS", 0.5),  # not followed (langdetect does not read it as English), no wrong letter
+    (row(NO_COMMA), "One comma, here", 0.0),  # no partial credit beyond the case instructions
+    (row(NO_COMMA, LOWERCASE), "no comma but One capital", (1 + 0.5 / 1.1) / 2),
+    (row(NO_COMMA, LOWERCASE), "A comma, and Two capitals", (0 + 0.5 / 1.2) / 2),
+    (row(NO_COMMA, LOWERCASE), "", 0.0),  # blank: not followed, and no credit without a letter
+    (row(LOWERCASE), "123 456 ...", 0.0),
+]
+
+
+@pytest.mark.parametrize("sample, completion, expected", GRADED_TABLE)
+def test_ifeval_graded_gives_case_instructions_credit_by_the_letters_in_the_wrong_case(sample, completion, expected):
+    assert get_reward("ifeval_graded").fn(completion, sample) == pytest.approx(expected, abs=1e-12)
+    # where every instruction is followed or none is a case instruction, it is ifeval
+    if expected in (0.0, 1.0):
+        assert get_reward("ifeval").fn(completion, sample) == expected
+
+
+UNASKED_TABLE = [
+    (row(NO_COMMA), "A plain answer.", 0.0),
+    (row(NO_COMMA), '"A quoted answer."', -1.0),
+    (row(QUOTED), '"A quoted answer."', 0.0),
+    (row(NO_COMMA), 'He said "hello" and left.', 0.0),  # quotes inside are no format
+    (row(NO_COMMA), "<<A Title>>\nThe answer.", -1.0),
+    (row(TITLE), "<<A Title>>\nThe answer.", 0.0),
+    (row(NO_COMMA), "The answer.\nP.S. one more thing", -1.0),
+    (row(NO_COMMA), "The answer.\n\np.p.s. one more", -1.0),
+    (row(POSTSCRIPT), "The answer.\nP.S. one more thing", 0.0),
+    (row(NO_COMMA), '```json\n{"a": 1}\n```', -1.0),
+    (row(JSON), '{"a": 1}', 0.0),
+    (row(JSON), '"{"a": 1}"', -1.0),  # asked for JSON, quoted anyway
+    ({"prompt": "no instructions"}, '"quoted"', -1.0),  # a row without instructions asks for none
+]
+
+
+@pytest.mark.parametrize("sample, completion, expected", UNASKED_TABLE)
+def test_unasked_format_penalises_a_format_the_row_does_not_ask_for(sample, completion, expected):
+    assert get_reward("unasked_format").fn(completion, sample) == expected
+
+
 # --- rows refused when the data loads ---------------------------------------------------------------------------------
 
 def write_rows(path: Path, rows: list) -> str:
