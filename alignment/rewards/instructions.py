@@ -14,8 +14,8 @@ or loose. The sentence tokenizer and stop words come from NLTK data installed wi
 """
 
 import functools
-import re
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
