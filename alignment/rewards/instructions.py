@@ -177,7 +177,8 @@ WRONG_LETTERS = {
     "change_case:english_capital": str.islower,
 }
 
-# instruction id -> whether a response carries the format it asks for (patterns as IFEval's verifiers read them)
+# instruction id -> whether a response carries the format it asks for: quotes and title as IFEval's verifiers read them; a
+# postscript only at a line's start (IFEval's finds the marker anywhere), and JSON by its opening alone, parsed or not
 FORMAT_MARKS = {
     "startend:quotation": lambda text: len(text) > 1 and text[0] == text[-1] == '"',
     "detectable_format:title": lambda text: re.search(r"<<[^\n]+>>", text) is not None,
