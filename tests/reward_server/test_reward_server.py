@@ -609,7 +609,7 @@ def started_items(trace) -> list:
 def ended(pid: int) -> bool:
     try:  # gone (also between a check and the read), or killed and not yet reaped
         return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between the open and the read (ESRCH)
         return True
 
 
