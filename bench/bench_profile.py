@@ -15,8 +15,11 @@ tokens, one micro-batch), with random prompt ids, as the trainer runs it with us
   (alignment/run/memory_plan.py) with per_device_train_batch_size = all rows and --token_budget as
   micro_batch_token_budget: 0 (the default) one micro-batch, auto the trainer's default (derived from the memory
   estimate, so that long completions profile without running out of memory), or a number of padded tokens.
-Each phase runs once to warm up, --repeats times timed without the profiler (seconds_per_<phase>), then --repeats
-times under paddle.profiler (CPU events), each operator's own time (its events less those inside them) summed into:
+Each phase runs once to warm up (the update twice: its first optimizer step allocates AdamW's moments, and the pass
+after it grows the heap around them, which on an AMD EPYC took half a million page faults and 5 s of system time; the
+trainer pays that once, at its second step), --repeats times timed without the profiler (seconds, with the page faults
+and system seconds of a pass: what the kernel spent on the process's memory), then --repeats times under paddle.profiler
+(CPU events), each operator's own time (its events less those inside them) summed into:
 - matmul: the projections' and the head's products (grpo_bf16_linear and its grad, grpo_bf16_matmul; the fused
   engine's grpo_prepacked_matmul in bf16, its MKL-packed and paddle matmuls in fp32);
 - attention: the training attention and its grad (grpo_attention; or the paddle matmuls around grpo_masked_softmax),
@@ -33,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import re
+import resource
 import sys
 import tempfile
 import time
@@ -189,15 +193,21 @@ def update_phase(model, prompts: list, rollout_n: int, completion: int, micro_ro
     return one_update
 
 
-def profile(run, repeats: int) -> tuple:
-    """-> (wall seconds per run without the profiler, {operator: own seconds per run} under it)."""
+def profile(run, repeats: int, warmups: int) -> tuple:
+    """-> (wall seconds per run without the profiler, {operator: own seconds per run} under it, {minor_faults,
+    system_seconds} per run without it)."""
     import paddle.profiler as profiler
 
-    run()  # warm-up
-    began = time.perf_counter()
+    for _ in range(warmups):
+        run()
+    usage, began = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(repeats):
         run()
-    wall = (time.perf_counter() - began) / repeats
+    wall, after = (time.perf_counter() - began) / repeats, resource.getrusage(resource.RUSAGE_SELF)
+    kernel = {
+        "minor_faults": (after.ru_minflt - usage.ru_minflt) // repeats,
+        "system_seconds": round((after.ru_stime - usage.ru_stime) / repeats, 2),
+    }
     with tempfile.TemporaryDirectory() as folder:
         prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], on_trace_ready=lambda _: None)
         prof.start()
@@ -206,10 +216,10 @@ def profile(run, repeats: int) -> tuple:
         prof.stop()
         trace = Path(folder) / "trace.json"
         prof.export(str(trace), format="json")
-        return wall, {name: seconds / repeats for name, seconds in operator_seconds(trace).items()}
+        return wall, {name: seconds / repeats for name, seconds in operator_seconds(trace).items()}, kernel
 
 
-def report(phase: str, precision: str, wall: float, totals: dict, args, micro_rows: int) -> dict:
+def report(phase: str, precision: str, wall: float, totals: dict, kernel: dict, args, micro_rows: int) -> dict:
     by_category = defaultdict(float)
     for name, seconds in totals.items():
         by_category[category(name, phase)] += seconds
@@ -220,6 +230,7 @@ def report(phase: str, precision: str, wall: float, totals: dict, args, micro_ro
         **{f"{key}_share": round(value / wall, 3) for key, value in sorted(by_category.items())},
         "outside_operators_seconds": round(wall - sum(by_category.values()), 2),
         "top_operators": {name: round(seconds, 3) for name, seconds in top},
+        **kernel,
         "prompts": args.prompts, "rollout_n": args.rollout_n, "prompt": args.prompt, "completion": args.completion, "model": args.model,
         **({"micro_batch_rows": micro_rows, "token_budget": args.token_budget} if phase == "update" else {}),
     }
@@ -256,8 +267,8 @@ def main() -> None:
                 micro_rows, memory_line = micro_batch_rows(args, precision)
                 print(f"bench_profile: {memory_line}", file=sys.stderr)
                 run = update_phase(model, prompts, args.rollout_n, args.completion, micro_rows, rng)
-            wall, totals = profile(run, args.repeats)
-            print(json.dumps(report(phase, precision, wall, totals, args, micro_rows)), flush=True)
+            wall, totals, kernel = profile(run, args.repeats, warmups=2 if phase == "update" else 1)
+            print(json.dumps(report(phase, precision, wall, totals, kernel, args, micro_rows)), flush=True)
 
 
 if __name__ == "__main__":

@@ -300,6 +300,18 @@ std::vector<paddle::DataType> RopeKvWriteDtype(const paddle::DataType& qkv, cons
 // does (grpo_attention with bf16, csrc/grpo_attention_bf16.h): with a bfloat16 cache, whose keys and values are rounded
 // already, the engine's attention then sees the operands the actor's does.
 
+// Where one KV head's cached keys (or values) of a row are: slot s at (s < split ? shared : own) + s * stride. A group's
+// rows read the slots of their shared prompt from one copy (the prompt cache, split = its slots), where a decode step
+// would otherwise read the same prompt from memory once per row; split 0: every slot from the row's own cache. The
+// products see the same values in the same order either way.
+template <typename Elem>
+struct Slots {
+  const Elem* shared;
+  const Elem* own;
+  int64_t split, stride;
+  const Elem* at(int64_t s) const { return (s < split ? shared : own) + s * stride; }
+};
+
 #ifdef __AVX512F__
 // sums[j] (16 lanes each) -> one register whose lane j is the sum of sums[j]'s lanes. Each level adds pairs of
 // registers after shuffling them so that every lane keeps a partial sum of one key: 16 -> 8 -> 4 -> 2 -> 1.
@@ -348,11 +360,11 @@ float scores_in_sixteens(Dot dot, int64_t lo, int64_t hi, float scale, float* sc
 
 // N = D / 16 registers per key or value.
 template <int N, typename Elem>
-float key_scores_avx512(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
+float key_scores_avx512(const float* q, const Slots<Elem>& k, int64_t lo, int64_t hi, float scale, float* scores) {
   __m512 qv[N];
   for (int i = 0; i < N; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
   const auto dot = [&](int64_t s) {
-    const Elem* key = k + s * stride;
+    const Elem* key = k.at(s);
     __m512 sum = _mm512_mul_ps(qv[0], load16(key));
     for (int i = 1; i < N; ++i) sum = _mm512_fmadd_ps(qv[i], load16(key + 16 * i), sum);
     return sum;
@@ -361,21 +373,21 @@ float key_scores_avx512(const float* q, const Elem* k, int64_t stride, int64_t l
 }
 
 template <int N, typename Elem>
-void weighted_values_avx512(const float* p, const Elem* v, int64_t stride, int64_t lo, int64_t hi, float inv, float* out) {
+void weighted_values_avx512(const float* p, const Slots<Elem>& v, int64_t lo, int64_t hi, float inv, float* out) {
   __m512 even[N], odd[N];  // two sets of sums, so consecutive slots' FMAs do not wait on each other
   for (int i = 0; i < N; ++i) even[i] = odd[i] = _mm512_setzero_ps();
   int64_t s = lo;
   for (; s + 1 <= hi; s += 2) {
     const __m512 p0 = _mm512_set1_ps(p[s]), p1 = _mm512_set1_ps(p[s + 1]);
-    const Elem* v0 = v + s * stride;
-    const Elem* v1 = v0 + stride;
+    const Elem* v0 = v.at(s);
+    const Elem* v1 = v.at(s + 1);
     for (int i = 0; i < N; ++i) {
       even[i] = _mm512_fmadd_ps(p0, load16(v0 + 16 * i), even[i]);
       odd[i] = _mm512_fmadd_ps(p1, load16(v1 + 16 * i), odd[i]);
     }
   }
   if (s <= hi)
-    for (int i = 0; i < N; ++i) even[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), load16(v + s * stride + 16 * i), even[i]);
+    for (int i = 0; i < N; ++i) even[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), load16(v.at(s) + 16 * i), even[i]);
   for (int i = 0; i < N; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(_mm512_add_ps(even[i], odd[i]), _mm512_set1_ps(inv)));
 }
 #endif
@@ -387,11 +399,11 @@ void weighted_values_avx512(const float* p, const Elem* v, int64_t stride, int64
 inline __m512bh load_pairs(const uint16_t* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); }
 
 template <int NP>
-float key_scores_pairs(const float* q, const uint16_t* k, int64_t stride, int64_t lo, int64_t hi, float scale, float* scores) {
+float key_scores_pairs(const float* q, const Slots<uint16_t>& k, int64_t lo, int64_t hi, float scale, float* scores) {
   __m512bh qv[NP];  // the query rounded to bf16, in order (the second operand fills the low half)
   for (int i = 0; i < NP; ++i) qv[i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 32 * i + 16), _mm512_loadu_ps(q + 32 * i));
   const auto dot = [&](int64_t s) {
-    const uint16_t* key = k + s * stride;
+    const uint16_t* key = k.at(s);
     __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load_pairs(key));
     for (int i = 1; i < NP; ++i) sum = _mm512_dpbf16_ps(sum, qv[i], load_pairs(key + 32 * i));
     return sum;
@@ -419,18 +431,17 @@ void add_value_pairs(__m512bh w, const uint16_t* v0, const uint16_t* v1, __m512*
 }
 
 template <int NP>
-void weighted_values_pairs(const float* p, const uint16_t* v, int64_t stride, int64_t lo, int64_t hi, float* out) {
+void weighted_values_pairs(const float* p, const Slots<uint16_t>& v, int64_t lo, int64_t hi, float* out) {
   __m512 low[2][NP], high[2][NP];
   for (int i = 0; i < NP; ++i) low[0][i] = high[0][i] = low[1][i] = high[1][i] = _mm512_setzero_ps();
   int64_t s = lo;
   for (; s + 3 <= hi; s += 4) {
-    const uint16_t* v0 = v + s * stride;
-    add_value_pairs<NP>(weight_pair(p, s, true), v0, v0 + stride, low[0], high[0]);
-    add_value_pairs<NP>(weight_pair(p, s + 2, true), v0 + 2 * stride, v0 + 3 * stride, low[1], high[1]);
+    add_value_pairs<NP>(weight_pair(p, s, true), v.at(s), v.at(s + 1), low[0], high[0]);
+    add_value_pairs<NP>(weight_pair(p, s + 2, true), v.at(s + 2), v.at(s + 3), low[1], high[1]);
   }
   for (; s <= hi; s += 2) {
     const bool pair = s + 1 <= hi;
-    add_value_pairs<NP>(weight_pair(p, s, pair), v + s * stride, pair ? v + (s + 1) * stride : nullptr, low[0], high[0]);
+    add_value_pairs<NP>(weight_pair(p, s, pair), v.at(s), pair ? v.at(s + 1) : nullptr, low[0], high[0]);
   }
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
@@ -445,24 +456,23 @@ void weighted_values_pairs(const float* p, const uint16_t* v, int64_t stride, in
 inline float widen(float x) { return x; }
 inline float widen(uint16_t x) { return grpo::bf16_float(x); }
 
-// scores[s] = scale * q . key(s) for s in lo..hi, key(s) = k + s * stride, D elements each -> their max. bf16: the
+// scores[s] = scale * q . key(s) for s in lo..hi, key(s) = k.at(s), D elements each -> their max. bf16: the
 // query is to be rounded to bf16 (round_bf16), so over a bfloat16 cache with D = 64 or 128 the products run on pairs.
 template <typename Elem>
-float key_scores(const float* q, const Elem* k, int64_t stride, int64_t lo, int64_t hi, int64_t D, float scale, float* scores,
-                 bool bf16) {
+float key_scores(const float* q, const Slots<Elem>& k, int64_t lo, int64_t hi, int64_t D, float scale, float* scores, bool bf16) {
 #ifdef __AVX512BF16__
   if constexpr (std::is_same_v<Elem, uint16_t>) {
-    if (bf16 && D == 64) return key_scores_pairs<2>(q, k, stride, lo, hi, scale, scores);
-    if (bf16 && D == 128) return key_scores_pairs<4>(q, k, stride, lo, hi, scale, scores);
+    if (bf16 && D == 64) return key_scores_pairs<2>(q, k, lo, hi, scale, scores);
+    if (bf16 && D == 128) return key_scores_pairs<4>(q, k, lo, hi, scale, scores);
   }
 #endif
 #ifdef __AVX512F__
-  if (D == 64) return key_scores_avx512<4>(q, k, stride, lo, hi, scale, scores);
-  if (D == 128) return key_scores_avx512<8>(q, k, stride, lo, hi, scale, scores);
+  if (D == 64) return key_scores_avx512<4>(q, k, lo, hi, scale, scores);
+  if (D == 128) return key_scores_avx512<8>(q, k, lo, hi, scale, scores);
 #endif
   float mx = kNegInf;
   for (int64_t s = lo; s <= hi; ++s) {
-    const Elem* key = k + s * stride;
+    const Elem* key = k.at(s);
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
     for (int64_t i = 0; i < D; ++i) dot += q[i] * widen(key[i]);
@@ -472,24 +482,23 @@ float key_scores(const float* q, const Elem* k, int64_t stride, int64_t lo, int6
   return mx;
 }
 
-// out (D,) = inv * sum over s in lo..hi of p[s] value(s), value(s) = v + s * stride. bf16: the weights are bf16 values
+// out (D,) = inv * sum over s in lo..hi of p[s] value(s), value(s) = v.at(s). bf16: the weights are bf16 values
 // and inv is 1 (round_bf16), so over a bfloat16 cache with D = 64 or 128 the products run on pairs.
 template <typename Elem>
-void weighted_values(const float* p, const Elem* v, int64_t stride, int64_t lo, int64_t hi, int64_t D, float inv, float* out,
-                     bool bf16) {
+void weighted_values(const float* p, const Slots<Elem>& v, int64_t lo, int64_t hi, int64_t D, float inv, float* out, bool bf16) {
 #ifdef __AVX512BF16__
   if constexpr (std::is_same_v<Elem, uint16_t>) {
-    if (bf16 && D == 64) return weighted_values_pairs<2>(p, v, stride, lo, hi, out);
-    if (bf16 && D == 128) return weighted_values_pairs<4>(p, v, stride, lo, hi, out);
+    if (bf16 && D == 64) return weighted_values_pairs<2>(p, v, lo, hi, out);
+    if (bf16 && D == 128) return weighted_values_pairs<4>(p, v, lo, hi, out);
   }
 #endif
 #ifdef __AVX512F__
-  if (D == 64) return weighted_values_avx512<4>(p, v, stride, lo, hi, inv, out);
-  if (D == 128) return weighted_values_avx512<8>(p, v, stride, lo, hi, inv, out);
+  if (D == 64) return weighted_values_avx512<4>(p, v, lo, hi, inv, out);
+  if (D == 128) return weighted_values_avx512<8>(p, v, lo, hi, inv, out);
 #endif
   std::fill(out, out + D, 0.0f);
   for (int64_t s = lo; s <= hi; ++s) {
-    const Elem* value = v + s * stride;
+    const Elem* value = v.at(s);
 #pragma omp simd
     for (int64_t i = 0; i < D; ++i) out[i] += p[s] * widen(value[i]);
   }
@@ -497,15 +506,15 @@ void weighted_values(const float* p, const Elem* v, int64_t stride, int64_t lo, 
   for (int64_t i = 0; i < D; ++i) out[i] *= inv;
 }
 
-// Prefetches into L2 the keys and values of slots lo..hi of a cache row (kb, vb: its first KV head's slot 0), `width`
+// Prefetches into L2 the keys and values of slots lo..hi of a cache row (k, v: its first KV head's), `width`
 // values of each slot from there (the KV heads an item reads): the next item's, while this one computes. A decode
 // step's caches do not fit in the CPU's caches (30 layers of them), and one item's reading them from memory alone, then
 // computing, used half of the memory's speed (bench/RESULTS.md).
 template <typename Elem>
-void prefetch_slots(const Elem* kb, const Elem* vb, int64_t key_stride, int64_t lo, int64_t hi, int64_t width) {
+void prefetch_slots(const Slots<Elem>& keys, const Slots<Elem>& values, int64_t lo, int64_t hi, int64_t width) {
   for (int64_t s = lo; s <= hi; ++s) {
-    const char* k = reinterpret_cast<const char*>(kb + s * key_stride);
-    const char* v = reinterpret_cast<const char*>(vb + s * key_stride);
+    const char* k = reinterpret_cast<const char*>(keys.at(s));
+    const char* v = reinterpret_cast<const char*>(values.at(s));
     for (int64_t byte = 0; byte < width * static_cast<int64_t>(sizeof(Elem)); byte += 64) {
       _mm_prefetch(k + byte, _MM_HINT_T1);
       _mm_prefetch(v + byte, _MM_HINT_T1);
@@ -513,18 +522,31 @@ void prefetch_slots(const Elem* kb, const Elem* vb, int64_t key_stride, int64_t 
   }
 }
 
-// kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D.
+// kc: the layer's keys (Bcap, S, KVH, D), its values at kc + Bcap S KVH D; pc: the layer's prompt keys (U, W, KVH, D)
+// and values after them, where r.prompt_of_row says the rows share prompts (else unused).
 template <typename Elem>
-void attend_rows(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
+void attend_rows(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap, const Elem* pc) {
   const int64_t B = r.B, T = r.T, H = r.H, KVH = r.KVH, D = r.D, S = r.S, start = r.start;
   const int64_t row_stride = S * KVH * D;  // one batch row of keys or values: [S, KVH, D]
+  const int64_t prompt_stride = r.prompt_slots * KVH * D;  // one prompt's: [W, KVH, D]
   const Elem* vc = kc + Bcap * row_stride;
+  const Elem* pv = pc + r.prompt_rows * prompt_stride;
   const float* q = r.q;
   const int64_t* first = r.first;
   float* o = r.out;
   const int64_t group = H / KVH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t key_stride = KVH * D;
+  // The keys and the values of row b's KV head g
+  const auto slots = [&](int64_t b, int64_t g) {
+    Slots<Elem> keys{nullptr, kc + b * row_stride + g * D, 0, key_stride}, values{nullptr, vc + b * row_stride + g * D, 0, key_stride};
+    if (r.prompt_of_row != nullptr) {
+      const int64_t prompt = r.prompt_of_row[b] * prompt_stride + g * D;
+      keys.shared = pc + prompt, values.shared = pv + prompt;
+      keys.split = values.split = r.prompt_slots;
+    }
+    return std::make_pair(keys, values);
+  };
   // A work item is a query's heads, so that its row's keys and values come into the core's cache once for all of
   // them: all H where there are two queries a thread or more (the row's slots then one run of memory), the G heads
   // that share a KV head where that would leave threads idle, single heads for a row or two of decode.
@@ -543,10 +565,10 @@ void attend_rows(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
       // another row (a decode step's items; a prefill's next query reads this one's slots, in cache already)
       const int64_t next_bt = (item + 1) / items_per_query, nb = std::min(next_bt / T, B - 1);
       const int64_t next_lo = first[nb], next_hi = start + next_bt % T, share = (next_hi - next_lo + heads_per_item) / heads_per_item;
-      const int64_t next_offset = nb * row_stride + (item + 1) % items_per_query * heads_per_item / group * D;
+      const auto [next_keys, next_values] = slots(nb, (item + 1) % items_per_query * heads_per_item / group);
       for (int64_t h = item % items_per_query * heads_per_item; h < (item % items_per_query + 1) * heads_per_item; ++h) {
         if (const int64_t from = next_lo + h % heads_per_item * share; item + 1 < items && nb != b) {
-          prefetch_slots(kc + next_offset, vc + next_offset, key_stride, from, std::min(from + share - 1, next_hi), item_width);
+          prefetch_slots(next_keys, next_values, from, std::min(from + share - 1, next_hi), item_width);
         }
         const float* qv = q + (bt * H + h) * D;
         float* ov = o + bt * H * D + h * D;
@@ -560,35 +582,67 @@ void attend_rows(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
           for (int64_t i = 0; i < D; ++i) rq[i] = grpo::bf16_round(qv[i]);
           qv = rq;
         }
-        const int64_t g = h / group;
-        const Elem* kb = kc + b * row_stride + g * D;  // key of slot s at kb + s * key_stride
-        const Elem* vb = vc + b * row_stride + g * D;
+        const auto [keys, values] = slots(b, h / group);
         float* p = scores.data();
-        const float mx = key_scores(qv, kb, key_stride, lo, hi, D, scale, p, r.round_bf16);
+        const float mx = key_scores(qv, keys, lo, hi, D, scale, p, r.round_bf16);
         float inv = 1.0f / exp_shifted_sum(p + lo, hi - lo + 1, mx);
         if (r.round_bf16) {  // the weights normalised, then rounded, as grpo_attention's are
 #pragma omp simd
           for (int64_t s = lo; s <= hi; ++s) p[s] = grpo::bf16_round(p[s] * inv);
           inv = 1.0f;
         }
-        weighted_values(p, vb, key_stride, lo, hi, D, inv, ov, r.round_bf16);
+        weighted_values(p, values, lo, hi, D, inv, ov, r.round_bf16);
       }
     }
   }
 }
 
 // A long prefill's queries in blocks through GEMMs where the operators have oneDNN (grpo_attention.cc); a decode
-// step's and a short prefill's one query at a time.
+// step's (over shared prompts too) and a short prefill's one query at a time.
 template <typename Elem>
-void attend(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap) {
+void attend(const grpo::CacheQueries& r, const Elem* kc, int64_t Bcap, const Elem* pc) {
 #ifdef GRPO_WITH_DNNL
-  if (grpo::prefill_in_blocks(r, std::is_same_v<Elem, uint16_t>)) return grpo::prefill_attention(r, kc, Bcap);
+  if (r.prompt_of_row == nullptr && grpo::prefill_in_blocks(r, std::is_same_v<Elem, uint16_t>)) {
+    return grpo::prefill_attention(r, kc, Bcap);
+  }
 #endif
-  attend_rows(r, kc, Bcap);
+  attend_rows(r, kc, Bcap, pc);
+}
+
+// The shared prompts' cache and each row's prompt: on the CPU, beside a cache of the same layout and dtype, before the
+// queries' slots -> (U, W), or (0, 0) without them.
+std::pair<int64_t, int64_t> check_prompt_cache(const paddle::optional<paddle::Tensor>& prompt_cache,
+                                               const paddle::optional<paddle::Tensor>& prompt_of_row,
+                                               const paddle::Tensor& cache, const CacheDims& cd, int64_t B, int64_t start) {
+  const char* op = "grpo_cache_attention";
+  PD_CHECK(prompt_cache.is_initialized() == prompt_of_row.is_initialized(), op,
+           ": prompt_cache and prompt_of_row come together (rows that share prompts) or not at all");
+  if (!prompt_cache) return {0, 0};
+  PD_CHECK(cache.is_cpu(), op, ": shared prompts are the CPU kernel's (the GPU's cache holds each row's prompt)");
+  check_place(*prompt_cache, cache, op, "prompt_cache");
+  check_place(*prompt_of_row, cache, op, "prompt_of_row");
+  check_dtype(*prompt_of_row, paddle::DataType::INT64, op, "prompt_of_row");
+  PD_CHECK(prompt_cache->dtype() == cache.dtype(), op, ": prompt_cache is ", phi::DataTypeToString(prompt_cache->dtype()),
+           ", cache ", phi::DataTypeToString(cache.dtype()));
+  const auto pd = cache_dims(*prompt_cache, op);
+  PD_CHECK(pd.L == cd.L && pd.KVH == cd.KVH && pd.D == cd.D && pd.S <= start, op, ": prompt_cache ",
+           shape_str(prompt_cache->shape()), " does not go with cache ", shape_str(cache.shape()), " at start ", start,
+           " (its L, KVH, D must match, its slots come before the queries')");
+  PD_CHECK(prompt_of_row->shape() == std::vector<int64_t>{B}, op, ": prompt_of_row must be [B] = [", B, "], got ",
+           shape_str(prompt_of_row->shape()));
+  const auto rows_t = dense(*prompt_of_row);
+  const int64_t* rows = rows_t.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    PD_CHECK(rows[b] >= 0 && rows[b] < pd.Bcap, op, ": prompt_of_row[", b, "] = ", rows[b], " is not one of the ",
+             pd.Bcap, " prompts");
+  return {pd.Bcap, pd.S};
 }
 
 std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const paddle::Tensor& cache_in,
-                                           const paddle::Tensor& first_slot_in, int layer, int start, bool round_bf16) {
+                                           const paddle::Tensor& first_slot_in,
+                                           const paddle::optional<paddle::Tensor>& prompt_cache_in,
+                                           const paddle::optional<paddle::Tensor>& prompt_of_row_in, int layer, int start,
+                                           bool round_bf16) {
   const char* op = "grpo_cache_attention";
   check_dtype(q_in, paddle::DataType::FLOAT32, op, "q");
   check_cache_dtype(cache_in, op);
@@ -607,6 +661,7 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
   PD_CHECK(B <= cd.Bcap, op, ": batch B = ", B, " exceeds cache capacity Bcap = ", cd.Bcap);
   PD_CHECK(start >= 0 && start + T <= cd.S, op, ": query slots [", start, ", ", start + T,
            ") do not fit the cache's S = ", cd.S);
+  const auto [prompt_rows, prompt_slots] = check_prompt_cache(prompt_cache_in, prompt_of_row_in, cache_in, cd, B, start);
   auto out = paddle::empty({B, T, H * D}, paddle::DataType::FLOAT32, q_in.place());
   if (on_gpu(q_in, op)) {
     PD_CHECK(!round_bf16, op, ": round_bf16 is the CPU's (the GPU's bf16 is paddle's AMP)");
@@ -619,23 +674,31 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
   const int64_t* first = f_t.data<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     PD_CHECK(first[b] >= 0, op, ": first_slot[", b, "] = ", first[b], " is negative");
-  const grpo::CacheQueries rows{q_t.data<float>(), first, out.data<float>(), B, T, H, KVH, D, cd.S, start, round_bf16};
-  const int64_t layer_offset = static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;  // to its [2, Bcap, S, KVH, D]
+  const auto p_t = prompt_cache_in ? dense(*prompt_cache_in) : c_t, r_t = prompt_of_row_in ? dense(*prompt_of_row_in) : f_t;
+  const grpo::CacheQueries rows{q_t.data<float>(), first, out.data<float>(), B, T, H, KVH, D, cd.S, start, round_bf16,
+                                prompt_of_row_in ? r_t.data<int64_t>() : nullptr, prompt_rows, prompt_slots};
+  // to the layer's [2, Bcap, S, KVH, D], and its [2, U, W, KVH, D] in the prompt cache
+  const int64_t layer_offset = static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;
+  const int64_t prompt_offset = prompt_cache_in ? static_cast<int64_t>(layer) * 2 * prompt_rows * prompt_slots * KVH * D : 0;
   if (c_t.dtype() == paddle::DataType::BFLOAT16) {
-    attend(rows, static_cast<const uint16_t*>(c_t.data()) + layer_offset, cd.Bcap);
+    const auto* elems = static_cast<const uint16_t*>(c_t.data());
+    attend(rows, elems + layer_offset, cd.Bcap, static_cast<const uint16_t*>(p_t.data()) + prompt_offset);
   } else {
-    attend(rows, c_t.data<float>() + layer_offset, cd.Bcap);
+    attend(rows, c_t.data<float>() + layer_offset, cd.Bcap, p_t.data<float>() + prompt_offset);
   }
   return {out};
 }
 
 std::vector<std::vector<int64_t>> CacheAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>&,
-                                                      const std::vector<int64_t>&, int, int) {
+                                                      const std::vector<int64_t>&,
+                                                      const paddle::optional<std::vector<int64_t>>&,
+                                                      const paddle::optional<std::vector<int64_t>>&, int, int) {
   return {{q[0], q[1], q[2] * q[3]}};
 }
 
 std::vector<paddle::DataType> CacheAttentionDtype(const paddle::DataType& q, const paddle::DataType&,
-                                                  const paddle::DataType&) {
+                                                  const paddle::DataType&, const paddle::optional<paddle::DataType>&,
+                                                  const paddle::optional<paddle::DataType>&) {
   return {q};
 }
 
@@ -898,42 +961,6 @@ void CompactRows(paddle::Tensor& x, const paddle::Tensor& keep_in, int batch_axi
       if (keep[i] != i) std::memcpy(blk + i * inner, blk + keep[i] * inner, move);
   }
 }
-
-// grpo_expand_groups(cache, prompt_cache, group_size): the fused engine's prefill ran each group's prompt once into
-// prompt_cache (L, 2, B / G, W, KVH, D); row b of cache (L, 2, B, S, KVH, D), same dtype, W <= S, gets slots [0, W) of
-// row b / G, one memcpy per (layer, k or v, row). CPU only (paddle's set_value over the slot slice took 0.55 s of a
-// SmolLM2 rollout; the GPU keeps it).
-void ExpandGroups(paddle::Tensor& cache, const paddle::Tensor& prompt_in, int group_size) {
-  const char* op = "grpo_expand_groups";
-  PD_CHECK(cache.is_cpu(), op, ": a CPU kernel (the engine copies with paddle on a GPU), got ", cache.place().DebugString());
-  check_place(prompt_in, cache, op, "prompt_cache");
-  PD_CHECK(cache.is_contiguous(), op, ": cache is written in place and must be contiguous");
-  PD_CHECK(prompt_in.dtype() == cache.dtype(), op, ": prompt_cache is ", phi::DataTypeToString(prompt_in.dtype()),
-           ", cache ", phi::DataTypeToString(cache.dtype()));
-  const auto cd = cache_dims(cache, op), pd = cache_dims(prompt_in, op);
-  PD_CHECK(group_size >= 1 && pd.L == cd.L && pd.KVH == cd.KVH && pd.D == cd.D && pd.Bcap * group_size == cd.Bcap &&
-               pd.S <= cd.S,
-           op, ": prompt_cache ", shape_str(prompt_in.shape()), " does not fill cache ", shape_str(cache.shape()),
-           " in groups of ", group_size, " rows (its L, KVH, D must match, its rows x group_size = the cache's rows, ",
-           "its slots <= the cache's)");
-  const auto prompt = dense(prompt_in);
-  const int64_t esize = element_size(cache.dtype(), op);
-  const int64_t slot_bytes = cd.KVH * cd.D * esize, rows = cd.L * 2 * cd.Bcap;
-  const auto* from = static_cast<const uint8_t*>(prompt.data());
-  auto* to = static_cast<uint8_t*>(cache.data());
-#pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {  // (layer, k or v, b) of the cache
-    const int64_t block = row / cd.Bcap, b = row % cd.Bcap;
-    const int64_t source = block * pd.Bcap + b / group_size;
-    std::memcpy(to + row * cd.S * slot_bytes, from + source * pd.S * slot_bytes, pd.S * slot_bytes);
-  }
-}
-
-std::vector<std::vector<int64_t>> ExpandGroupsShape(const std::vector<int64_t>& cache, const std::vector<int64_t>&, int) {
-  return {cache};
-}
-
-std::vector<paddle::DataType> ExpandGroupsDtype(const paddle::DataType& cache, const paddle::DataType&) { return {cache}; }
 
 std::vector<std::vector<int64_t>> CompactRowsShape(const std::vector<int64_t>& x, const std::vector<int64_t>&, int,
                                                    int) {
@@ -1465,7 +1492,7 @@ PD_BUILD_OP(grpo_rope_kv_write)
     .SetInferDtypeFn(PD_INFER_DTYPE(RopeKvWriteDtype));
 
 PD_BUILD_OP(grpo_cache_attention)
-    .Inputs({"Q", "Cache", "FirstSlot"})
+    .Inputs({"Q", "Cache", "FirstSlot", paddle::Optional("PromptCache"), paddle::Optional("PromptOfRow")})
     .Outputs({"Out"})
     .Attrs({"layer: int", "start: int", "round_bf16: bool"})
     .SetKernelFn(PD_KERNEL(CacheAttention))
@@ -1500,15 +1527,6 @@ PD_BUILD_OP(grpo_stop_update)
     .SetKernelFn(PD_KERNEL(StopUpdate))
     .SetInferShapeFn(PD_INFER_SHAPE(StopUpdateShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(StopUpdateDtype));
-
-PD_BUILD_OP(grpo_expand_groups)
-    .Inputs({"Cache", "PromptCache"})
-    .Outputs({"CacheOut"})
-    .Attrs({"group_size: int"})
-    .SetInplaceMap({{"Cache", "CacheOut"}})
-    .SetKernelFn(PD_KERNEL(ExpandGroups))
-    .SetInferShapeFn(PD_INFER_SHAPE(ExpandGroupsShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(ExpandGroupsDtype));
 
 PD_BUILD_OP(grpo_compact_rows)
     .Inputs({"X", "Keep"})

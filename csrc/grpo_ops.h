@@ -31,6 +31,10 @@ struct CacheQueries {
   float* out;            // (B, T, H D)
   int64_t B, T, H, KVH, D, S, start;
   bool round_bf16;
+  // A decode step over groups that share their prompt: slots below prompt_slots come from the prompt cache (L, 2, U,
+  // prompt_slots, KVH, D), row b's from its prompt prompt_of_row[b]; nullptr: every slot from the row's own cache.
+  const int64_t* prompt_of_row = nullptr;
+  int64_t prompt_rows = 0, prompt_slots = 0;
 };
 
 #ifdef GRPO_WITH_DNNL

@@ -7,13 +7,14 @@ Inputs come first and attributes after them, positionally or by keyword:
 
     out, residual_out = ops.grpo_add_rms_norm(x, residual, weight, eps)        # residual may be None
     q, cache = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer, start, num_heads, num_kv_heads)
-    out = ops.grpo_cache_attention(q, cache, first_slot, layer, start, round_bf16)  # round_bf16: q and the weights too
+    out = ops.grpo_cache_attention(q, cache, first_slot, prompt_cache, prompt_of_row, layer, start, round_bf16)
+                                    # round_bf16: q and the weights too; prompt_cache, prompt_of_row: None, or (CPU) the
+                                    # slots before prompt_cache's end read from each row's shared prompt
     out = ops.grpo_silu_mul(x)
     tokens, logprobs = ops.grpo_sample(logits, presence, eos_ids, row_keys, seed, step, min_new_tokens,
                                        temperature, top_k, top_p, min_p, repetition_penalty, greedy)
     done, presence = ops.grpo_stop_update(tokens, presence, eos_ids)
     x = ops.grpo_compact_rows(x, keep, batch_axis, prefix)
-    cache = ops.grpo_expand_groups(cache, prompt_cache, group_size)  # CPU: each group's prompt slots into its rows
 
     out = ops.grpo_rms_norm(x, weight, eps)                  # training operators, with backward kernels
     q, k, v = ops.grpo_rope_qkv(qkv, bias, cos, sin, num_heads, num_kv_heads)  # bias may be None
@@ -64,8 +65,8 @@ def grpo_rope_kv_write(qkv, positions, cos, sin, cache, layer: int, start: int, 
                 int(num_kv_heads))
 
 
-def grpo_cache_attention(q, cache, first_slot, layer: int, start: int, round_bf16: bool = False):
-    return _run("grpo_cache_attention", q, cache, first_slot, int(layer), int(start), bool(round_bf16))
+def grpo_cache_attention(q, cache, first_slot, prompt_cache, prompt_of_row, layer: int, start: int, round_bf16: bool = False):
+    return _run("grpo_cache_attention", q, cache, first_slot, prompt_cache, prompt_of_row, int(layer), int(start), bool(round_bf16))
 
 
 def grpo_silu_mul(x):
@@ -84,10 +85,6 @@ def grpo_stop_update(tokens, presence, eos_ids):
 
 def grpo_compact_rows(x, keep, batch_axis: int, prefix: int):
     return _run("grpo_compact_rows", x, keep, int(batch_axis), int(prefix))
-
-
-def grpo_expand_groups(cache, prompt_cache, group_size: int):
-    return _run("grpo_expand_groups", cache, prompt_cache, int(group_size))
 
 
 def grpo_rms_norm(x, weight, eps: float):
@@ -147,7 +144,7 @@ def grpo_prepacked_matmul(x, packed, k: int, n: int, rows_hint: int):
 
 
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
-       grpo_compact_rows, grpo_expand_groups, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens, grpo_logprob_rows,
+       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens, grpo_logprob_rows,
        grpo_logprob_rows_grad)
 MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
 # csrc/grpo_bf16.cc, grpo_attention.cc and grpo_dnnl_matmul.cc: only where paddle ships oneDNN

@@ -12,7 +12,8 @@ What it changes against the eager engine (PaddleNLP's FusedMT idea):
 - sampling, stop handling and compaction in C++: finished rows leave the active batch, so a batch
   whose completions end early stops paying for them;
 - a group's prompt prefilled once: generate's rows are group_size copies of each prompt, so the prompt runs
-  once and its cache slots are copied to the group's rows.
+  once, into a cache of its own (`SharedPrompts`) that its rows' decode steps read on the CPU (a decode step then
+  reads each prompt's keys and values from memory once, not once per row); on a GPU its slots are copied to the rows.
 
 Weights: the o / down projections, norms and embedding are the actor's own tensors; q|k|v and gate|up
 are concatenated copies (one matmul instead of three and two), and lm_head is held packed for MKL's
@@ -108,6 +109,18 @@ class Projection:
         if self.packed is not None:
             return self.ops.grpo_packed_matmul(x, self.packed, self.n)
         return paddle.matmul(x, self.weight, transpose_y=self.transpose)
+
+
+@dataclass(frozen=True)
+class SharedPrompts:
+    """The prompts a batch's groups share, prefilled once: grpo_cache_attention reads a row's slots before `cache`'s end
+    from its prompt's."""
+
+    cache: paddle.Tensor  # (L, 2, U, W, KVH, D) the distinct prompts' keys and values
+    of_row: paddle.Tensor  # (B,) int64: each active row's prompt
+
+    def rows(self, keep: paddle.Tensor) -> "SharedPrompts":
+        return SharedPrompts(self.cache, paddle.gather(self.of_row, keep))
 
 
 @dataclass
@@ -260,9 +273,10 @@ class FusedEngine:
         shape = [len(self.layers), 2, batch, slots, self.num_kv_heads, self.head_dim]
         return paddle.empty(shape, dtype=self.cache_dtype)
 
-    def _forward(self, x, positions, first_slot, cache, start: int):
+    def _forward(self, x, positions, first_slot, cache, start: int, shared: Optional[SharedPrompts] = None):
         """x (B, T, Hd) embeddings of the tokens at cache slots start .. start+T-1 -> (B, T, Hd) final hidden
-        states; writes their keys and values into cache."""
+        states; writes their keys and values into cache (and reads the slots of shared prompts from theirs)."""
+        prompts, of_row = (None, None) if shared is None else (shared.cache, shared.of_row)
         ops = self.ops
         cos, sin = self._rotary_tables(cache.shape[3])
         residual = None
@@ -273,26 +287,27 @@ class FusedEngine:
                 qkv = self._norm_qk_heads(qkv, layer)
             q, _ = ops.grpo_rope_kv_write(qkv, positions, cos, sin, cache, index, start, self.num_heads, self.num_kv_heads)
             # (B, T, H D); in bf16, q and the weights rounded as the actor's bf16 attention rounds them
-            attention = ops.grpo_cache_attention(q, cache, first_slot, index, start, self.bf16)
+            attention = ops.grpo_cache_attention(q, cache, first_slot, prompts, of_row, index, start, self.bf16)
             hidden, residual = ops.grpo_add_rms_norm(self._linear(attention, layer.o_proj), residual, layer.post_norm, self.eps)
             x = self._linear(ops.grpo_silu_mul(self._linear(hidden, layer.gate_up)), layer.down_proj)
         hidden, _ = ops.grpo_add_rms_norm(x, residual, self.model.model.norm.weight, self.eps)
         return hidden
 
-    def _prefill_groups(self, input_ids, position_ids, first_slot, cache, group_size: int) -> paddle.Tensor:
+    def _prefill_groups(self, input_ids, position_ids, first_slot, cache, group_size: int) -> tuple:
         """Prefill of rows that come in groups of group_size copies of one prompt: each prompt runs once, into a cache
-        of its own, whose slots are then copied to every row of its group. (B, W) inputs -> the logits (B, V) of each
-        row's first new token (equal within a group; each row samples its own)."""
+        of its own, which the rows' decode steps read on the CPU (on a GPU its slots are copied to every row of its
+        group). (B, W) inputs -> (the logits (B, V) of each row's first new token, equal within a group (each row
+        samples its own); the SharedPrompts, None on a GPU)."""
         width = input_ids.shape[1]
         distinct = paddle.arange(0, input_ids.shape[0], group_size)  # (B / G,) each group's first row
         prompt_cache = self._empty_cache(len(distinct), width)
         embedded = self.model.model.embed_tokens(paddle.gather(input_ids, distinct))
         hidden = self._forward(embedded, paddle.gather(position_ids, distinct), paddle.gather(first_slot, distinct), prompt_cache, start=0)
+        logits = paddle.repeat_interleave(self._logits(hidden[:, -1]), group_size, axis=0)
         if cache.place.is_cpu_place():
-            self.ops.grpo_expand_groups(cache, prompt_cache, group_size)
-        else:
-            cache[:, :, :, :width] = paddle.repeat_interleave(prompt_cache, group_size, axis=2)  # (L, 2, B, W, KVH, D)
-        return paddle.repeat_interleave(self._logits(hidden[:, -1]), group_size, axis=0)
+            return logits, SharedPrompts(prompt_cache, paddle.arange(input_ids.shape[0], dtype="int64") // group_size)
+        cache[:, :, :, :width] = paddle.repeat_interleave(prompt_cache, group_size, axis=2)  # (L, 2, B, W, KVH, D)
+        return logits, None
 
     def _linear(self, x, weight, bias=None):
         """x (..., K) @ weight (K, N) + bias, in bf16 with fp32 sums where weight is a PackedBf16."""
@@ -360,8 +375,9 @@ class FusedEngine:
         row_ids = np.arange(batch)  # active position -> original row
         alive = np.ones(batch, dtype=bool)  # per active position: not finished yet
 
+        shared = None
         if known is None and group_size > 1:  # each prompt once: its group_size rows are consecutive copies
-            logits = self._prefill_groups(input_ids, position_ids, first_slot, cache, group_size)
+            logits, shared = self._prefill_groups(input_ids, position_ids, first_slot, cache, group_size)
         else:
             embedded = self.model.model.embed_tokens(input_ids[:, width - window :])
             hidden = self._forward(embedded, position_ids[:, width - window :], first_slot, cache, start=width - window)
@@ -395,9 +411,10 @@ class FusedEngine:
                 ops.grpo_compact_rows(cache, keep, 2, width + step)  # slots written so far
                 ops.grpo_compact_rows(presence, keep, 0, -1)
                 tokens, first_slot, positions = (paddle.gather(t, keep) for t in (tokens, first_slot, positions))
+                shared = None if shared is None else shared.rows(keep)
                 row_ids, alive = row_ids[alive], alive[alive]
             embedded = self.model.model.embed_tokens(tokens.unsqueeze(-1))  # (b, 1, Hd)
-            hidden = self._forward(embedded, positions, first_slot, cache, start=width + step)
+            hidden = self._forward(embedded, positions, first_slot, cache, start=width + step, shared=shared)
             logits = self._logits(hidden[:, 0])
             positions = positions + 1
         rollout = Rollout(

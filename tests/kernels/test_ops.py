@@ -121,7 +121,7 @@ def test_the_cache_ops_name_a_cache_of_another_dtype(ops):
     with pytest.raises(Exception, match=r"cache must be float32 \(or bfloat16 on the CPU\), got float64"):
         ops.grpo_rope_kv_write(paddle.zeros([2, 1, 64]), paddle.zeros([2, 1], "int64"), table, table, cache, 0, 0, 4, 2)
     with pytest.raises(Exception, match=r"cache must be float32 \(or bfloat16 on the CPU\), got float64"):
-        ops.grpo_cache_attention(paddle.zeros([2, 1, 4, 8]), cache, paddle.zeros([2], "int64"), 0, 0)
+        ops.grpo_cache_attention(paddle.zeros([2, 1, 4, 8]), cache, paddle.zeros([2], "int64"), None, None, 0, 0)
 
 
 def test_rope_kv_write_checks_the_cache_bounds(ops):
@@ -176,7 +176,7 @@ def test_cache_attention(ops, rng, B, Bcap, T, start, H, KVH, D, S, cache_dtype)
     precision of each output's size (P @ |v|): a long prefill's blocks sum over D in sgemm's order (up to 7.4e-6 of the
     size over 1,800 draws of such cases), one query at a time in a tree of partial sums (2e-6)."""
     cache, q, first = cache_attention_case(rng, B, Bcap, T, start, H, KVH, D, S)
-    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), 1, start).numpy()
+    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), None, None, 1, start).numpy()
     held = bf16_round(cache) if cache_dtype == "bfloat16" else cache
     ref, size, _ = cache_attention_reference(q, held, first, start, 1, H // KVH)
     assert out.shape == (B, T, H * D)
@@ -192,7 +192,8 @@ def test_cache_attention_rounds_the_query_and_the_weights_with_round_bf16(ops, r
     float64 with the same roundings, to fp32's precision but for the weights that lie at the midpoint of two bf16 values
     (the reference's slack). Without the roundings the outputs would be off by more."""
     cache, q, first = cache_attention_case(rng, B, Bcap, T, start, H, KVH, D, S)
-    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), 1, start, True).numpy().reshape(B, T, H, D)
+    out = ops.grpo_cache_attention(t(q), as_cache(cache, cache_dtype), t(first, "int64"), None, None, 1, start, True)
+    out = out.numpy().reshape(B, T, H, D)
     held = bf16_round(cache) if cache_dtype == "bfloat16" else cache
     ref, size, slack = cache_attention_reference(q, held, first, start, 1, H // KVH, round_bf16=True)
     error = np.abs(out - ref)
@@ -451,24 +452,40 @@ def test_compact_rows_of_the_cache(ops, rng, prefix):
     np.testing.assert_array_equal(cache.numpy(), expected, err_msg=f"keep {keep.tolist()} (seed {rng.seed})")
 
 
+@pytest.mark.parametrize("round_bf16", [False, True])
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
-def test_expand_groups_copies_each_prompts_slots_to_its_rows(ops, rng, cache_dtype):
-    L, B, G, S, W, KVH, D = 2, 6, 3, 9, 4, 2, 8
-    prompt = rng.standard_normal((L, 2, B // G, W, KVH, D)).astype(np.float32)
-    before = rng.standard_normal((L, 2, B, S, KVH, D)).astype(np.float32)
-    cache = as_cache(before, cache_dtype)
-    out = ops.grpo_expand_groups(cache, as_cache(prompt, cache_dtype), G)
-    expected = before.copy()
-    expected[:, :, :, :W] = np.repeat(prompt, G, axis=2)
-    if cache_dtype == "bfloat16":
-        expected = bf16_round(expected)
-    np.testing.assert_array_equal(cache.astype("float32").numpy(), expected)  # in place, later slots untouched
-    assert out.shape == cache.shape
-    with pytest.raises(Exception, match=r"does not fill cache .* in groups of 2 rows"):
-        ops.grpo_expand_groups(cache, as_cache(prompt, cache_dtype), 2)
-    other = "float32" if cache_dtype == "bfloat16" else "bfloat16"
-    with pytest.raises(Exception, match=f"prompt_cache is {other}, cache {cache_dtype}"):
-        ops.grpo_expand_groups(cache, as_cache(prompt, other), G)
+@pytest.mark.parametrize("D", [8, 64])
+def test_cache_attention_over_shared_prompts_equals_it_over_each_rows_copy(ops, rng, cache_dtype, round_bf16, D):
+    """A decode step whose rows read their prompt's slots (before prompt_cache's end) from the prompt cache gives, to the
+    bit, what it gives over a cache holding a copy of its prompt in every row: the same values in the same order. The
+    rows' prompts in any order, as compaction leaves them; head size 64 takes the vector kernels, 8 the plain loops."""
+    L, U, B, W, S, H, KVH = 2, 3, 7, 5, 12, 6, 2
+    prompts = (rng.standard_normal((L, 2, U, W, KVH, D)) * 2).astype(np.float32)
+    of_row = rng.integers(0, U, size=B)
+    own = (rng.standard_normal((L, 2, B, S, KVH, D)) * 2).astype(np.float32)
+    copied = own.copy()
+    copied[:, :, :, :W] = prompts[:, :, of_row]
+    own[:, :, :, :W] = np.nan  # never read
+    q = (rng.standard_normal((B, 1, H, D)) * 2).astype(np.float32)
+    first = rng.integers(0, W + 1, size=B)  # left padding, or a whole prompt of it
+    start = W + 4
+
+    def attend(cache, prompt_cache=None, rows=None):
+        return ops.grpo_cache_attention(
+            t(q), as_cache(cache, cache_dtype), t(first, "int64"), prompt_cache, rows, 1, start, round_bf16
+        ).numpy()
+
+    expected = attend(copied)
+    shared = attend(own, as_cache(prompts, cache_dtype), t(of_row, "int64"))
+    assert np.isfinite(expected).all()
+    np.testing.assert_array_equal(shared, expected, err_msg=f"prompt_of_row {of_row.tolist()} (seed {rng.seed})")
+    with pytest.raises(Exception, match="prompt_cache and prompt_of_row come together"):
+        attend(own, as_cache(prompts, cache_dtype))
+    with pytest.raises(Exception, match=r"prompt_of_row\[0\] = 3 is not one of the 3 prompts"):
+        attend(own, as_cache(prompts, cache_dtype), t(np.full(B, U), "int64"))
+    with pytest.raises(Exception, match="its slots come before the queries'"):
+        ops.grpo_cache_attention(t(q), as_cache(own, cache_dtype), t(first, "int64"), as_cache(prompts, cache_dtype),
+                                 t(of_row, "int64"), 1, W - 1, round_bf16)
 
 
 def test_compact_rows_of_presence(ops, rng):

@@ -69,8 +69,8 @@ def test_sampling_logprobs_equal_the_actor_forward(model):
 
 
 def test_a_group_prefilled_once_decodes_as_its_prompt_alone(model):
-    """generate(prompts, 3) prefills each prompt once and copies its cache to the group's 3 rows
-    (FusedEngine._prefill_groups); greedy, every row must equal the prompt generated alone (group size 1)."""
+    """generate(prompts, 3) prefills each prompt once, into a cache its group's 3 rows read (FusedEngine._prefill_groups,
+    SharedPrompts); greedy, every row must equal the prompt generated alone (group size 1)."""
     engine = FusedEngine(model, [7, 11, 13], PAD, OPS)
     greedy = SamplingParams(max_new_tokens=12, greedy=True)
     alone, grouped = engine.generate(PROMPTS, 1, greedy), engine.generate(PROMPTS, 3, greedy)
