@@ -415,9 +415,23 @@ float key_scores_pairs(const float* q, const Slots<uint16_t>& k, int64_t lo, int
 // interleaved into pairs by unpacklo / unpackhi, which work within each 128-bit lane, so the sums hold the columns in
 // that order (lane l of the low one: columns 8l .. 8l + 3 of its 32, of the high one 8l + 4 .. 8l + 7) until they are
 // stored; two sets of sums, for slots s, s + 1 and s + 2, s + 3, so that consecutive products do not wait on each other.
-inline __m512bh weight_pair(const float* p, int64_t s, bool pair) {
-  const uint32_t bits = grpo::bf16_bits(p[s]) | static_cast<uint32_t>(pair ? grpo::bf16_bits(p[s + 1]) : 0) << 16;
-  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(bits)));
+// The weights come as pairs: pair k holds slots lo + 2k and lo + 2k + 1 (0 past hi), converted 32 at a time rather than
+// two scalars a pair (the weights are bf16 values already, so the conversion only moves their bits).
+inline const uint32_t* weight_pairs(const float* p, int64_t lo, int64_t hi) {
+  thread_local std::vector<uint32_t> pairs;
+  const int64_t n = hi - lo + 1;
+  pairs.resize((n + 31) / 32 * 16);
+  for (int64_t i = 0; i < n; i += 32) {
+    const auto first = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - i)) - 1);
+    const auto second = static_cast<__mmask16>((1u << std::clamp<int64_t>(n - i - 16, 0, 16)) - 1);
+    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(second, p + lo + i + 16), _mm512_maskz_loadu_ps(first, p + lo + i));
+    _mm512_storeu_si512(pairs.data() + i / 2, reinterpret_cast<__m512i>(both));
+  }
+  return pairs.data();
+}
+
+inline __m512bh weight_pair(const uint32_t* pairs, int64_t k) {
+  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pairs[k])));
 }
 
 template <int NP>
@@ -434,14 +448,14 @@ template <int NP>
 void weighted_values_pairs(const float* p, const Slots<uint16_t>& v, int64_t lo, int64_t hi, float* out) {
   __m512 low[2][NP], high[2][NP];
   for (int i = 0; i < NP; ++i) low[0][i] = high[0][i] = low[1][i] = high[1][i] = _mm512_setzero_ps();
+  const uint32_t* pairs = weight_pairs(p, lo, hi);
   int64_t s = lo;
   for (; s + 3 <= hi; s += 4) {
-    add_value_pairs<NP>(weight_pair(p, s, true), v.at(s), v.at(s + 1), low[0], high[0]);
-    add_value_pairs<NP>(weight_pair(p, s + 2, true), v.at(s + 2), v.at(s + 3), low[1], high[1]);
+    add_value_pairs<NP>(weight_pair(pairs, (s - lo) / 2), v.at(s), v.at(s + 1), low[0], high[0]);
+    add_value_pairs<NP>(weight_pair(pairs, (s - lo) / 2 + 1), v.at(s + 2), v.at(s + 3), low[1], high[1]);
   }
   for (; s <= hi; s += 2) {
-    const bool pair = s + 1 <= hi;
-    add_value_pairs<NP>(weight_pair(p, s, pair), v.at(s), pair ? v.at(s + 1) : nullptr, low[0], high[0]);
+    add_value_pairs<NP>(weight_pair(pairs, (s - lo) / 2), v.at(s), s + 1 <= hi ? v.at(s + 1) : nullptr, low[0], high[0]);
   }
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
