@@ -693,10 +693,10 @@ std::vector<paddle::Tensor> CacheAttention(const paddle::Tensor& q_in, const pad
                                 prompt_of_row_in ? r_t.data<int64_t>() : nullptr, prompt_rows, prompt_slots};
   // to the layer's [2, Bcap, S, KVH, D], and its [2, U, W, KVH, D] in the prompt cache
   const int64_t layer_offset = static_cast<int64_t>(layer) * 2 * cd.Bcap * cd.S * KVH * D;
-  const int64_t prompt_offset = prompt_cache_in ? static_cast<int64_t>(layer) * 2 * prompt_rows * prompt_slots * KVH * D : 0;
+  const int64_t prompt_offset = static_cast<int64_t>(layer) * 2 * prompt_rows * prompt_slots * KVH * D;  // 0 without one
   if (c_t.dtype() == paddle::DataType::BFLOAT16) {
-    const auto* elems = static_cast<const uint16_t*>(c_t.data());
-    attend(rows, elems + layer_offset, cd.Bcap, static_cast<const uint16_t*>(p_t.data()) + prompt_offset);
+    attend(rows, static_cast<const uint16_t*>(c_t.data()) + layer_offset, cd.Bcap,
+           static_cast<const uint16_t*>(p_t.data()) + prompt_offset);
   } else {
     attend(rows, c_t.data<float>() + layer_offset, cd.Bcap, p_t.data<float>() + prompt_offset);
   }
