@@ -171,7 +171,8 @@ def ratios(results: dict) -> dict:
         fastest = min(trl, key=lambda r: r["seconds_per_step"])
         named["trl"] = fastest
         out["trl"] = fastest["engine"]
-    for a, b in (("eager", "fused"), ("fused", "fused-bf16"), ("trl", "fused"), ("trl", "fused-bf16"), ("trl", "eager")):
+    paddle_runs = [name for name in results if not name.startswith("trl-")]  # engines, and each with its cut of the batch
+    for a, b in [("eager", "fused"), ("fused", "fused-bf16")] + [("trl", name) for name in paddle_runs]:
         if a in named and b in named:
             for phase in ("seconds_per_step", "rollout", "update"):
                 if named[a].get(phase) and named[b].get(phase):
