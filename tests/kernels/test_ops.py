@@ -72,7 +72,7 @@ ATTN_CASES = [  # B, Bcap, T, start, H, KVH, D, S
     (2, 2, 1, 9, 14, 2, 32, 10),  # decode into the last slot
     (4, 5, 3, 2, 4, 4, 64, 7),  # multi-token append after a prefix, no grouping
     (5, 6, 1, 44, 9, 3, 64, 48),  # decode over up to 45 slots: blocks of 16 keys and a tail (SmolLM2's heads)
-    (3, 3, 1, 37, 14, 2, 64, 40),  # decode, 7 query heads a KV head (Qwen2.5-0.5B's): taken 4 and 3 together
+    (3, 3, 1, 37, 14, 2, 64, 40),  # decode, 7 query heads a KV head at D = 64 (Qwen2.5-0.5B's layout)
     (3, 3, 2, 31, 4, 1, 128, 40),  # D = 128, exactly 32 slots for the first query
     (2, 2, 20, 0, 4, 2, 64, 24),  # prefill of 20 tokens
     # prefills in blocks of 64 queries (grpo::prefill_in_blocks): on bf16 pairs from 64 queries on (a bfloat16 cache
