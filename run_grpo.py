@@ -10,8 +10,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from alignment.basics.runtime import configure_cpu_runtime, import_paddle, import_paddle_lazily
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle, import_paddle_lazily, restart_with_huge_pages
 
+if __name__ == "__main__":
+    restart_with_huge_pages()  # glibc reads its tunables only at a process's start
 configure_cpu_runtime()  # thread count, MKL path and paddle flags must be set before paddle loads
 if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
     import_paddle_lazily()  # the option list needs no paddle: 0.4 s instead of 8

@@ -1,9 +1,9 @@
 """Where a GRPO step's time goes: each phase's matrix products against everything else, per operator, from paddle's
 profiler.
 
-    .venv/bin/python bench/bench_profile.py [--model models/SmolLM2-135M-Instruct] [--phases rollout,update]
+    .venv/bin/python bench/bench_profile.py [--model models/SmolLM2-135M-Instruct] [--phases rollout,update,cycle]
         [--prompts 8] [--rollout_n 8] [--prompt 64] [--completion 128] [--precisions bf16,fp32] [--repeats 2]
-        [--token_budget 0|auto|N]
+        [--token_budget 0|auto|N] [--cycle_parts rollout,update,sync]
 
 bench/bench_step.py's SmolLM2 workload (8 prompts x 8 completions, a 64-token prompt and exactly 128 completion
 tokens, one micro-batch), with random prompt ids, as the trainer runs it with use_fusemt and use_fused_train_ops:
@@ -30,11 +30,19 @@ In fp32 the update's projections are paddle matmuls (F.linear) like the attentio
 events cannot tell apart: there "attention" holds both. Prints one JSON object per (phase, precision): seconds, each
 category's seconds and its share of the phase's wall time (the rest: Python and the framework between operators),
 and the ten largest operators.
+
+The phase cycle is the trainer's loop without the trainer: a rollout, an update and the engine's weight refresh
+(engine.sync), --repeats + 1 rounds without the profiler (--cycle_parts leaves parts out), one JSON object per round
+with each part's seconds. Its first
+rollout runs in a fresh process's memory, the later ones in the heap the updates leave behind. The process restarts
+itself as run_grpo.py does, on transparent huge pages where the kernel has them (restart_with_huge_pages;
+GLIBC_TUNABLES=glibc.malloc.hugetlb=0 keeps 4 KB pages), so that its figures are those of the trainer's memory.
 """
 
 import argparse
 import dataclasses
 import json
+import os
 import re
 import resource
 import sys
@@ -45,8 +53,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.basics.runtime import configure_cpu_runtime, import_paddle  # noqa: E402
+from alignment.basics.runtime import configure_cpu_runtime, import_paddle, restart_with_huge_pages  # noqa: E402
 
+if __name__ == "__main__":
+    restart_with_huge_pages()
 configure_cpu_runtime()
 paddle = import_paddle()
 
@@ -142,10 +152,11 @@ def build(model_dir: str, bf16: bool):
 
 
 def rollout_phase(model, bf16: bool, prompts: list, rollout_n: int, completion: int):
+    """-> (the fused engine, a call that rolls out the prompts with it)."""
     eos = model.config.eos_token_id
     engine = build_engine(EngineSettings(fused=True), model, eos if isinstance(eos, list) else [eos], 0, bf16)
     params = SamplingParams(max_new_tokens=completion, min_new_tokens=completion, temperature=1.0)
-    return lambda: engine.generate(prompts, rollout_n, params)
+    return engine, lambda: engine.generate(prompts, rollout_n, params)
 
 
 def micro_batch_rows(args, precision: str) -> tuple:
@@ -164,6 +175,13 @@ def micro_batch_rows(args, precision: str) -> tuple:
     ))
     plan = plan_memory(config, args.model, args.prompt, world_size=1)
     return plan.budget.rows(rows, args.prompt + args.completion), plan.line
+
+
+def planned_update(args, precision: str, model, prompts: list, rng) -> tuple:
+    """-> (rows per micro-batch, the update_phase call with the trainer's cut), the trainer's memory line on stderr."""
+    micro_rows, memory_line = micro_batch_rows(args, precision)
+    print(f"bench_profile: {memory_line}", file=sys.stderr)
+    return micro_rows, update_phase(model, prompts, args.rollout_n, args.completion, micro_rows, rng)
 
 
 def update_phase(model, prompts: list, rollout_n: int, completion: int, micro_rows: int, rng):
@@ -191,6 +209,19 @@ def update_phase(model, prompts: list, rollout_n: int, completion: int, micro_ro
         weights_changed(model)
 
     return one_update
+
+
+def cycle(engine, rollout, update, rounds: int, precision: str, parts: list) -> None:
+    """Rollout, update, weight refresh (those of them in `parts`), `rounds` times: one JSON line per round."""
+    runs = {"rollout": rollout, "update": update, "sync": engine.sync}
+    for round_number in range(rounds):
+        seconds = {}
+        for part in parts:
+            began = time.perf_counter()
+            runs[part]()
+            seconds[part] = round(time.perf_counter() - began, 2)
+        print(json.dumps({"phase": "cycle", "precision": precision, "round": round_number, **seconds,
+                          "huge_pages": "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")}), flush=True)
 
 
 def profile(run, repeats: int, warmups: int) -> tuple:
@@ -247,10 +278,15 @@ def main() -> None:
     parser.add_argument("--precisions", default="bf16,fp32")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--token_budget", default="0", help="the update's micro_batch_token_budget: 0 (one micro-batch), auto, or N")
+    parser.add_argument("--cycle_parts", default="rollout,update,sync",
+                        help="what a round of the cycle phase runs, in order (default all three: leave one out to see what it "
+                             "does to the others)")
     args = parser.parse_args()
     phases, precisions = args.phases.split(","), args.precisions.split(",")
-    if set(phases) - {"rollout", "update"} or set(precisions) - {"bf16", "fp32"}:
-        parser.error("phases: rollout, update; precisions: bf16, fp32")
+    if set(phases) - {"rollout", "update", "cycle"} or set(precisions) - {"bf16", "fp32"}:
+        parser.error("phases: rollout, update, cycle; precisions: bf16, fp32")
+    if set(args.cycle_parts.split(",")) - {"rollout", "update", "sync"}:
+        parser.error("--cycle_parts: rollout, update, sync")
     ops, why_not = load_ops()
     if ops is None:
         sys.exit(f"bench_profile: the compiled operators are not available: {why_not}")
@@ -261,12 +297,15 @@ def main() -> None:
         prompts = [rng.integers(3, model.config.vocab_size, size=args.prompt).tolist() for _ in range(args.prompts)]
         for phase in phases:
             micro_rows = None
+            if phase == "cycle":
+                engine, rollout = rollout_phase(model, precision == "bf16", prompts, args.rollout_n, args.completion)
+                update = planned_update(args, precision, model, prompts, rng)[1]
+                cycle(engine, rollout, update, args.repeats + 1, precision, args.cycle_parts.split(","))
+                continue
             if phase == "rollout":
-                run = rollout_phase(model, precision == "bf16", prompts, args.rollout_n, args.completion)
+                run = rollout_phase(model, precision == "bf16", prompts, args.rollout_n, args.completion)[1]
             else:
-                micro_rows, memory_line = micro_batch_rows(args, precision)
-                print(f"bench_profile: {memory_line}", file=sys.stderr)
-                run = update_phase(model, prompts, args.rollout_n, args.completion, micro_rows, rng)
+                micro_rows, run = planned_update(args, precision, model, prompts, rng)
             wall, totals, kernel = profile(run, args.repeats, warmups=2 if phase == "update" else 1)
             print(json.dumps(report(phase, precision, wall, totals, kernel, args, micro_rows)), flush=True)
 

@@ -1,5 +1,6 @@
 import numpy as np
 import paddle
+import pytest
 from helpers.tiny_models import small_qwen2
 
 from alignment.algo.logprobs import token_logprobs
@@ -86,3 +87,53 @@ def test_freed_memory_is_reused_without_page_faults_unless_the_user_set_malloc()
     leaves glibc's default, which maps and faults the whole block again."""
     assert refaults({}) < 1000
     assert refaults({"MALLOC_ARENA_MAX_": "8"}) > 60000
+
+
+# A child that says its pid, calls restart_with_huge_pages, then writes a 256 MB block and says its pid again, its
+# GLIBC_TUNABLES and how much of its memory is on transparent huge pages.
+HUGE_PAGES_PROBE = """
+import os, sys
+sys.path.insert(0, {repo!r})
+print("pid", os.getpid(), flush=True)
+from alignment.basics.runtime import restart_with_huge_pages
+restart_with_huge_pages()
+block = bytearray(256 << 20)
+huge = next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages:"))
+print("pid", os.getpid(), os.environ.get("GLIBC_TUNABLES"), huge << 10)
+"""
+
+
+def huge_pages_probe(tunables: str) -> list:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = HUGE_PAGES_PROBE.format(repo=str(Path(__file__).resolve().parents[2]))
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "GLIBC_TUNABLES": tunables}, capture_output=True,
+                          text=True, check=True)
+    return [line.split() for line in done.stdout.splitlines()]
+
+
+def transparent_huge_pages_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
+            return mode.read()
+    except OSError:
+        return "[never]"
+
+
+def test_the_process_restarts_itself_once_on_huge_pages_keeping_its_pid_and_the_users_tunables():
+    if "[never]" in transparent_huge_pages_mode():
+        pytest.skip("this kernel gives no transparent huge pages (/sys/kernel/mm/transparent_hugepage/enabled: never)")
+    started, again, done = huge_pages_probe("glibc.malloc.tcache_count=7")  # the first line twice: one restart
+    assert started[1] == again[1] == done[1]  # exec: the same process
+    assert done[2] == "glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1"
+    assert int(done[3]) >= 128 << 20  # most of the 256 MB block on 2 MB pages
+
+
+def test_a_user_who_set_the_tunable_keeps_4kb_pages_and_no_restart():
+    started, done = huge_pages_probe("glibc.malloc.hugetlb=0")  # the first line once: no restart
+    assert started[1] == done[1] and done[2] == "glibc.malloc.hugetlb=0"
+    if "[always]" not in transparent_huge_pages_mode():  # where the kernel gives them unasked, the block may be on them
+        assert done[3] == "0"
