@@ -15,7 +15,7 @@ What each default buys is measured in docs/performance.md ("CPU runtime defaults
   roofline, first part"; bench/bench_profile.py).
 - Transparent huge pages for malloc's memory (`restart_with_huge_pages`, run_grpo.py's first act): after a policy update
   the heap is 13 GB of 4 KB pages, and a rollout's reads of its weights and KV cache spread over them ran 1.14-1.20x as
-  long as in a fresh process; on 2 MB pages 1.08-1.10x (bench/RESULTS.md, "The step's other half, third part").
+  long as in a fresh process; on 2 MB pages 0.94-1.10x (bench/RESULTS.md, "The step's other half, third part").
 - OMP_NUM_THREADS = usable cores / processes on this node. paddle.distributed.launch exports
   OMP_NUM_THREADS=1 to its workers when the user set nothing, so under the launcher a value of 1 is
   taken as that default; set GRPO_CPU_THREADS to force a count.
