@@ -33,10 +33,10 @@ and the ten largest operators.
 
 The phase cycle is the trainer's loop without the trainer: a rollout, an update and the engine's weight refresh
 (engine.sync), --repeats + 1 rounds without the profiler (--cycle_parts leaves parts out), one JSON object per round
-with each part's seconds. Its first
-rollout runs in a fresh process's memory, the later ones in the heap the updates leave behind. The process restarts
-itself as run_grpo.py does, on transparent huge pages where the kernel has them (restart_with_huge_pages;
-GLIBC_TUNABLES=glibc.malloc.hugetlb=0 keeps 4 KB pages), so that its figures are those of the trainer's memory.
+with each part's seconds. Its first rollout runs in a fresh process's memory, the later ones in the heap the updates
+leave behind. The process restarts itself as run_grpo.py does, on transparent huge pages where the kernel has them
+(restart_with_huge_pages; GLIBC_TUNABLES=glibc.malloc.hugetlb=0 keeps 4 KB pages), so that its figures are those of
+the trainer's memory.
 """
 
 import argparse
@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.basics.runtime import configure_cpu_runtime, import_paddle, restart_with_huge_pages  # noqa: E402
+from alignment.basics.runtime import HUGE_PAGES_TUNABLE, configure_cpu_runtime, import_paddle, restart_with_huge_pages  # noqa: E402
 
 if __name__ == "__main__":
     restart_with_huge_pages()
@@ -221,7 +221,7 @@ def cycle(engine, rollout, update, rounds: int, precision: str, parts: list) -> 
             runs[part]()
             seconds[part] = round(time.perf_counter() - began, 2)
         print(json.dumps({"phase": "cycle", "precision": precision, "round": round_number, **seconds,
-                          "huge_pages": "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")}), flush=True)
+                          "huge_pages": f"{HUGE_PAGES_TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "")}), flush=True)
 
 
 def profile(run, repeats: int, warmups: int) -> tuple:

@@ -54,13 +54,13 @@ def _cpu_vendor() -> str:
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
 
 
-def _transparent_huge_pages_on() -> bool:
-    """Whether the kernel gives huge pages to memory that asks for them ('always' or 'madvise', not 'never')."""
+def transparent_huge_pages_mode() -> str:
+    """The kernel's THP mode: 'always' (huge pages unasked), 'madvise' (to memory that asks) or 'never'."""
     try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
-            return "[never]" not in mode.read()
-    except OSError:  # not Linux, or a kernel without THP
-        return False
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as modes:  # "always [madvise] never"
+            return modes.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):  # not Linux, or a kernel without THP
+        return "never"
 
 
 def restart_with_huge_pages() -> None:
@@ -70,7 +70,7 @@ def restart_with_huge_pages() -> None:
     glibc, where the kernel's THP is 'never', or where GLIBC_TUNABLES names glibc.malloc.hugetlb already (this
     restart's own mark; glibc.malloc.hugetlb=0 keeps 4 KB pages)."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if HUGE_PAGES_TUNABLE in tunables or not _transparent_huge_pages_on():
+    if HUGE_PAGES_TUNABLE in tunables or transparent_huge_pages_mode() == "never":
         return
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):

@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import paddle
 import pytest
@@ -5,7 +10,7 @@ from helpers.tiny_models import small_qwen2
 
 from alignment.algo.logprobs import token_logprobs
 from alignment.models.modeling import completion_logits, load_causal_lm, make_token_batch, save_model
-from alignment.basics.runtime import contiguous_kernels
+from alignment.basics.runtime import contiguous_kernels, transparent_huge_pages_mode
 
 
 def stride_kernels_on() -> bool:
@@ -69,16 +74,17 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def refaults(environment: dict) -> int:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    probe = REFAULT_PROBE.format(repo=str(Path(__file__).resolve().parents[2]))
+def probe_output(probe: str, environment: dict) -> str:
+    """A probe's stdout, run as `python -c` with this checkout on its path, in this environment without MALLOC_*
+    variables, plus `environment`."""
+    probe = probe.format(repo=str(Path(__file__).resolve().parents[2]))
     env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
     done = subprocess.run([sys.executable, "-c", probe], env={**env, **environment}, capture_output=True, text=True, check=True)
-    return int(done.stdout.split()[-1])
+    return done.stdout
+
+
+def refaults(environment: dict) -> int:
+    return int(probe_output(REFAULT_PROBE, environment).split()[-1])
 
 
 def test_freed_memory_is_reused_without_page_faults_unless_the_user_set_malloc():
@@ -104,27 +110,11 @@ print("pid", os.getpid(), os.environ.get("GLIBC_TUNABLES"), huge << 10)
 
 
 def huge_pages_probe(tunables: str) -> list:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    probe = HUGE_PAGES_PROBE.format(repo=str(Path(__file__).resolve().parents[2]))
-    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "GLIBC_TUNABLES": tunables}, capture_output=True,
-                          text=True, check=True)
-    return [line.split() for line in done.stdout.splitlines()]
-
-
-def transparent_huge_pages_mode() -> str:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
-            return mode.read()
-    except OSError:
-        return "[never]"
+    return [line.split() for line in probe_output(HUGE_PAGES_PROBE, {"GLIBC_TUNABLES": tunables}).splitlines()]
 
 
 def test_the_process_restarts_itself_once_on_huge_pages_keeping_its_pid_and_the_users_tunables():
-    if "[never]" in transparent_huge_pages_mode():
+    if transparent_huge_pages_mode() == "never":
         pytest.skip("this kernel gives no transparent huge pages (/sys/kernel/mm/transparent_hugepage/enabled: never)")
     started, again, done = huge_pages_probe("glibc.malloc.tcache_count=7")  # the first line twice: one restart
     assert started[1] == again[1] == done[1]  # exec: the same process
@@ -135,5 +125,5 @@ def test_the_process_restarts_itself_once_on_huge_pages_keeping_its_pid_and_the_
 def test_a_user_who_set_the_tunable_keeps_4kb_pages_and_no_restart():
     started, done = huge_pages_probe("glibc.malloc.hugetlb=0")  # the first line once: no restart
     assert started[1] == done[1] and done[2] == "glibc.malloc.hugetlb=0"
-    if "[always]" not in transparent_huge_pages_mode():  # where the kernel gives them unasked, the block may be on them
+    if transparent_huge_pages_mode() != "always":  # where the kernel gives them unasked, the block may be on them
         assert done[3] == "0"
