@@ -56,17 +56,24 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, in
   PD_CHECK(status == 0, "grpo_attention: dnnl_sgemm failed with oneDNN status ", status);
 }
 
-// The keys [first, last) that some query t0 <= t < t1 of sequence b sees; all S where one of them sees none.
+// The keys [first, last) that some query t0 <= t < t1 of sequence b sees; all S where one of them sees none. One
+// branch-free pass over each mask row, which vectorises: scanning in from both ends to the first visible key did not,
+// and took 7.6% of the attention's time at 576 keys.
 std::pair<int64_t, int64_t> visible_keys(const float* mask, const Dims& d, int64_t b, int64_t t0, int64_t t1) {
   int64_t first = d.S, last = 0;
+  const int keys = static_cast<int>(d.S);
   for (int64_t t = t0; t < t1; ++t) {
     const float* row = mask + (b * d.T + t) * d.S;
-    int64_t lo = 0, hi = d.S;
-    while (lo < hi && row[lo] < kHidden) ++lo;
-    if (lo == hi) return {0, d.S};
-    while (row[hi - 1] < kHidden) --hi;
-    first = std::min(first, lo);
-    last = std::max(last, hi);
+    int lo = keys, hi = 0;  // the row's first visible key and one past its last
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+    for (int j = 0; j < keys; ++j) {
+      const bool seen = !(row[j] < kHidden);
+      lo = seen && j < lo ? j : lo;
+      hi = seen && j >= hi ? j + 1 : hi;
+    }
+    if (hi == 0) return {0, d.S};
+    first = std::min<int64_t>(first, lo);
+    last = std::max<int64_t>(last, hi);
   }
   return {first, last};
 }
@@ -88,7 +95,7 @@ void row_maxima(const float* scores, int64_t rows, int64_t n, float* row_max) {
     const float* x = scores + r * n;
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+    for (int64_t j = 0; j < n; ++j) mx = grpo::larger(mx, x[j]);
     row_max[r] = mx;
   }
 }
@@ -381,7 +388,7 @@ void causal_softmax_rows(float* x, int64_t rows, int64_t n, int64_t lo, int64_t 
 #pragma omp simd reduction(max : mx)
     for (int64_t j = lo; j <= hi; ++j) {
       xr[j] *= scale;
-      mx = std::max(mx, xr[j]);
+      mx = grpo::larger(mx, xr[j]);
     }
     const float inv = 1.0f / grpo::exp_shifted_sum(xr + lo, hi - lo + 1, mx);
 #pragma omp simd

@@ -1253,7 +1253,7 @@ std::vector<paddle::Tensor> MaskedSoftmax(const paddle::Tensor& scores_in, const
 #pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < L; ++j) {
       pi[j] = si[j] * scale + mi[j];
-      mx = std::max(mx, pi[j]);
+      mx = grpo::larger(mx, pi[j]);
     }
     const float inv = 1.0f / exp_shifted_sum(pi, L, mx);
 #pragma omp simd
@@ -1331,13 +1331,14 @@ std::vector<paddle::Tensor> LogprobRows(const paddle::Tensor& logits_in, const p
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
     float mx = kNegInf;
-    bool nan = false;
-#pragma omp simd reduction(max : mx) reduction(|| : nan)
+    int nans = 0;  // a count, not a bool: GCC 12 does not vectorise a reduction(||)
+#pragma omp simd reduction(max : mx) reduction(+ : nans)
     for (int64_t v = 0; v < vocab; ++v) {
       const float s = x[v] / temperature;
-      mx = std::max(mx, s);
-      nan = nan || s != s;
+      mx = grpo::larger(mx, s);
+      nans += s != s;
     }
+    const bool nan = nans > 0;
     // S and sum exp(s - m) (s - m): float sums inside a block, double across blocks, so the rounding error does
     // not grow with the vocabulary (one float sum over 49,152 terms drifted 5e-5 in log S where it did not vectorise)
     double sum = 0.0, weighted = 0.0;

@@ -263,8 +263,8 @@ inline RowDraw sample_row(const float* raw, const uint8_t* pres, const int64_t* 
       if (w[v] < kth) w[v] = kNegInf;
   }
   float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, w[v]);
+#pragma omp simd reduction(max : mx)  // std::max(mx, w) in the form GCC vectorises (grpo_math.h's larger)
+  for (int64_t v = 0; v < V; ++v) mx = mx < w[v] ? w[v] : mx;
   if (mx == kNegInf) return {0, false, 0.0f, 0};  // every token blocked: the first (greedy's rule)
   if (s.top_p < 1.0f) cut_nucleus(w, mx, V, s.top_p, use_top_k, scratch.idx.data());
   if (s.min_p > 0.0f)
@@ -302,7 +302,10 @@ inline void sample_rows(const float* logits, const uint8_t* presence, const int6
       if (!draw.unshaped) {  // float sums within blocks, double across
         mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, mul_exact(raw[v], inv_t));
+        for (int64_t v = 0; v < V; ++v) {
+          const float w = mul_exact(raw[v], inv_t);
+          mx = mx < w ? w : mx;  // std::max(mx, w), vectorised
+        }
         z = 0.0;
         for (int64_t lo = 0; lo < V; lo += kSampleBlock) {
           const int64_t hi = std::min(V, lo + kSampleBlock);
