@@ -31,11 +31,6 @@ inline float exp_nonpos(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
-// std::max(mx, x) (a NaN x leaves mx) in the form GCC 12 vectorises: a loop under `omp simd reduction(max : mx)` over
-// std::max compiled to one scalar vmaxss a value (the training attention's softmax spent half its time there).
-#pragma omp declare simd
-inline float larger(float mx, float x) { return mx < x ? x : mx; }
-
 // x[i] = exp(x[i] - mx) in place for the n values of one softmax row, mx their max -> the sum.
 inline float exp_shifted_sum(float* x, int64_t n, float mx) {
   float sum = 0.0f;

@@ -32,6 +32,12 @@
 
 namespace grpo {
 
+// std::max(mx, x) (a NaN x leaves mx) in the form GCC 12 vectorises: a loop under `omp simd reduction(max : mx)` over
+// std::max compiled to one scalar vmaxss a value (the training attention's softmax spent half its time there). The
+// CPU kernels' max reductions all go through it; it lives here, not in grpo_math.h, because the CUDA build includes this
+// header.
+GRPO_HD inline float larger(float mx, float x) { return mx < x ? x : mx; }
+
 // splitmix64: the counter-based generator behind sampling. The same (seed, step, row key) gives the same draw on
 // every machine, thread count and device; the row key is the row's index in the global batch (grpo_sample's
 // row_keys), so a row draws the same tokens whichever process, batch or compacted position it is in.
@@ -263,8 +269,8 @@ inline RowDraw sample_row(const float* raw, const uint8_t* pres, const int64_t* 
       if (w[v] < kth) w[v] = kNegInf;
   }
   float mx = kNegInf;
-#pragma omp simd reduction(max : mx)  // std::max(mx, w) in the form GCC vectorises (grpo_math.h's larger)
-  for (int64_t v = 0; v < V; ++v) mx = mx < w[v] ? w[v] : mx;
+#pragma omp simd reduction(max : mx)
+  for (int64_t v = 0; v < V; ++v) mx = larger(mx, w[v]);
   if (mx == kNegInf) return {0, false, 0.0f, 0};  // every token blocked: the first (greedy's rule)
   if (s.top_p < 1.0f) cut_nucleus(w, mx, V, s.top_p, use_top_k, scratch.idx.data());
   if (s.min_p > 0.0f)
@@ -302,10 +308,7 @@ inline void sample_rows(const float* logits, const uint8_t* presence, const int6
       if (!draw.unshaped) {  // float sums within blocks, double across
         mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-        for (int64_t v = 0; v < V; ++v) {
-          const float w = mul_exact(raw[v], inv_t);
-          mx = mx < w ? w : mx;  // std::max(mx, w), vectorised
-        }
+        for (int64_t v = 0; v < V; ++v) mx = larger(mx, mul_exact(raw[v], inv_t));
         z = 0.0;
         for (int64_t lo = 0; lo < V; lo += kSampleBlock) {
           const int64_t hi = std::min(V, lo + kSampleBlock);
