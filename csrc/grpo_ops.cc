@@ -1,7 +1,7 @@
 // Fused operators of the rollout engine (alignment/rollout): RMSNorm with the residual add, rotary
 // embedding fused with the KV-cache write, attention over the static cache, SwiGLU, sampling with
 // logit shaping, stop bookkeeping and in-place row compaction of the cache. And the training
-// operators of the actor's forward and backward (alignment/fused_train.py, 8-10 and 13 below, and
+// operators of the actor's forward and backward (alignment/fused_train.py, 8-10, 13 and 14 below, and
 // grpo_silu_mul's backward), and of its log-prob head (11-12, alignment/algo.py).
 //
 // CPU kernels are float32, OpenMP-parallel over rows/heads, with vectorisable inner loops. Every op
@@ -1487,6 +1487,86 @@ std::vector<std::vector<int64_t>> HeadsToTokensShape(const std::vector<int64_t>&
 
 std::vector<paddle::DataType> HeadsToTokensDtype(const paddle::DataType& x) { return {x}; }
 
+// ---------------------------------------------------------------------------------------------
+// 14. grpo_prompt_keys: the prefix grouper's keys (or values) of every row, its prompt's before its own
+// (alignment/models/prefix_grouper.py): prompt [U, KVH, W, D], own [B, KVH, T, D], prompt_of_row [B] -> [B, KVH, W + T, D].
+// The backward gives own its rows' gradients and sums each prompt's over its rows, in row order (as index_select's
+// gradient does). paddle's index_select, concat and their gradients ran one thread each and copied twice: 1.1 s of
+// a 47 s update at 512 completion tokens (bench/RESULTS.md).
+
+std::vector<paddle::Tensor> PromptKeys(const paddle::Tensor& prompt_in, const paddle::Tensor& own_in,
+                                       const paddle::Tensor& prompt_of_row_in) {
+  const char* op = "grpo_prompt_keys";
+  check_dtype(prompt_in, paddle::DataType::FLOAT32, op, "prompt");
+  check_dtype(own_in, paddle::DataType::FLOAT32, op, "own");
+  check_dtype(prompt_of_row_in, paddle::DataType::INT64, op, "prompt_of_row");
+  cpu_only(own_in, op);
+  const auto ps = prompt_in.shape(), os = own_in.shape();
+  PD_CHECK(ps.size() == 4 && os.size() == 4 && ps[1] == os[1] && ps[3] == os[3] &&
+               prompt_of_row_in.shape() == std::vector<int64_t>{os[0]},
+           op, ": expected prompt [U, KVH, W, D], own [B, KVH, T, D] and prompt_of_row [B], got ", shape_str(ps), ", ",
+           shape_str(os), " and ", shape_str(prompt_of_row_in.shape()));
+  const int64_t U = ps[0], KVH = ps[1], W = ps[2], B = os[0], T = os[2], D = os[3];
+  const auto p_t = dense(prompt_in), o_t = dense(own_in), r_t = dense(prompt_of_row_in);
+  const int64_t* prompt_of_row = r_t.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    PD_CHECK(prompt_of_row[b] >= 0 && prompt_of_row[b] < U, op, ": prompt_of_row[", b, "] = ", prompt_of_row[b],
+             " is not one of the ", U, " prompts");
+  }
+  auto out = paddle::empty({B, KVH, W + T, D}, paddle::DataType::FLOAT32, own_in.place());
+  const float *prompt = p_t.data<float>(), *own = o_t.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * KVH; ++bh) {
+    const int64_t u = prompt_of_row[bh / KVH], h = bh % KVH;
+    std::memcpy(o + bh * (W + T) * D, prompt + (u * KVH + h) * W * D, W * D * sizeof(float));
+    std::memcpy(o + (bh * (W + T) + W) * D, own + bh * T * D, T * D * sizeof(float));
+  }
+  return {out};
+}
+
+std::vector<paddle::Tensor> PromptKeysGrad(const paddle::Tensor& prompt_in, const paddle::Tensor& prompt_of_row_in,
+                                           const paddle::Tensor& dout_in) {
+  cpu_only(dout_in, "grpo_prompt_keys (backward)");
+  const auto ps = prompt_in.shape(), ds = dout_in.shape();
+  const int64_t U = ps[0], KVH = ps[1], W = ps[2], B = ds[0], T = ds[2] - W, D = ds[3];
+  auto dprompt = paddle::zeros(ps, paddle::DataType::FLOAT32, dout_in.place());
+  auto down = paddle::empty({B, KVH, T, D}, paddle::DataType::FLOAT32, dout_in.place());
+  const auto d_t = dense(dout_in), r_t = dense(prompt_of_row_in);
+  const int64_t* prompt_of_row = r_t.data<int64_t>();
+  const float* dout = d_t.data<float>();
+  float *dp = dprompt.data<float>(), *dn = down.data<float>();
+#pragma omp parallel
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t bh = 0; bh < B * KVH; ++bh) {
+      std::memcpy(dn + bh * T * D, dout + (bh * (W + T) + W) * D, T * D * sizeof(float));
+    }
+#pragma omp for schedule(static)  // each prompt's (KV head's) sum on one thread, its rows added in order
+    for (int64_t uh = 0; uh < U * KVH; ++uh) {
+      const int64_t u = uh / KVH, h = uh % KVH;
+      float* sum = dp + uh * W * D;
+      for (int64_t b = 0; b < B; ++b) {
+        if (prompt_of_row[b] != u) continue;
+        const float* row = dout + (b * KVH + h) * (W + T) * D;
+#pragma omp simd
+        for (int64_t i = 0; i < W * D; ++i) sum[i] += row[i];
+      }
+    }
+  }
+  return {dprompt, down};
+}
+
+std::vector<std::vector<int64_t>> PromptKeysShape(const std::vector<int64_t>& prompt, const std::vector<int64_t>& own,
+                                                  const std::vector<int64_t>&) {
+  return {{own[0], own[1], prompt[2] + own[2], own[3]}};
+}
+
+std::vector<paddle::DataType> PromptKeysDtype(const paddle::DataType& prompt, const paddle::DataType&,
+                                              const paddle::DataType&) {
+  return {prompt};
+}
+
 }  // namespace
 
 PD_BUILD_OP(grpo_add_rms_norm)
@@ -1624,3 +1704,15 @@ PD_BUILD_GRAD_OP(grpo_heads_to_tokens)
     .Outputs({paddle::Grad("X")})
     .Attrs({"num_heads: int"})
     .SetKernelFn(PD_KERNEL(HeadsToTokensGrad));
+
+PD_BUILD_OP(grpo_prompt_keys)
+    .Inputs({"Prompt", "Own", "PromptOfRow"})
+    .Outputs({"Out"})
+    .SetKernelFn(PD_KERNEL(PromptKeys))
+    .SetInferShapeFn(PD_INFER_SHAPE(PromptKeysShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PromptKeysDtype));
+
+PD_BUILD_GRAD_OP(grpo_prompt_keys)
+    .Inputs({"Prompt", "PromptOfRow", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("Prompt"), paddle::Grad("Own")})
+    .SetKernelFn(PD_KERNEL(PromptKeysGrad));

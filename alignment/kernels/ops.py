@@ -20,6 +20,7 @@ Inputs come first and attributes after them, positionally or by keyword:
     q, k, v = ops.grpo_rope_qkv(qkv, bias, cos, sin, num_heads, num_kv_heads)  # bias may be None
     probs = ops.grpo_masked_softmax(scores, mask, scale)
     out = ops.grpo_heads_to_tokens(x, num_heads)             # (B, H, T, D) -> (B, T, H D)
+    keys = ops.grpo_prompt_keys(prompt, own, prompt_of_row)   # [prompt[prompt_of_row[b]] | own[b]] along axis 2
     logprob, entropy, normaliser = ops.grpo_logprob_rows(logits, targets, temperature)  # the log-prob head's rows
     grad = ops.grpo_logprob_rows_grad(logits, targets, normaliser, entropy, scale, entropy_scale, temperature)
     packed = ops.grpo_pack_weight(weight, transpose)          # where paddle ships MKL: x @ weight (or weight^T)
@@ -103,6 +104,10 @@ def grpo_heads_to_tokens(x, num_heads: int):
     return _run("grpo_heads_to_tokens", x, int(num_heads))
 
 
+def grpo_prompt_keys(prompt, own, prompt_of_row):
+    return _run("grpo_prompt_keys", prompt, own, prompt_of_row)
+
+
 def grpo_logprob_rows(logits, targets, temperature: float):
     return _run("grpo_logprob_rows", logits, targets, float(temperature))
 
@@ -144,8 +149,8 @@ def grpo_prepacked_matmul(x, packed, k: int, n: int, rows_hint: int):
 
 
 OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mul, grpo_sample, grpo_stop_update,
-       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens, grpo_logprob_rows,
-       grpo_logprob_rows_grad)
+       grpo_compact_rows, grpo_rms_norm, grpo_rope_qkv, grpo_masked_softmax, grpo_heads_to_tokens, grpo_prompt_keys,
+       grpo_logprob_rows, grpo_logprob_rows_grad)
 MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
 # csrc/grpo_bf16.cc, grpo_attention.cc and grpo_dnnl_matmul.cc: only where paddle ships oneDNN
 DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear, grpo_attention, grpo_prepack_bf16, grpo_prepacked_matmul)

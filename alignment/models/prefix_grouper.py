@@ -9,11 +9,14 @@ number of rows that share it.
     completions (B, T)      -> decoder whose layers attend to [k of the row's prompt | k] (B, KVH, W + T, D) -> hidden (B, T, H)
 
 The decoder layers see the two objects below as paddleformers' cache (get_seq_length, update), which its models
-pass to each attention layer; the training attention (alignment/models/fused_train.py) concatenates what update returns.
+pass to each attention layer; the training attention (alignment/models/fused_train.py) attends to what update returns,
+each row's prompt keys and values before its own (grpo_prompt_keys, one compiled copy, and a sum per prompt backward).
 """
 
 import numpy as np
 import paddle
+
+from alignment.kernels.ops import load_ops
 
 
 class _PromptKeysValues:
@@ -41,9 +44,10 @@ class _SharedPromptKeysValues:
 
     def update(self, key, value, layer_idx: int) -> tuple:
         prompt_key, prompt_value = self.prompt.layers[layer_idx]  # (U, KVH, W, D)
+        ops = load_ops()[0]  # the training attention's operators, which a model that takes this cache runs
         return (
-            paddle.concat([prompt_key.index_select(self.prompt_of_row, axis=0), key], axis=2),  # (B, KVH, W + T, D)
-            paddle.concat([prompt_value.index_select(self.prompt_of_row, axis=0), value], axis=2),
+            ops.grpo_prompt_keys(prompt_key, key, self.prompt_of_row),  # (B, KVH, W + T, D)
+            ops.grpo_prompt_keys(prompt_value, value, self.prompt_of_row),
         )
 
 

@@ -40,6 +40,25 @@ def test_prompt_groups(prompts, first_rows, prompt_of_row):
     assert [prompts[firsts[i]] for i in of_row] == prompts  # each row's group holds its own prompt
 
 
+def test_prompt_keys_are_index_select_and_concat_to_the_bit(ops):
+    """grpo_prompt_keys against paddle's index_select + concat (what the grouper ran before it): the keys, the own
+    rows' gradient and each prompt's, summed over its rows in row order; prompt 3 serves no row (a zero gradient)."""
+    draw = np.random.default_rng(2)
+    prompts, own = draw.standard_normal((4, 2, 5, 8)).astype(np.float32), draw.standard_normal((8, 2, 7, 8)).astype(np.float32)
+    prompt_of_row = paddle.to_tensor(np.array([0, 1, 0, 2, 1, 0, 2, 1], np.int64))
+    upstream = paddle.to_tensor(draw.standard_normal((8, 2, 12, 8)).astype(np.float32))
+    results = []
+    for compiled in (True, False):
+        p, o = paddle.to_tensor(prompts, stop_gradient=False), paddle.to_tensor(own, stop_gradient=False)
+        keys = ops.grpo_prompt_keys(p, o, prompt_of_row) if compiled else paddle.concat([p.index_select(prompt_of_row), o], axis=2)
+        results.append([keys.numpy()] + [g.numpy() for g in paddle.grad(keys, [p, o], upstream)])
+    for compiled, reference in zip(*results):
+        np.testing.assert_array_equal(compiled, reference)
+    assert not results[0][1][3].any()
+    with pytest.raises(OSError, match=r"prompt_of_row\[1\] = 4 is not one of the 4 prompts"):
+        ops.grpo_prompt_keys(paddle.to_tensor(prompts), paddle.to_tensor(own), paddle.to_tensor(np.array([0, 4, 0, 0, 0, 0, 0, 0])))
+
+
 def grouped_batch():
     """8 rows: 3 distinct prompts (lengths 7, 3 and 5) shared out of order, completions of 6 tokens, some ending early."""
     draw = np.random.default_rng(1)
