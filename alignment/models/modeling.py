@@ -266,8 +266,9 @@ def completion_hidden(model, batch: TokenBatch, group_prompts: bool = False) -> 
     hidden = model.model(
         batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False, return_dict=True
     ).last_hidden_state
-    length = batch.completion_ids.shape[1]
-    return hidden[:, batch.prompt_width - 1 : batch.prompt_width - 1 + length]
+    start, length = batch.prompt_width - 1, batch.completion_ids.shape[1]
+    # hidden[:, start:start + length] by split: paddle's CPU slice backward (Eigen's pad, one thread) is 3x slower
+    return paddle.split(hidden, [start, length, hidden.shape[1] - start - length], axis=1)[1]
 
 
 def output_head(model) -> tuple:

@@ -90,5 +90,7 @@ def grouped_completion_hidden(decoder, input_ids, attention_mask, position_ids, 
         use_cache=False,
         return_dict=True,
     ).last_hidden_state  # (B, T, H)
-    # the first completion token is predicted at the prompt's last position, the others at the completion's
-    return paddle.concat([prompt_hidden[:, -1:].index_select(prompt_of_row, axis=0), completion_hidden[:, :-1]], axis=1)
+    # the first completion token is predicted at the prompt's last position, the others at the completion's; split, not
+    # [:, :-1]: paddle's CPU slice backward (Eigen's pad, one thread) took 45 ms for (64, 127, 576), split's 2.5 ms
+    predicting = paddle.split(completion_hidden, [completion_hidden.shape[1] - 1, 1], axis=1)[0]  # (B, T - 1, H)
+    return paddle.concat([prompt_hidden[:, -1:].index_select(prompt_of_row, axis=0), predicting], axis=1)
