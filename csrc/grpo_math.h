@@ -3,6 +3,7 @@
 // the attention's bf16 operands.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -75,5 +76,33 @@ inline float bf16_float(uint16_t bits) {
 // x rounded to the nearest bf16 value, as a float (the fused engine's attention rounds every weight of a query with it).
 #pragma omp declare simd
 inline float bf16_round(float x) { return bf16_float(bf16_bits(x)); }
+
+// sigmoid from the exp of a non-positive argument, so the loops over it vectorise: e = exp(-|a|).
+#pragma omp declare simd
+inline float sigmoid(float a) {
+  const float e = exp_nonpos(-std::fabs(a));
+  return (a >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+// SwiGLU over one row of n gates a and their up-projections u: store(i, silu(a_i) u_i), silu(a) = a sigmoid(a).
+// grpo_silu_mul stores float32, grpo_bf16_mlp the bf16 bits its next product reads: one expression for both, so
+// that the two give the same values.
+template <typename Store>
+inline void silu_mul_row(const float* a, const float* u, int64_t n, Store store) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) store(i, a[i] * sigmoid(a[i]) * u[i]);
+}
+
+// Its gradient from dy (n): with s = sigmoid(a), d silu(a) / da = s (1 + a (1 - s)), so store(i, da_i, du_i) with
+// da = dy u s (1 + a (1 - s)) and du = dy a s.
+template <typename Store>
+inline void silu_mul_grad_row(const float* a, const float* u, const float* dy, int64_t n, Store store) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float sg = sigmoid(a[i]);
+    const float dys = dy[i] * sg;
+    store(i, dys * u[i] * (1.0f + a[i] * (1.0f - sg)), dys * a[i]);
+  }
+}
 
 }  // namespace grpo

@@ -719,13 +719,6 @@ std::vector<paddle::DataType> CacheAttentionDtype(const paddle::DataType& q, con
 // ---------------------------------------------------------------------------------------------
 // 4. grpo_silu_mul
 
-// sigmoid from the exp of a non-positive argument, so the loops over it vectorise: e = exp(-|a|).
-#pragma omp declare simd
-inline float sigmoid(float a) {
-  const float e = exp_nonpos(-std::fabs(a));
-  return (a >= 0.0f ? 1.0f : e) / (1.0f + e);
-}
-
 std::vector<paddle::Tensor> SiluMul(const paddle::Tensor& x_in) {
   const char* op = "grpo_silu_mul";
   check_dtype(x_in, paddle::DataType::FLOAT32, op, "x");
@@ -747,15 +740,13 @@ std::vector<paddle::Tensor> SiluMul(const paddle::Tensor& x_in) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = x + r * 2 * inter;
-    const float* u = a + inter;
     float* orow = o + r * inter;
-#pragma omp simd
-    for (int64_t i = 0; i < inter; ++i) orow[i] = a[i] * sigmoid(a[i]) * u[i];
+    grpo::silu_mul_row(a, a + inter, inter, [orow](int64_t i, float value) { orow[i] = value; });
   }
   return {out};
 }
 
-// With s = sigmoid(a): d silu(a) / da = s (1 + a (1 - s)), so x@GRAD = [dy u s (1 + a (1 - s)) | dy a s].
+// x@GRAD = [da | du] (grpo::silu_mul_grad_row).
 std::vector<paddle::Tensor> SiluMulGrad(const paddle::Tensor& x_in, const paddle::Tensor& dout_in) {
   cpu_only(x_in, "grpo_silu_mul (backward)");
   const int64_t inter = x_in.shape().back() / 2;
@@ -768,17 +759,12 @@ std::vector<paddle::Tensor> SiluMulGrad(const paddle::Tensor& x_in, const paddle
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = x + r * 2 * inter;
-    const float* u = a + inter;
-    const float* dy = dout + r * inter;
     float* da = g + r * 2 * inter;
     float* du = da + inter;
-#pragma omp simd
-    for (int64_t i = 0; i < inter; ++i) {
-      const float sg = sigmoid(a[i]);
-      const float dys = dy[i] * sg;
-      du[i] = dys * a[i];
-      da[i] = dys * u[i] * (1.0f + a[i] * (1.0f - sg));
-    }
+    grpo::silu_mul_grad_row(a, a + inter, dout + r * inter, inter, [da, du](int64_t i, float gate, float up) {
+      da[i] = gate;
+      du[i] = up;
+    });
   }
   return {dx};
 }

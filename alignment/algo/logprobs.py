@@ -64,6 +64,9 @@ class HeadKernels:
     matmul: Callable = paddle.matmul
     row_stats: Callable = paddle_row_stats
     row_grad: Callable = paddle_row_grad
+    # the logits' gradient G (c, V) float32 -> what backward's two products with it (G W, G^T h) read: None, G in the
+    # weight's dtype; the bf16 products' conversion (cpu_bf16), made once for both instead of once in each
+    grad_operand: Callable | None = None
 
 
 def chunked_token_logprobs(
@@ -147,14 +150,15 @@ class _ChunkedLogprobs(paddle.autograd.PyLayer):
                 temperature,
             )
 
-        return (*_head_gradients(hidden, weight, bias, kernels.matmul, ctx.chunk_tokens, grad_of), None)  # tokens
+        return (*_head_gradients(hidden, weight, bias, kernels, ctx.chunk_tokens, grad_of), None)  # tokens
 
 
-def _head_gradients(hidden, weight, bias, matmul, chunk_tokens: int, grad_of: Callable) -> list:
+def _head_gradients(hidden, weight, bias, kernels: HeadKernels, chunk_tokens: int, grad_of: Callable) -> list:
     """The backward pass of a chunked lm_head: grad_of(chunk (c, H), its rows' slice) gives G (c, V), the gradient of
     the chunk's raw logits, and grad hidden = G @ W, grad W = sum over chunks of G^T @ h, grad bias = sum over chunks
     and rows of G (both sums in float32) -> the gradients of hidden, weight and (where there is one) bias, None
-    exactly where that input has stop_gradient (paddle checks)."""
+    exactly where that input has stop_gradient (paddle checks). The products are kernels.matmul's, on
+    kernels.grad_operand(G)."""
     rows = hidden.reshape([-1, hidden.shape[-1]])  # (N, H)
     grad_rows = []
     grad_weight = None if weight.stop_gradient else paddle.zeros(weight.shape, "float32")  # (V, H)
@@ -162,11 +166,12 @@ def _head_gradients(hidden, weight, bias, matmul, chunk_tokens: int, grad_of: Ca
     for start in range(0, rows.shape[0], chunk_tokens):
         chunk_rows = slice(start, start + chunk_tokens)
         chunk = rows[chunk_rows]  # (c, H)
-        grad_logits = grad_of(chunk, chunk_rows).astype(weight.dtype)  # (c, V)
+        grad_logits = grad_of(chunk, chunk_rows)  # (c, V) float32
+        operand = grad_logits.astype(weight.dtype) if kernels.grad_operand is None else kernels.grad_operand(grad_logits)
         if not hidden.stop_gradient:
-            grad_rows.append(matmul(grad_logits, weight, False, False))  # (c, H)
+            grad_rows.append(kernels.matmul(operand, weight, False, False))  # (c, H)
         if grad_weight is not None:
-            grad_weight.add_(matmul(grad_logits, chunk, True, False).astype("float32"))  # (V, H)
+            grad_weight.add_(kernels.matmul(operand, chunk, True, False).astype("float32"))  # (V, H)
         if grad_bias is not None:
             grad_bias.add_(grad_logits.astype("float32").sum(axis=0))
     grads = [
@@ -245,6 +250,6 @@ class _ChunkedFullKL(paddle.autograd.PyLayer):
             logq = _log_softmax_rows(ref_rows[rows], ref_weight, ref_bias, ctx.ref_matmul, ctx.temperature)
             return logp.exp() * (logp - logq - kl[rows]) * scale[rows]
 
-        grads = _head_gradients(hidden, weight, bias, ctx.matmul, ctx.chunk_tokens, grad_of)
+        grads = _head_gradients(hidden, weight, bias, HeadKernels(matmul=ctx.matmul), ctx.chunk_tokens, grad_of)
         grads += [None, None] + ([None] if ref_bias is not None else [])  # the reference's hidden states and head: constants
         return tuple(grads)

@@ -27,7 +27,11 @@ Inputs come first and attributes after them, positionally or by keyword:
     out = ops.grpo_packed_matmul(x, packed, n)                # through the packed copy, n output columns
     weight_bf16 = ops.grpo_to_bf16(weight)                    # where paddle ships oneDNN: bf16 products, fp32 sums
     out = ops.grpo_bf16_matmul(x, y, transpose_x, transpose_y)  # x, y float32 or bfloat16; no gradient
-    out, x_saved = ops.grpo_bf16_linear(x, weight, weight_bf16, weight_grad)  # with backward to x and weight
+    out, x_saved = ops.grpo_bf16_linear(x, weights, weight_bf16, weight_grad)  # x @ [W_1 | W_2 | ...] from their
+                                                              # bf16 copy side by side; backward to x and each W_i
+    out, x_saved, gate_up_out, h_saved = ops.grpo_bf16_mlp(x, (gate, up), down, gate_up_bf16, down_bf16, weight_grad)
+                                                              # down(silu(x @ gate) * (x @ up)), SwiGLU in between
+                                                              # writing bf16 both ways; backward to x and the weights
     out, row_max, row_inv_sum = ops.grpo_attention(q, k, v, mask, scale, bf16)  # softmax(scale q k^T + mask) v, with
                                                               # backward; bf16: products in bf16 where built for AVX512-BF16
     packed = ops.grpo_prepack_bf16(weight, transpose_w, rows_hint)  # weight (K, N) or (N, K) in oneDNN matmul's layout
@@ -132,8 +136,12 @@ def grpo_bf16_matmul(x, y, transpose_x: bool = False, transpose_y: bool = False)
     return _run("grpo_bf16_matmul", x, y, bool(transpose_x), bool(transpose_y))
 
 
-def grpo_bf16_linear(x, weight, weight_bf16, weight_grad: bool):
-    return _run("grpo_bf16_linear", x, weight, weight_bf16, bool(weight_grad))
+def grpo_bf16_linear(x, weights, weight_bf16, weight_grad: bool):
+    return _run("grpo_bf16_linear", x, list(weights), weight_bf16, bool(weight_grad))
+
+
+def grpo_bf16_mlp(x, gate_up, down, gate_up_bf16, down_bf16, weight_grad: bool):
+    return _run("grpo_bf16_mlp", x, list(gate_up), down, gate_up_bf16, down_bf16, bool(weight_grad))
 
 
 def grpo_attention(q, k, v, mask, scale: float, bf16: bool = False):
@@ -153,7 +161,7 @@ OPS = (grpo_add_rms_norm, grpo_rope_kv_write, grpo_cache_attention, grpo_silu_mu
        grpo_logprob_rows, grpo_logprob_rows_grad)
 MKL_OPS = (grpo_pack_weight, grpo_packed_matmul)  # csrc/grpo_gemm.cc: built only where paddle ships MKL
 # csrc/grpo_bf16.cc, grpo_attention.cc and grpo_dnnl_matmul.cc: only where paddle ships oneDNN
-DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear, grpo_attention, grpo_prepack_bf16, grpo_prepacked_matmul)
+DNNL_OPS = (grpo_to_bf16, grpo_bf16_matmul, grpo_bf16_linear, grpo_bf16_mlp, grpo_attention, grpo_prepack_bf16, grpo_prepacked_matmul)
 
 
 def _stale() -> bool:

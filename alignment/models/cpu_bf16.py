@@ -96,8 +96,14 @@ class Bf16Matmuls:
     def linear(self, x: paddle.Tensor, weights: tuple) -> paddle.Tensor:
         """x (..., K) @ [W_1 | W_2 | ...] (K, sum N_i) -> fp32 (..., sum N_i), gradients to x and to each W_i."""
         weight_grad = any(not w.stop_gradient for w in weights)
-        weight = weights[0] if len(weights) == 1 else paddle.concat(list(weights), axis=1)  # the fp32 grad's route
-        return self.ops.grpo_bf16_linear(x, weight, self.weights.of(weights), weight_grad)[0]
+        return self.ops.grpo_bf16_linear(x, weights, self.weights.of(weights), weight_grad)[0]
+
+    def mlp(self, x: paddle.Tensor, gate: paddle.Tensor, up: paddle.Tensor, down: paddle.Tensor) -> paddle.Tensor:
+        """down(silu(x @ gate) * (x @ up)) for weights gate, up (K, I) and down (I, N): the products of three linear()
+        calls, with SwiGLU's output and gradient written as the bf16 values the next product reads."""
+        weight_grad = any(not w.stop_gradient for w in (gate, up, down))
+        gate_up_bf16, down_bf16 = self.weights.of((gate, up)), self.weights.of((down,))
+        return self.ops.grpo_bf16_mlp(x, (gate, up), down, gate_up_bf16, down_bf16, weight_grad)[0]
 
     def matmul(self, x: paddle.Tensor, y: paddle.Tensor, transpose_x: bool = False, transpose_y: bool = False) -> paddle.Tensor:
         """op(x) @ op(y) in bf16, fp32 out, no gradient (the log-prob head's PyLayer writes its own); a y that is a

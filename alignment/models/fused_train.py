@@ -13,7 +13,8 @@ the state_dict, checkpoints, the optimizer's state and the fused rollout engine'
 references stay valid. Only float32 rounding differs from paddleformers' forward. Projections with LoRA
 adapters (alignment/models/lora.py) keep them: each adds its dropout(x) @ A @ B * scale beside the one matmul.
 With bf16 (cpu_bf16_matmul, alignment/models/cpu_bf16.py), every projection's matmul runs in bf16 on a copy of its
-weights that weights_changed() discards after each optimizer step; the adapters' terms stay fp32. The attention's
+weights that weights_changed() discards after each optimizer step; the adapters' terms stay fp32. An MLP without bias
+or adapter is then one operator (grpo_bf16_mlp: SwiGLU between its products, in bf16 both ways). The attention's
 products (q k^T, P v and their gradients) run in bf16 too where the operators were built for AVX512-BF16; its
 softmax stays fp32.
 """
@@ -26,7 +27,7 @@ from paddle import nn
 
 from alignment.algo.logprobs import HeadKernels
 from alignment.models.cpu_bf16 import Bf16Matmuls
-from alignment.models.lora import lora_update
+from alignment.models.lora import is_lora, lora_update
 from alignment.models.modeling import layout_unsupported
 from alignment.kernels.ops import bf16_primitive_missing, load_ops
 
@@ -103,7 +104,9 @@ def head_kernels(model) -> HeadKernels:
     if not isinstance(model.model.norm, TrainingRMSNorm):
         return HeadKernels()
     ops, matmuls = load_ops()[0], getattr(model, "bf16_matmuls", None)
-    return HeadKernels(paddle.matmul if matmuls is None else matmuls.matmul, ops.grpo_logprob_rows, ops.grpo_logprob_rows_grad)
+    if matmuls is None:
+        return HeadKernels(paddle.matmul, ops.grpo_logprob_rows, ops.grpo_logprob_rows_grad)
+    return HeadKernels(matmuls.matmul, ops.grpo_logprob_rows, ops.grpo_logprob_rows_grad, ops.grpo_to_bf16)
 
 
 def weights_changed(model) -> None:
@@ -115,9 +118,9 @@ def weights_changed(model) -> None:
 
 def _project(x, layers, bias=None, bf16=None):
     """x @ [W_1 | W_2 | ...] + bias (..., sum of outs), plus each LoRA adapter's term where a layer has one
-    (a merged weight would lose the adapter's dropout). The weights are concatenated on every call (a copy of a
-    few MB at most), so gradients reach each layer's own Parameter; with bf16 (a Bf16Matmuls), the product runs
-    in bf16 on the weights' cached bf16 copy."""
+    (a merged weight would lose the adapter's dropout). In float32 the weights are concatenated on every call (a copy
+    of a few MB at most), so gradients reach each layer's own Parameter; with bf16 (a Bf16Matmuls), the product runs
+    in bf16 on the weights' cached bf16 copy side by side, and the operator gives each weight its own gradient."""
     weights = [layer.weight for layer in layers]
     if bf16 is None:
         out = F.linear(x, weights[0] if len(weights) == 1 else paddle.concat(weights, axis=1), bias)
@@ -151,7 +154,8 @@ class TrainingRMSNorm(nn.Layer):
 
 
 class TrainingMLP(nn.Layer):
-    """down(silu(gate(x)) * up(x)), gate and up in one matmul."""
+    """down(silu(gate(x)) * up(x)), gate and up in one matmul; with bf16 and no bias or adapter, the whole in one
+    operator (Bf16Matmuls.mlp)."""
 
     def __init__(self, mlp, ops, bf16=None):
         super().__init__()
@@ -160,6 +164,8 @@ class TrainingMLP(nn.Layer):
 
     def forward(self, x):
         projections = [self.gate_proj, self.up_proj]
+        if self.bf16 is not None and not any(layer.bias is not None or is_lora(layer) for layer in (*projections, self.down_proj)):
+            return self.bf16.mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
         gate_up = _project(x, projections, _concat_biases(projections), self.bf16)  # (..., 2I)
         return _project(self.ops.grpo_silu_mul(gate_up), [self.down_proj], self.down_proj.bias, self.bf16)
 

@@ -99,6 +99,11 @@ def has_lora(model) -> bool:
     return bool(lora_layers(model))
 
 
+def is_lora(layer) -> bool:
+    """Whether the layer is an adapter's (LoRALinear), active or not."""
+    return isinstance(layer, LoRALinear)
+
+
 def _active(layer) -> bool:
     return isinstance(layer, LoRALinear) and not layer.disable_lora and not layer.merged
 

@@ -41,8 +41,8 @@ MUTATIONS = (
     Mutation(
         "bf16-linear-in-float32",  # a float32 product, which the bf16 error bound also admits
         "alignment/kernels/ops.py",
-        (('    return _run("grpo_bf16_linear", x, weight, weight_bf16, bool(weight_grad))',
-          '    import paddle\n    return paddle.matmul(x, weight), x.astype("bfloat16")'),),
+        (('    return _run("grpo_bf16_linear", x, list(weights), weight_bf16, bool(weight_grad))',
+          '    import paddle\n    return paddle.matmul(x, paddle.concat(list(weights), axis=1)), x.astype("bfloat16")'),),
         ("tests/models/test_cpu_bf16.py::test_linear_and_its_gradients_against_float64",),
     ),
     Mutation(

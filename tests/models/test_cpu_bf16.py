@@ -103,33 +103,82 @@ def test_matmul_names_what_is_wrong(bf16_ops):
         bf16_ops.grpo_bf16_matmul(paddle.ones([4, 5], "int64"), paddle.ones([5, 3]))
 
 
+@pytest.mark.parametrize("widths", [(40,), (16, 8, 16)], ids=["one-weight", "q|k|v"])
 @pytest.mark.parametrize("shape", [(9, 24), (2, 7, 24), (0, 24)])
-def test_linear_and_its_gradients_against_float64(bf16_ops, rng, shape):
-    k, n = shape[-1], 40
+def test_linear_and_its_gradients_against_float64(bf16_ops, rng, shape, widths):
+    k, n = shape[-1], sum(widths)
     x_np = rng.standard_normal(shape).astype(np.float32)
     w_np = rng.standard_normal((k, n)).astype(np.float32)
     dy = rng.standard_normal((*shape[:-1], n)).astype(np.float32)
     x = paddle.to_tensor(x_np, stop_gradient=False)
-    w = paddle.to_tensor(w_np, stop_gradient=False)
-    out, saved = bf16_ops.grpo_bf16_linear(x, w, bf16_ops.grpo_to_bf16(w), True)
+    ends = np.cumsum(widths)
+    weights = [paddle.to_tensor(w_np[:, end - width:end], stop_gradient=False) for width, end in zip(widths, ends)]
+    out, saved = bf16_ops.grpo_bf16_linear(x, weights, bf16_ops.grpo_to_bf16(paddle.to_tensor(w_np)), True)
     assert saved.dtype == paddle.bfloat16 and saved.shape == x.shape
-    dx, dw = paddle.grad(out, [x, w], paddle.to_tensor(dy))
+    dx, *dws = paddle.grad(out, [x, *weights], paddle.to_tensor(dy))
+    assert [dw.shape for dw in dws] == [w.shape for w in weights]
+    dw = np.concatenate([dw.numpy() for dw in dws], axis=1)
     rows, grads = x_np.reshape(-1, k).astype(np.float64), dy.reshape(-1, n).astype(np.float64)
     w64 = w_np.astype(np.float64)
     assert_within_bf16_bound(out.numpy().reshape(-1, n), rows, w64, "x @ w")
     assert_within_bf16_bound(dx.numpy().reshape(-1, k), grads, w64.T, "dx = dy w^T")
-    assert_within_bf16_bound(dw.numpy(), rows.T, grads, "dw = x^T dy")
+    assert_within_bf16_bound(dw, rows.T, grads, "dw = x^T dy")
     # and exactly the products of the bf16-rounded operands, summed in fp32, which a float32 layer (0.4% off) is not
     x16, w16, dy16 = bf16_round(rows), bf16_round(w_np), bf16_round(grads)
     np.testing.assert_allclose(out.numpy().reshape(-1, n), x16 @ w16, rtol=1e-5, atol=1e-5, err_msg="x @ w")
     np.testing.assert_allclose(dx.numpy().reshape(-1, k), dy16 @ w16.T, rtol=1e-5, atol=1e-5, err_msg="dy w^T")
-    np.testing.assert_allclose(dw.numpy(), x16.T @ dy16, rtol=1e-5, atol=1e-5, err_msg="x^T dy")
+    np.testing.assert_allclose(dw, x16.T @ dy16, rtol=1e-5, atol=1e-5, err_msg="x^T dy")
+
+
+@pytest.mark.parametrize("rows", [(3, 11), (0,)], ids=["batch", "no-rows"])
+@pytest.mark.parametrize("train_weights", [True, False], ids=["weights-trained", "weights-frozen"])
+def test_mlp_is_its_three_linears_and_silu_mul_to_the_bit(bf16_ops, rng, rows, train_weights):
+    """grpo_bf16_mlp writes SwiGLU's output and gradient as bf16 itself: the same bits as the float32 values
+    grpo_silu_mul gives and grpo_bf16_linear rounds."""
+    k, inter, n = 40, 24, 36
+    x_np = (rng.standard_normal((*rows, k)) * 2).astype(np.float32)
+    weights_np = [rng.standard_normal(shape).astype(np.float32) for shape in ((k, inter), (k, inter), (inter, n))]
+    dy = paddle.to_tensor(rng.standard_normal((*rows, n)).astype(np.float32))
+
+    def run(fused: bool):
+        x = paddle.to_tensor(x_np, stop_gradient=False)
+        gate, up, down = (paddle.to_tensor(w, stop_gradient=not train_weights) for w in weights_np)
+        gate_up_bf16, down_bf16 = bf16_ops.grpo_to_bf16(paddle.concat([gate, up], axis=1)), bf16_ops.grpo_to_bf16(down)
+        if fused:
+            out = bf16_ops.grpo_bf16_mlp(x, [gate, up], down, gate_up_bf16, down_bf16, train_weights)[0]
+        else:
+            gate_up = bf16_ops.grpo_bf16_linear(x, [gate, up], gate_up_bf16, train_weights)[0]
+            out = bf16_ops.grpo_bf16_linear(bf16_ops.grpo_silu_mul(gate_up), [down], down_bf16, train_weights)[0]
+        inputs = [x, gate, up, down] if train_weights else [x]
+        return [out.numpy()] + [g.numpy() for g in paddle.grad(out, inputs, dy)]
+
+    fused, separate = run(True), run(False)
+    assert len(fused) == (5 if train_weights else 2)
+    for name, a, b in zip(["out", "dx", "d gate", "d up", "d down"], fused, separate):
+        assert a.shape == b.shape and np.array_equal(a, b), name
+
+
+def test_mlp_names_a_down_weight_that_does_not_fit(bf16_ops):
+    x, gate_up = paddle.ones([3, 8]), [paddle.ones([8, 4]), paddle.ones([8, 4])]
+    down = paddle.ones([5, 6])
+    with pytest.raises(Exception, match=r"down and down_bf16 \(bfloat16\) must be \[I, N\] with I = 4, got \[5, 6\]"):
+        bf16_ops.grpo_bf16_mlp(x, gate_up, down, bf16_ops.grpo_to_bf16(paddle.ones([8, 8])), bf16_ops.grpo_to_bf16(down), True)
+
+
+def test_linear_names_the_weight_that_does_not_fit(bf16_ops):
+    x, weights = paddle.ones([3, 8]), [paddle.ones([8, 4]), paddle.ones([6, 2])]
+    with pytest.raises(Exception, match=r"weights\[1\] must be \[K, N_i\] with K = 8, got \[6, 2\]"):
+        bf16_ops.grpo_bf16_linear(x, weights, bf16_ops.grpo_to_bf16(paddle.ones([8, 6])), True)
+    with pytest.raises(Exception, match=r"weights\[1\] must be float32, got int64"):
+        bf16_ops.grpo_bf16_linear(x, [weights[0], paddle.ones([8, 2], "int64")], bf16_ops.grpo_to_bf16(paddle.ones([8, 6])), True)
+    with pytest.raises(Exception, match=r"weight_bf16 must be the weights side by side, \[K, 6\], got \[8, 5\]"):
+        bf16_ops.grpo_bf16_linear(x, [weights[0], paddle.ones([8, 2])], bf16_ops.grpo_to_bf16(paddle.ones([8, 5])), True)
 
 
 def test_linear_with_a_frozen_weight_gives_its_input_a_gradient_only(bf16_ops, rng):
     x = paddle.to_tensor(rng.standard_normal((5, 12)).astype(np.float32), stop_gradient=False)
     w = paddle.to_tensor(rng.standard_normal((12, 4)).astype(np.float32))  # stop_gradient: LoRA's base
-    out, _ = bf16_ops.grpo_bf16_linear(x, w, bf16_ops.grpo_to_bf16(w), False)
+    out, _ = bf16_ops.grpo_bf16_linear(x, [w], bf16_ops.grpo_to_bf16(w), False)
     out.sum().backward()
     assert w.grad is None
     assert_within_bf16_bound(x.grad.numpy(), np.ones((5, 4)), w.numpy().astype(np.float64).T, "dx")
