@@ -22,9 +22,12 @@ and system seconds of a pass: what the kernel spent on the process's memory), th
 (CPU events), each operator's own time (its events less those inside them) summed into:
 - matmul: the projections' and the head's products (grpo_bf16_linear and its grad, grpo_bf16_matmul; the fused
   engine's grpo_prepacked_matmul in bf16, its MKL-packed and paddle matmuls in fp32);
+- mlp: in bf16, the MLP's three products with SwiGLU between them, one operator (grpo_bf16_mlp and its grad):
+  bench/bench_mlp.py measures how much of it is SwiGLU and how much the products;
 - attention: the training attention and its grad (grpo_attention; or the paddle matmuls around grpo_masked_softmax),
   the rollout's attention over its cache (grpo_cache_attention);
-- optimizer (AdamW), weight_copies (the bf16 copies remade after an optimizer step), elementwise (the rest: norms,
+- optimizer (AdamW), bf16_copies (grpo_to_bf16: the weights' bf16 copies remade after an optimizer step, and the
+  log-prob head's gradient converted once for its two products), elementwise (the rest: norms,
   rotary, SwiGLU, the head's row kernels, sampling, adds, copies).
 In fp32 the update's projections are paddle matmuls (F.linear) like the attention's batched products, which the
 events cannot tell apart: there "attention" holds both. Prints one JSON object per (phase, precision): seconds, each
@@ -77,8 +80,9 @@ ATTENTION = (
     "grpo_attention", "grpo_attention_grad", "grpo_cache_attention", "matmul", "MatmulGradNode", "grpo_masked_softmax",
     "grpo_masked_softmax_grad",
 )
+MLP = ("grpo_bf16_mlp", "grpo_bf16_mlp_grad")  # products and SwiGLU in one operator
 OPTIMIZER = ("adamw_",)
-WEIGHT_COPIES = ("grpo_to_bf16",)  # the bf16 copies of the weights, remade after each optimizer step
+BF16_COPIES = ("grpo_to_bf16",)  # the weights' bf16 copies, remade after each optimizer step; the head's gradient
 
 
 def category(name: str, phase: str) -> str:
@@ -86,10 +90,12 @@ def category(name: str, phase: str) -> str:
         return "matmul"
     if name in ATTENTION:
         return "attention"
+    if name in MLP:
+        return "mlp"
     if name in OPTIMIZER:
         return "optimizer"
-    if name in WEIGHT_COPIES:
-        return "weight_copies"
+    if name in BF16_COPIES:
+        return "bf16_copies"
     return "elementwise"
 
 
